@@ -1,0 +1,331 @@
+"""The SQLite store: schema, pragmas, migrations, transactions, group commit."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from trio_dispatch import enqueue_dispatch, get_dispatch, open_store
+from trio_dispatch.store import SchemaError, SQLiteStore
+from trio_dispatch.store.schema import SCHEMA_VERSION
+
+from .conftest import RawDB
+
+pytestmark = pytest.mark.anyio
+
+# (name, type, notnull, default) of every ADR D1 column, in order.
+ADR_COLUMNS = [
+    ("id", "TEXT", 0, None),
+    ("kind", "TEXT", 1, None),
+    ("deliver_to", "TEXT", 1, None),
+    ("payload", "JSON", 1, None),
+    ("dedup_key", "TEXT", 0, None),
+    ("status", "TEXT", 1, "'pending'"),
+    ("attempt", "INTEGER", 1, "0"),
+    ("max_attempts", "INTEGER", 1, "8"),
+    ("next_attempt_at", "FLOAT", 1, None),
+    ("ack_required", "INTEGER", 1, "0"),
+    ("ack_token", "TEXT", 0, None),
+    ("session_id", "TEXT", 0, None),
+    ("schedule_run_id", "TEXT", 0, None),
+    ("last_error", "TEXT", 0, None),
+    ("created_at", "FLOAT", 1, None),
+    ("expires_at", "FLOAT", 0, None),
+    ("updated_at", "FLOAT", 0, None),
+]
+
+
+async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw: RawDB) -> None:
+    columns = raw.rows("PRAGMA table_info(dispatch_outbox)")
+    assert [(c["name"], c["type"], c["notnull"], c["dflt_value"]) for c in columns] == ADR_COLUMNS
+    assert [c["name"] for c in columns if c["pk"]] == ["id"]
+    fks = raw.rows("PRAGMA foreign_key_list(dispatch_outbox)")
+    assert {(f["from"], f["table"], f["to"]) for f in fks} == {
+        ("session_id", "sessions", "id"),
+        ("schedule_run_id", "schedule_runs", "id"),
+    }
+    indexes = {
+        r["name"]: r["sql"]
+        for r in raw.rows("SELECT name, sql FROM sqlite_master WHERE type = 'index'")
+        if r["sql"]
+    }
+    dedup = indexes["ux_dispatch_outbox_dedup_key"]
+    assert "UNIQUE" in dedup and "WHERE dedup_key IS NOT NULL" in dedup
+    due = indexes["ix_dispatch_outbox_status_next_attempt"]
+    assert "(status, next_attempt_at)" in due
+    assert "WHERE status IN ('pending', 'delivering')" in due
+    transitions = [c["name"] for c in raw.rows("PRAGMA table_info(status_transitions)")]
+    assert transitions == [
+        "id", "entity_type", "entity_id", "previous_status", "status", "reason_code",
+        "reason_summary", "source", "actor", "evidence_refs", "metadata", "created_at",
+    ]
+    assert raw.rows("PRAGMA foreign_key_list(status_transitions)") == []
+    tables = {r["name"] for r in raw.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"sessions", "schedule_runs", "trio_dispatch_schema"} <= tables
+    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION
+
+
+async def test_status_check_constraint_rejects_unknown_status(store: SQLiteStore) -> None:
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        async with store.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, "
+                "next_attempt_at, created_at) VALUES ('x', 'k', 'r', '{}', 'lost', 0, 0)"
+            )
+
+
+async def test_store_uses_wal_and_enforces_foreign_keys(store: SQLiteStore, raw: RawDB) -> None:
+    assert raw.scalar("PRAGMA journal_mode") == "wal"
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        async with store.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, session_id, "
+                "next_attempt_at, created_at) VALUES ('x', 'k', 'r', '{}', 'nope', 0, 0)"
+            )
+    assert raw.counts() == (0, 0)
+
+
+@pytest.mark.parametrize("form", ["path", "str", "url", "memory", "memory_url"])
+async def test_open_store_accepts_paths_urls_and_memory(tmp_path: Path, form: str) -> None:
+    file = tmp_path / "a.db"
+    target: str | Path = {
+        "path": file,
+        "str": str(file),
+        "url": f"sqlite:///{file}",  # sqlite:/// + absolute path = four slashes
+        "memory": ":memory:",
+        "memory_url": "sqlite:///:memory:",
+    }[form]
+    async with open_store(target) as db:
+        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        assert (await get_dispatch(db, dispatch_id) or {})["status"] == "pending"
+    if form.startswith("memory"):
+        assert not file.exists()
+    else:
+        assert RawDB(file).counts() == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("mysql://host/db", "unsupported store URL"),
+        ("sqlite://relative.db", "sqlite:///"),
+        ("sqlite:///", "names no file"),
+        ("", "store target"),
+    ],
+)
+async def test_open_store_rejects_bad_targets_naming_them(
+    tmp_path: Path, target: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        async with open_store(target):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_open_store_rejects_bad_durability(db_path: Path) -> None:
+    with pytest.raises(ValueError, match="'fast'"):
+        async with open_store(db_path, durability="fast"):  # type: ignore[arg-type]
+            pass
+    assert not db_path.exists()
+
+
+@pytest.mark.parametrize("durability, level", [("full", 2), ("normal", 1)])
+async def test_durability_option_sets_synchronous(
+    db_path: Path, durability: str, level: int
+) -> None:
+    async with open_store(db_path, durability=durability) as db:  # type: ignore[arg-type]
+        found = await db.write(lambda c: c.query_one("PRAGMA synchronous"))
+    assert found == {"synchronous": level}
+
+
+async def test_reopening_a_file_keeps_every_row(db_path: Path, raw: RawDB) -> None:
+    async with open_store(db_path) as db:
+        ids = [await enqueue_dispatch(db, kind="k", deliver_to=f"s{i}") for i in range(5)]
+    async with open_store(db_path) as db:
+        assert [(await get_dispatch(db, i) or {})["id"] for i in ids] == ids
+    assert raw.counts() == (5, 5)
+    assert raw.scalar("SELECT COUNT(*) FROM trio_dispatch_schema") == SCHEMA_VERSION
+
+
+async def test_a_database_of_the_source_design_is_adopted_without_losing_rows(
+    db_path: Path, raw: RawDB
+) -> None:
+    conn = sqlite3.connect(db_path)
+    conn.executescript(
+        """
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, name TEXT);
+        CREATE TABLE dispatch_outbox (
+          id TEXT PRIMARY KEY, kind TEXT NOT NULL, deliver_to TEXT NOT NULL,
+          payload JSON NOT NULL, dedup_key TEXT NULL,
+          status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN ('pending','delivering',
+            'delivered','acked','dead_letter','expired')),
+          attempt INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL DEFAULT 8,
+          next_attempt_at FLOAT NOT NULL, ack_required INTEGER NOT NULL DEFAULT 0,
+          ack_token TEXT NULL, session_id TEXT NULL REFERENCES sessions(id),
+          schedule_run_id TEXT NULL, last_error TEXT NULL, created_at FLOAT NOT NULL,
+          expires_at FLOAT NULL, updated_at FLOAT NULL);
+        INSERT INTO sessions VALUES ('s1', 'kept');
+        INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, next_attempt_at,
+          created_at, session_id) VALUES ('old1', 'k', 'seat', '{}', 1, 1, 's1');
+        """
+    )
+    conn.close()
+    async with open_store(db_path) as db:
+        row = await get_dispatch(db, "old1")
+        assert row is not None and row["session_id"] == "s1"
+        await enqueue_dispatch(db, kind="k", deliver_to="seat", session_id="s1")
+    assert raw.scalar("SELECT name FROM sessions WHERE id = 's1'") == "kept"
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 2
+    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION
+
+
+async def test_a_newer_schema_version_is_refused_and_left_untouched(
+    db_path: Path, raw: RawDB
+) -> None:
+    async with open_store(db_path) as db:
+        await enqueue_dispatch(db, kind="k", deliver_to="seat")
+    raw.execute("INSERT INTO trio_dispatch_schema VALUES (99, 0)")
+    with pytest.raises(SchemaError, match="schema version 99"):
+        async with open_store(db_path):
+            pass
+    assert raw.counts() == (1, 1)
+
+
+async def test_transaction_commits_caller_sql_and_dispatch_together(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with store.transaction() as tx:
+        await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('s1', 0)")
+        dispatch_id = await enqueue_dispatch(tx, kind="k", deliver_to="seat", session_id="s1")
+        # Not visible outside the transaction before it commits.
+        assert raw.counts() == (0, 0)
+        assert [r["id"] for r in await tx.query("SELECT id FROM dispatch_outbox")] == [dispatch_id]
+    assert raw.row(dispatch_id)["session_id"] == "s1"
+    assert raw.counts() == (1, 1)
+
+
+async def test_transaction_rollback_discards_caller_sql_and_dispatch(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('s1', 0)")
+            await enqueue_dispatch(tx, kind="k", deliver_to="seat", session_id="s1")
+            raise Boom
+    assert raw.counts() == (0, 0)
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 0
+    # The store is usable afterwards.
+    await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    assert raw.counts() == (1, 1)
+
+
+async def test_cancelled_transaction_rolls_back(store: SQLiteStore, raw: RawDB) -> None:
+    with anyio.move_on_after(0.2):
+        async with store.transaction() as tx:
+            await enqueue_dispatch(tx, kind="k", deliver_to="seat")
+            await anyio.sleep(5)
+    assert raw.counts() == (0, 0)
+
+
+async def test_using_the_store_inside_its_own_transaction_is_an_error(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with store.transaction():
+        with pytest.raises(RuntimeError, match="transaction handle"):
+            await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    assert raw.counts() == (0, 0)
+
+
+async def test_other_writers_wait_for_an_open_transaction(store: SQLiteStore, raw: RawDB) -> None:
+    order: list[str] = []
+
+    async def other_writer() -> None:
+        await enqueue_dispatch(store, kind="k", deliver_to="other")
+        order.append("other committed")
+
+    async with anyio.create_task_group() as tg:
+        async with store.transaction() as tx:
+            tg.start_soon(other_writer)
+            await anyio.sleep(0.1)
+            await enqueue_dispatch(tx, kind="k", deliver_to="mine")
+            order.append("tx body done")
+    assert order == ["tx body done", "other committed"]
+    assert raw.counts() == (2, 2)
+
+
+async def test_group_commit_keeps_each_callers_result_and_error_apart(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with store.transaction() as tx:
+        await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('known', 0)")
+    results: dict[int, object] = {}
+
+    async def producer(i: int) -> None:
+        try:
+            results[i] = await enqueue_dispatch(
+                store, kind="k", deliver_to=f"seat-{i}",
+                session_id="known" if i % 3 else "unknown",
+            )
+        except ValueError as exc:
+            results[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(60):
+            tg.start_soon(producer, i)
+    good = {i: r for i, r in results.items() if isinstance(r, str)}
+    bad = {i: r for i, r in results.items() if isinstance(r, ValueError)}
+    assert set(bad) == {i for i in range(60) if i % 3 == 0}
+    assert all("'unknown'" in str(e) for e in bad.values())
+    assert len(set(good.values())) == len(good) == 40
+    for i, dispatch_id in good.items():
+        assert raw.row(dispatch_id)["deliver_to"] == f"seat-{i}"
+    assert raw.counts() == (40, 40)
+
+
+async def test_group_commit_shares_transactions_between_concurrent_writers(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with anyio.create_task_group() as tg:
+        for i in range(200):
+            tg.start_soon(lambda i=i: enqueue_dispatch(store, kind="k", deliver_to=f"s{i}"))
+    assert raw.counts() == (200, 200)
+    # 200 writers committed in fewer transactions than writers: WAL frames
+    # are not a reliable count, so read the store's own batch counter.
+    assert 1 <= store.stats["batches"] < 200
+    assert store.stats["units"] == 200
+
+
+def _enqueue_in_child(path: str, tag: str, n: int) -> None:
+    async def main() -> None:
+        async with open_store(path) as db:
+            for i in range(n):
+                await enqueue_dispatch(db, kind="k", deliver_to=f"{tag}-{i}")
+
+    anyio.run(main)
+
+
+async def test_several_processes_write_one_file_without_losing_rows(
+    db_path: Path, raw: RawDB
+) -> None:
+    async with open_store(db_path):
+        pass
+    ctx = multiprocessing.get_context("spawn")
+    children = [ctx.Process(target=_enqueue_in_child, args=(str(db_path), f"p{k}", 150))
+                for k in range(3)]
+    for child in children:
+        child.start()
+    async with open_store(db_path) as db:
+        for i in range(150):
+            await enqueue_dispatch(db, kind="k", deliver_to=f"parent-{i}")
+    for child in children:
+        await anyio.to_thread.run_sync(child.join, 60)
+        assert child.exitcode == 0
+    assert raw.counts() == (600, 600)
+    assert raw.scalar("PRAGMA integrity_check") == "ok"

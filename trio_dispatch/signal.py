@@ -1,0 +1,73 @@
+"""The versioned signal envelope stored as a dispatch's payload (ADR D1).
+
+The JSON form is a wire contract: field names, order and meaning match the
+source design, with ``metadata.lion_class`` naming the concrete class here.
+``DispatchSignal.attempt`` is written once at enqueue (0) and never rewritten;
+the row's ``attempt`` column is the current attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from typing import Any, Final, Literal
+
+SIGNAL_SCHEMA_VERSION: Final = 1
+
+
+@dataclasses.dataclass(kw_only=True)
+class Element:
+    """An identified, timestamped value with free-form metadata."""
+
+    id: str = dataclasses.field(default_factory=lambda: str(uuid.uuid4()))
+    created_at: float = dataclasses.field(default_factory=time.time)
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
+        """The fields in declaration order; ``metadata.lion_class`` names the
+        concrete class. ``mode="json"`` returns only JSON-native values."""
+        out: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "metadata":
+                value = {**value, "lion_class": _class_path(type(self))}
+            out[field.name] = value
+        if mode == "json":
+            return _jsonable(out)
+        return out
+
+
+@dataclasses.dataclass(kw_only=True)
+class Signal(Element):
+    """A message between roles, versioned by ``schema_version``."""
+
+    data: Any = None
+    emitter_role: str | None = None
+    schema_version: int = SIGNAL_SCHEMA_VERSION
+
+
+@dataclasses.dataclass(kw_only=True)
+class DispatchSignal(Signal):
+    """The payload envelope of one dispatch."""
+
+    dispatch_id: str = ""
+    kind: str = ""
+    deliver_to: str = ""
+    attempt: int = 0
+    ack_token: str | None = None
+    body: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value

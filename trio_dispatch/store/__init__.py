@@ -1,0 +1,71 @@
+"""Stores: where dispatches live. :func:`open_store` picks the engine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from .base import Conn, Database, Row, Store, Transaction
+from .sqlite import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DURABILITIES,
+    Durability,
+    SchemaError,
+    SQLiteStore,
+    sqlite_path_from_target,
+)
+
+__all__ = [
+    "DURABILITIES",
+    "Conn",
+    "Database",
+    "Durability",
+    "Row",
+    "SQLiteStore",
+    "SchemaError",
+    "Store",
+    "Transaction",
+    "open_store",
+]
+
+
+@asynccontextmanager
+async def open_store(
+    target: str | os.PathLike[str],
+    *,
+    durability: Durability = "full",
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+) -> AsyncIterator[SQLiteStore]:
+    """Open (creating or migrating forward) the store that ``target`` names
+    and close it when the block exits.
+
+    ``target`` is a SQLite file path, ``":memory:"``, or a URL:
+    ``sqlite:///relative.db``, ``sqlite:////absolute.db``. ``durability`` is
+    ``"full"`` (a commit survives power loss) or ``"normal"`` (it survives a
+    process crash). Raises ``ValueError`` for a target or option it cannot
+    use, naming it, before touching any file.
+    """
+    if durability not in DURABILITIES:
+        raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
+    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
+        busy_timeout >= 0
+    ):
+        raise ValueError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
+    raw = os.fspath(target)
+    if not isinstance(raw, str):
+        raise TypeError(f"store target must be a str path or URL, got {target!r}")
+    if raw.startswith(("postgresql://", "postgres://")):
+        raise ValueError(f"the PostgreSQL engine is not available yet: {raw!r}")
+    if "://" in raw and not raw.startswith("sqlite://"):
+        raise ValueError(
+            f"unsupported store URL {raw!r}: use a file path, ':memory:' or sqlite:///path"
+        )
+    store = SQLiteStore(
+        sqlite_path_from_target(raw), durability=durability, busy_timeout=busy_timeout
+    )
+    await store._open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
