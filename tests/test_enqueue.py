@@ -172,7 +172,8 @@ async def test_dedup_race_between_processes_resolves_to_the_winner(
     for child in children:
         await anyio.to_thread.run_sync(child.join, 60)
         assert child.exitcode == 0
-    winners = {r["dedup_key"]: r["id"] for r in raw.rows("SELECT id, dedup_key FROM dispatch_outbox")}
+    rows = raw.rows("SELECT id, dedup_key FROM dispatch_outbox")
+    winners = {r["dedup_key"]: r["id"] for r in rows}
     assert len(winners) == 100 and raw.counts() == (100, 100)
     for k in range(4):
         order = keys if k % 2 else keys[::-1]

@@ -34,7 +34,7 @@ class Element:
                 value = {**value, "lion_class": _class_path(type(self))}
             out[field.name] = value
         if mode == "json":
-            return _jsonable(out)
+            return dict(_jsonable(out))
         return out
 
 

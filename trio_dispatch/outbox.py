@@ -1,0 +1,1052 @@
+"""The dispatch state machine over a store: enqueue, claim, finish, ack,
+retry, purge and prune.
+
+This module owns every write of ``dispatch_outbox.status`` and every
+``status_transitions`` row. Each status change is one unit of work (one
+transaction): the row's compare-and-set and its transition row commit
+together or not at all. Every change a delivery makes is fenced on the
+``(status, attempt)`` it read or claimed, so a stale claimant -- one whose
+lease another worker recovered -- can never overwrite a newer attempt.
+
+No transaction here spans the transport or any other await on the outside
+world: a delivery is a claim (one transaction), the transport call (none),
+then a finish (one transaction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hmac
+import json
+import math
+import time
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Final, NamedTuple
+
+from . import lifecycle as lc
+from .backoff import jittered_backoff
+from .signal import DispatchSignal
+from .store.base import Conn, Database, Row
+from .transport import (
+    LAST_ERROR_LIMIT,
+    NOTIFY_TIMEOUT_SECONDS,
+    CommandTransport,
+    Delivery,
+    Transport,
+    TransportResult,
+    as_transport,
+)
+
+DEFAULT_MAX_ATTEMPTS: Final = 8
+CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0
+"""A claim's lease is the transport timeout plus this margin (10 + 5 = 15 s)."""
+DEFAULT_BATCH_SIZE: Final = 100
+DEFAULT_LIST_LIMIT: Final = 50
+PRUNE_CHUNK: Final = 500
+DEFAULT_RETENTION_SECONDS: Final[Mapping[str, float]] = {
+    lc.DELIVERED: 7 * 86400.0,
+    lc.ACKED: 7 * 86400.0,
+    lc.DEAD_LETTER: 30 * 86400.0,
+    lc.EXPIRED: 30 * 86400.0,
+}
+COUNTER_KEYS: Final = ("attempted", "delivered", "dead_letter", "expired", "retried")
+
+_COLUMNS: Final = (
+    "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
+    "next_attempt_at, ack_required, ack_token, session_id, schedule_run_id, "
+    "last_error, created_at, expires_at, updated_at"
+)
+_DUE_STATUSES_SQL: Final = "status IN ('pending', 'delivering')"
+
+
+class EnqueueResult(NamedTuple):
+    """One enqueue's outcome: the row's id, and whether an existing row with
+    the same dedup key answered instead of a new one."""
+
+    id: str
+    dedup_hit: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """One attempt of one dispatch, owned by this process until it finishes
+    or its lease (``lease_until``) runs out."""
+
+    dispatch_id: str
+    kind: str
+    deliver_to: str
+    payload: str
+    attempt: int
+    max_attempts: int
+    ack_required: bool
+    lease_until: float
+
+    def delivery(self) -> Delivery:
+        return Delivery(
+            dispatch_id=self.dispatch_id,
+            kind=self.kind,
+            deliver_to=self.deliver_to,
+            attempt=self.attempt,
+            payload=self.payload,
+        )
+
+
+class Outcome(enum.Enum):
+    """What finishing an attempt did to its row."""
+
+    DELIVERED = "delivered"
+    AWAITING_ACK = "awaiting_ack"
+    RETRY = "retry"
+    DEAD_LETTER = "dead_letter"
+    ACK_TIMEOUT = "ack_timeout"
+    CONFLICT = "conflict"
+    """The row was no longer (delivering, this attempt): nothing written."""
+
+
+# -- validation (SPEC B2): before anything is written -------------------------
+
+
+def _show(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _require_text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {_show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid Unicode text: {_show(value)}") from None
+    return value
+
+
+def _require_non_empty(name: str, value: object) -> str:
+    text = _require_text(name, value)
+    if not text.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {_show(value)}")
+    if "\x00" in text:
+        raise ValueError(f"{name} must not contain NUL characters, got {_show(value)}")
+    return text
+
+
+def _require_route(value: object) -> str:
+    text = _require_non_empty("deliver_to", value)
+    for char in text:
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(
+                f"deliver_to must not contain control characters "
+                f"(found {char!r}), got {_show(value)}"
+            )
+    return text
+
+
+def _require_optional_id(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    return _require_non_empty(name, value)
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {_show(value)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _require_number(name: str, value: object, *, minimum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a finite number, got {_show(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
+    return number
+
+
+def _require_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {_show(value)}")
+    return value
+
+
+def _require_body(body: object) -> dict[str, Any]:
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise TypeError(f"body must be a dict or None, got {type(body).__name__} {_show(body)}")
+    try:
+        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"body is not JSON-serialisable ({exc}): {_show(body)}") from None
+    # The payload is written once and never rewritten: what a consumer reads
+    # back must be exactly what the producer gave (no tuple -> list, no int
+    # key -> str key).
+    if json.loads(text) != body:
+        raise ValueError(
+            "body must survive a JSON round trip unchanged (str keys; lists, not tuples), "
+            f"got {_show(body)}"
+        )
+    return body
+
+
+def _require_dispatch_id(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"dispatch_id must be a str, got {_show(value)}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _NewDispatch:
+    id: str
+    kind: str
+    deliver_to: str
+    payload: str
+    dedup_key: str | None
+    max_attempts: int
+    ack_required: bool
+    ack_token: str | None
+    session_id: str | None
+    schedule_run_id: str | None
+    expires_at: float | None
+
+
+def _prepare(
+    *,
+    kind: object,
+    deliver_to: object,
+    body: object = None,
+    dedup_key: object = None,
+    ack_required: object = False,
+    max_attempts: object = DEFAULT_MAX_ATTEMPTS,
+    expires_at: object = None,
+    session_id: object = None,
+    schedule_run_id: object = None,
+) -> _NewDispatch:
+    """Validate one enqueue's arguments and build its row (id, token and
+    serialised envelope), all before any transaction."""
+    kind_ = _require_non_empty("kind", kind)
+    route = _require_route(deliver_to)
+    body_ = _require_body(body)
+    key = None if dedup_key is None else _require_non_empty("dedup_key", dedup_key)
+    ack = _require_bool("ack_required", ack_required)
+    bound = _require_int("max_attempts", max_attempts, minimum=1)
+    expiry = None if expires_at is None else _require_number("expires_at", expires_at)
+    session = _require_optional_id("session_id", session_id)
+    run = _require_optional_id("schedule_run_id", schedule_run_id)
+    dispatch_id = uuid.uuid4().hex
+    token = uuid.uuid4().hex if ack else None
+    envelope = DispatchSignal(
+        dispatch_id=dispatch_id,
+        kind=kind_,
+        deliver_to=route,
+        attempt=0,
+        ack_token=token,
+        body=body_,
+    )
+    return _NewDispatch(
+        id=dispatch_id,
+        kind=kind_,
+        deliver_to=route,
+        payload=json.dumps(envelope.to_dict(mode="json"), ensure_ascii=False),
+        dedup_key=key,
+        max_attempts=bound,
+        ack_required=ack,
+        ack_token=token,
+        session_id=session,
+        schedule_run_id=run,
+        expires_at=expiry,
+    )
+
+
+# -- units of work (run inside one transaction on the store's thread) ------
+
+
+def _record(
+    conn: Conn,
+    dispatch_id: str,
+    previous: str | None,
+    status: str,
+    reason: str,
+    summary: str,
+    *,
+    source: str,
+    actor: str,
+    now: float,
+    metadata: Mapping[str, Any] | None = None,
+) -> None:
+    if reason not in lc.REASON_CODES:  # a programming error, never user input
+        raise AssertionError(f"unknown reason code {reason!r}")
+    conn.execute(
+        "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+        "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            lc.ENTITY_TYPE,
+            dispatch_id,
+            previous,
+            status,
+            reason,
+            summary,
+            source,
+            actor,
+            "[]",
+            json.dumps(dict(metadata or {})),
+            now,
+        ),
+    )
+
+
+def _insert(conn: Conn, new: _NewDispatch, now: float) -> EnqueueResult:
+    for column, value, table in (
+        ("session_id", new.session_id, "sessions"),
+        ("schedule_run_id", new.schedule_run_id, "schedule_runs"),
+    ):
+        if value is not None and conn.query_one(
+            f"SELECT 1 AS found FROM {table} WHERE id = ?", (value,)
+        ) is None:
+            raise ValueError(f"{column} {value!r} does not exist in {table}")
+    if new.dedup_key is not None:
+        hit = conn.query_one(
+            "SELECT id FROM dispatch_outbox WHERE dedup_key = ?", (new.dedup_key,)
+        )
+        if hit is not None:
+            return EnqueueResult(str(hit["id"]), True)
+    inserted = conn.execute(
+        "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, dedup_key, status, "
+        "attempt, max_attempts, next_attempt_at, ack_required, ack_token, session_id, "
+        "schedule_run_id, last_error, created_at, expires_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?) "
+        "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING",
+        (
+            new.id,
+            new.kind,
+            new.deliver_to,
+            new.payload,
+            new.dedup_key,
+            new.max_attempts,
+            now,
+            int(new.ack_required),
+            new.ack_token,
+            new.session_id,
+            new.schedule_run_id,
+            now,
+            new.expires_at,
+            now,
+        ),
+    )
+    if inserted == 0:
+        # Another writer committed the same key after our select (possible
+        # across PostgreSQL sessions): the first committed row wins (B3).
+        winner = conn.query_one(
+            "SELECT id FROM dispatch_outbox WHERE dedup_key = ?", (new.dedup_key,)
+        )
+        if winner is None:
+            raise RuntimeError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
+        return EnqueueResult(str(winner["id"]), True)
+    _record(
+        conn,
+        new.id,
+        None,
+        lc.PENDING,
+        lc.ENQUEUED,
+        f"enqueued kind={new.kind}",
+        source=lc.SOURCE_SYSTEM,
+        actor=lc.ACTOR_ENQUEUE,
+        now=now,
+    )
+    return EnqueueResult(new.id, False)
+
+
+def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[EnqueueResult]:
+    return [_insert(conn, new, now) for new in batch]
+
+
+def _select_due(conn: Conn, now: float, limit: int) -> list[Row]:
+    return conn.query(
+        f"SELECT {_COLUMNS} FROM dispatch_outbox "
+        f"WHERE {_DUE_STATUSES_SQL} AND next_attempt_at <= ? "
+        "ORDER BY next_attempt_at, created_at LIMIT ?",
+        (now, limit),
+    )
+
+
+def _expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
+    lc.check_edge(row["id"], row["status"], lc.EXPIRED, source=lc.SOURCE_SCHEDULER)
+    changed = conn.execute(
+        "UPDATE dispatch_outbox SET status = 'expired', updated_at = ? "
+        "WHERE id = ? AND status = ? AND attempt = ? AND next_attempt_at <= ?",
+        (now, row["id"], row["status"], row["attempt"], now),
+    )
+    if changed:
+        _record(
+            conn,
+            row["id"],
+            row["status"],
+            lc.EXPIRED,
+            lc.DEADLINE,
+            f"expires_at {row['expires_at']} passed before attempt {row['attempt'] + 1}",
+            source=lc.SOURCE_SCHEDULER,
+            actor=actor,
+            now=now,
+            metadata={"expires_at": row["expires_at"], "attempt": row["attempt"]},
+        )
+    return bool(changed)
+
+
+class _Spent(NamedTuple):
+    """A delivering row whose lease ran out during its last allowed attempt:
+    dead-lettered instead of sent again (``max_attempts`` bounds every send)."""
+
+    dispatch_id: str
+
+
+def _claim(conn: Conn, row: Row, now: float, lease: float, actor: str) -> Claim | _Spent | None:
+    dispatch_id, status, attempt = row["id"], row["status"], row["attempt"]
+    if status == lc.DELIVERING and attempt >= row["max_attempts"]:
+        lc.check_edge(dispatch_id, status, lc.DEAD_LETTER, source=lc.SOURCE_SCHEDULER)
+        changed = conn.execute(
+            "UPDATE dispatch_outbox SET status = 'dead_letter', updated_at = ?, "
+            "last_error = COALESCE(last_error, ?) "
+            "WHERE id = ? AND status = 'delivering' AND attempt = ? AND next_attempt_at <= ?",
+            (now, "lease expired during the last attempt", dispatch_id, attempt, now),
+        )
+        if not changed:
+            return None
+        _record(
+            conn,
+            dispatch_id,
+            status,
+            lc.DEAD_LETTER,
+            lc.MAX_ATTEMPTS,
+            f"lease expired during attempt {attempt} of {row['max_attempts']}",
+            source=lc.SOURCE_SCHEDULER,
+            actor=actor,
+            now=now,
+            metadata={"attempt": attempt},
+        )
+        return _Spent(dispatch_id)
+    lc.check_edge(dispatch_id, status, lc.DELIVERING, source=lc.SOURCE_SCHEDULER)
+    lease_until = now + lease
+    changed = conn.execute(
+        "UPDATE dispatch_outbox SET status = 'delivering', attempt = ?, next_attempt_at = ?, "
+        "updated_at = ? WHERE id = ? AND status = ? AND attempt = ? AND next_attempt_at <= ?",
+        (attempt + 1, lease_until, now, dispatch_id, status, attempt, now),
+    )
+    if not changed:
+        return None
+    recovered = "lease expired; " if status == lc.DELIVERING else ""
+    _record(
+        conn,
+        dispatch_id,
+        status,
+        lc.DELIVERING,
+        lc.ATTEMPT,
+        f"{recovered}attempt {attempt + 1} of {row['max_attempts']}",
+        source=lc.SOURCE_SCHEDULER,
+        actor=actor,
+        now=now,
+        metadata={"attempt": attempt + 1, "lease_until": lease_until},
+    )
+    return Claim(
+        dispatch_id=dispatch_id,
+        kind=row["kind"],
+        deliver_to=row["deliver_to"],
+        payload=row["payload"] if isinstance(row["payload"], str) else json.dumps(row["payload"]),
+        attempt=attempt + 1,
+        max_attempts=row["max_attempts"],
+        ack_required=bool(row["ack_required"]),
+        lease_until=lease_until,
+    )
+
+
+def _finish(
+    conn: Conn,
+    claim: Claim,
+    result: TransportResult,
+    now: float,
+    delay: float,
+    actor: str,
+) -> Outcome:
+    """Record one attempt's end in one transaction, fenced on
+    ``(delivering, claim.attempt)`` (SPEC B4)."""
+    attempts_left = claim.attempt < claim.max_attempts
+    error = None
+    if result.ok and not claim.ack_required:
+        outcome, status, reason = Outcome.DELIVERED, lc.DELIVERED, lc.TRANSPORT_OK
+        summary = f"transport succeeded on attempt {claim.attempt}"
+    elif result.ok and attempts_left:
+        outcome, status, reason = Outcome.AWAITING_ACK, lc.PENDING, lc.AWAITING_ACK
+        summary = f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s"
+    elif result.ok:
+        outcome, status, reason = Outcome.ACK_TIMEOUT, lc.DEAD_LETTER, lc.ACK_TIMEOUT
+        summary = f"sent {claim.attempt} of {claim.max_attempts} times without an ack"
+    else:
+        error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+        if attempts_left:
+            outcome, status, reason = Outcome.RETRY, lc.PENDING, lc.RETRY_BACKOFF
+            summary = f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}"
+        else:
+            outcome, status, reason = Outcome.DEAD_LETTER, lc.DEAD_LETTER, lc.MAX_ATTEMPTS
+            summary = (
+                f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}"
+            )
+    lc.check_edge(claim.dispatch_id, lc.DELIVERING, status, source=lc.SOURCE_SCHEDULER)
+    next_at = now + delay if status == lc.PENDING else now
+    changed = conn.execute(
+        "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ?, "
+        "last_error = COALESCE(?, last_error) "
+        "WHERE id = ? AND status = 'delivering' AND attempt = ?",
+        (status, next_at, now, error, claim.dispatch_id, claim.attempt),
+    )
+    if not changed:
+        return Outcome.CONFLICT
+    metadata: dict[str, Any] = {"attempt": claim.attempt}
+    if status == lc.PENDING:
+        metadata["next_attempt_at"] = next_at
+    if error is not None:
+        metadata["error"] = error
+    _record(
+        conn,
+        claim.dispatch_id,
+        lc.DELIVERING,
+        status,
+        reason,
+        summary,
+        source=lc.SOURCE_SCHEDULER,
+        actor=actor,
+        now=now,
+        metadata=metadata,
+    )
+    return outcome
+
+
+# -- the public API --------------------------------------------------------
+
+
+def _clock(now: float | None) -> Callable[[], float]:
+    if now is None:
+        return time.time
+    fixed = _require_number("now", now)
+    return lambda: fixed
+
+
+async def enqueue_dispatch(
+    db: Database,
+    *,
+    kind: str,
+    deliver_to: str,
+    body: dict[str, Any] | None = None,
+    dedup_key: str | None = None,
+    ack_required: bool = False,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    expires_at: float | None = None,
+    session_id: str | None = None,
+    schedule_run_id: str | None = None,
+    now: float | None = None,
+) -> str:
+    """Commit one dispatch and its ``dispatch.pending.enqueued`` transition;
+    return its id.
+
+    With ``dedup_key``, a key already committed returns that row's id and
+    writes nothing -- including when a concurrent writer commits the same key
+    first. Raises ``TypeError``/``ValueError`` naming the bad argument (or an
+    unknown ``session_id``/``schedule_run_id``) before anything is written.
+    Passed a transaction handle, the row commits or rolls back with it.
+    """
+    new = _prepare(
+        kind=kind,
+        deliver_to=deliver_to,
+        body=body,
+        dedup_key=dedup_key,
+        ack_required=ack_required,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        session_id=session_id,
+        schedule_run_id=schedule_run_id,
+    )
+    return (await _commit_new(db, [new], _clock(now)))[0].id
+
+
+async def _commit_new(
+    db: Database, batch: Sequence[_NewDispatch], clock: Callable[[], float]
+) -> list[EnqueueResult]:
+    results = await db.write(partial(_insert_all, batch=batch, now=clock()))
+    if any(not result.dedup_hit for result in results):
+        db.notify_enqueued()
+    return results
+
+
+_ENQUEUE_KEYS: Final = frozenset(
+    {
+        "kind",
+        "deliver_to",
+        "body",
+        "dedup_key",
+        "ack_required",
+        "max_attempts",
+        "expires_at",
+        "session_id",
+        "schedule_run_id",
+    }
+)
+
+
+async def enqueue_many(
+    db: Database, items: Iterable[Mapping[str, Any]], *, now: float | None = None
+) -> list[EnqueueResult]:
+    """Enqueue many dispatches in one transaction; each item holds the keyword
+    arguments of :func:`enqueue_dispatch`. Returns one :class:`EnqueueResult`
+    per item, in order. A repeated key within the batch resolves to the first
+    item's row. Any invalid item raises (naming its index and argument) before
+    anything is written; then no item is written.
+    """
+    clock = _clock(now)
+    if isinstance(items, Mapping | str | bytes):
+        raise TypeError(f"items must be an iterable of mappings, got {_show(items)}")
+    batch: list[_NewDispatch] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise TypeError(f"item {index} must be a mapping of enqueue arguments, got "
+                            f"{_show(item)}")
+        unknown = set(item) - _ENQUEUE_KEYS
+        if unknown:
+            raise TypeError(
+                f"item {index}: unknown enqueue argument {_show(sorted(map(str, unknown))[0])}"
+            )
+        for required in ("kind", "deliver_to"):
+            if required not in item:
+                raise TypeError(f"item {index}: missing required argument {required!r}")
+        try:
+            batch.append(_prepare(**item))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    return await _commit_new(db, batch, clock) if batch else []
+
+
+async def claim_due(
+    db: Database,
+    *,
+    now: float | None = None,
+    limit: int = DEFAULT_BATCH_SIZE,
+    lease_seconds: float = NOTIFY_TIMEOUT_SECONDS + CLAIM_LEASE_MARGIN_SECONDS,
+    actor: str = lc.ACTOR_DELIVERY,
+) -> tuple[list[Claim], dict[str, int]]:
+    """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
+    created_at``) and, in one transaction, expire those past ``expires_at``
+    and claim the rest. Returns the claims won and the counters of the scan
+    (``attempted``, ``expired``, ``dead_letter``). A row another claimant
+    took first is skipped silently."""
+    clock = _clock(now)
+    limit = _require_int("limit", limit, minimum=1)
+
+    def scan_and_claim(conn: Conn) -> tuple[list[Claim], dict[str, int]]:
+        at = clock()
+        counts = dict.fromkeys(COUNTER_KEYS, 0)
+        claims: list[Claim] = []
+        for row in _select_due(conn, at, limit):
+            counts["attempted"] += 1
+            if row["expires_at"] is not None and row["expires_at"] <= at:
+                counts["expired"] += _expire(conn, row, at, actor)
+                continue
+            claimed = _claim(conn, row, at, lease_seconds, actor)
+            if isinstance(claimed, Claim):
+                claims.append(claimed)
+            elif isinstance(claimed, _Spent):
+                counts["dead_letter"] += 1
+        return claims, counts
+
+    return await db.write(scan_and_claim)
+
+
+async def finish_attempt(
+    db: Database,
+    claim: Claim,
+    result: TransportResult,
+    *,
+    now: float | None = None,
+    retry_jitter: float = 0.0,
+    actor: str = lc.ACTOR_DELIVERY,
+) -> Outcome:
+    """Record the end of ``claim``'s attempt (status, ``last_error``, due time
+    and transition) in one transaction, fenced on ``(delivering,
+    claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
+    the row moved on (acked, purged, or recovered by another claimant)."""
+    clock = _clock(now)
+    delay = jittered_backoff(claim.attempt, retry_jitter)
+    return await db.write(
+        lambda conn: _finish(conn, claim, result, clock(), delay, actor)
+    )
+
+
+def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:
+    """Add one finished attempt to a counter mapping (ADR D4/D5 meanings:
+    ``delivered`` counts successful transport calls whose finish applied)."""
+    if outcome is Outcome.CONFLICT:
+        return
+    if result.ok:
+        counts["delivered"] += 1
+    if outcome in (Outcome.DEAD_LETTER, Outcome.ACK_TIMEOUT):
+        counts["dead_letter"] += 1
+    elif outcome is Outcome.RETRY:
+        counts["retried"] += 1
+
+
+async def deliver_due_dispatches(
+    db: Database,
+    *,
+    now: float | None = None,
+    notify_template: list[str] | None = None,
+    transport: Transport | Callable[..., Any] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
+    retry_jitter: float = 0.0,
+    actor: str = lc.ACTOR_DELIVERY,
+) -> dict[str, int]:
+    """One due scan: expire, claim, send and finish up to ``batch_size`` due
+    rows, one at a time; return ``{attempted, delivered, dead_letter,
+    expired, retried}``.
+
+    Each row is claimed just before its own send (so its lease starts when
+    its transport does) with a lease of ``timeout + 5`` seconds. The transport
+    is ``transport`` if given, else the argv ``notify_template`` (None or an
+    invalid template is a recorded transport failure, never an exception).
+    No transaction is open while a transport runs. Cancellation stops the
+    scan; an attempt interrupted mid-send stays ``delivering`` and is
+    recovered when its lease ends.
+    """
+    clock = _clock(now)
+    limit = _require_int("batch_size", batch_size, minimum=1)
+    timeout = _require_number("timeout_seconds", timeout_seconds, minimum=0.0)
+    lease = timeout + CLAIM_LEASE_MARGIN_SECONDS
+    sender: Transport = (
+        CommandTransport(notify_template, timeout=timeout)
+        if transport is None
+        else as_transport(transport, timeout=timeout)
+    )
+    counts = dict.fromkeys(COUNTER_KEYS, 0)
+    rows = await db.read(partial(_select_due, now=clock(), limit=limit))
+    for row in rows:
+        counts["attempted"] += 1
+        at = clock()
+        if row["expires_at"] is not None and row["expires_at"] <= at:
+            counts["expired"] += await db.write(partial(_expire, row=row, now=at, actor=actor))
+            continue
+        claimed = await db.write(partial(_claim, row=row, now=at, lease=lease, actor=actor))
+        if isinstance(claimed, _Spent):
+            counts["dead_letter"] += 1
+        if not isinstance(claimed, Claim):
+            continue
+        result = await sender(claimed.delivery())
+        outcome = await finish_attempt(
+            db, claimed, result, now=now, retry_jitter=retry_jitter, actor=actor
+        )
+        tally(counts, result, outcome)
+    return counts
+
+
+def _decode(row: Row | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    out = dict(row)
+    for key in ("payload", "evidence_refs", "metadata"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    return out
+
+
+def _get_row(conn: Conn, dispatch_id: str) -> Row | None:
+    return conn.query_one(f"SELECT {_COLUMNS} FROM dispatch_outbox WHERE id = ?", (dispatch_id,))
+
+
+async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
+    """The dispatch's row (payload decoded), or None."""
+    dispatch_id = _require_dispatch_id(dispatch_id)
+    return _decode(await db.read(partial(_get_row, dispatch_id=dispatch_id)))
+
+
+async def list_dispatches(
+    db: Database,
+    *,
+    status: str | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    kind: str | None = None,
+) -> list[dict[str, Any]]:
+    """Rows newest first, optionally of one ``status`` (one of the six) and
+    ``kind``, at most ``limit``."""
+    if status is not None and status not in lc.STATUSES:
+        raise ValueError(
+            f"status must be one of {', '.join(sorted(lc.STATUSES))}, got {_show(status)}"
+        )
+    limit = _require_int("limit", limit, minimum=1)
+    if kind is not None:
+        _require_text("kind", kind)
+    clauses, params = [], []
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status)
+    if kind is not None:
+        clauses.append("kind = ?")
+        params.append(kind)
+    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+    sql = (
+        f"SELECT {_COLUMNS} FROM dispatch_outbox {where}"
+        "ORDER BY created_at DESC, id DESC LIMIT ?"
+    )
+    rows = await db.read(lambda conn: conn.query(sql, (*params, limit)))
+    return [row for row in map(_decode, rows) if row is not None]
+
+
+async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any]]:
+    """The dispatch's ``status_transitions`` rows, oldest first (kept after
+    the dispatch itself is purged)."""
+    dispatch_id = _require_dispatch_id(dispatch_id)
+    rows = await db.read(
+        lambda conn: conn.query(
+            "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
+            "ORDER BY id",
+            (lc.ENTITY_TYPE, dispatch_id),
+        )
+    )
+    return [row for row in map(_decode, rows) if row is not None]
+
+
+def _cas_status(
+    conn: Conn,
+    row: Row,
+    to_status: str,
+    reason: str,
+    summary: str,
+    *,
+    source: str,
+    actor: str,
+    now: float,
+    assignments: str = "",
+    params: Sequence[Any] = (),
+) -> bool:
+    """Move ``row`` to ``to_status`` if it still has the status it was read
+    with; record the transition. False (nothing written) on a conflict."""
+    changed = conn.execute(
+        f"UPDATE dispatch_outbox SET status = ?, updated_at = ?{assignments} "
+        "WHERE id = ? AND status = ?",
+        (to_status, now, *params, row["id"], row["status"]),
+    )
+    if changed:
+        _record(conn, row["id"], row["status"], to_status, reason, summary,
+                source=source, actor=actor, now=now)
+    return bool(changed)
+
+
+async def ack_dispatch(
+    db: Database,
+    dispatch_id: str,
+    ack_token: str,
+    *,
+    now: float | None = None,
+    actor: str = "ack_dispatch",
+) -> bool:
+    """Acknowledge a dispatch with its token; True if it moved to ``acked``.
+
+    Raises ``LookupError`` if the row does not exist, ``ValueError`` if it
+    did not ask for acknowledgement or the token does not match (compared in
+    constant time), and :class:`InvalidTransition` if its status has no edge
+    to ``acked`` (delivered, acked, dead_letter, expired). Returns False if
+    the row's status changed between the read and the write.
+    """
+    dispatch_id = _require_dispatch_id(dispatch_id)
+    clock = _clock(now)
+    row = await db.read(partial(_get_row, dispatch_id=dispatch_id))
+    if row is None:
+        raise LookupError(f"dispatch {dispatch_id!r} not found")
+    if not row["ack_required"]:
+        raise ValueError(f"dispatch {dispatch_id!r} did not request acknowledgement")
+    if not isinstance(ack_token, str):
+        raise TypeError(f"ack_token must be a str, got {_show(ack_token)}")
+    given = ack_token.encode("utf-8", "surrogatepass")
+    if not hmac.compare_digest(given, str(row["ack_token"]).encode("utf-8")):
+        raise ValueError(f"ack token does not match dispatch {dispatch_id!r}")
+    lc.check_edge(dispatch_id, row["status"], lc.ACKED, source="consumer")
+    return await db.write(
+        lambda conn: _cas_status(
+            conn,
+            row,
+            lc.ACKED,
+            lc.CONSUMER_ACK,
+            f"acknowledged after attempt {row['attempt']}",
+            source="consumer",
+            actor=actor,
+            now=clock(),
+        )
+    )
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"
+
+
+async def retry_dispatch(
+    db: Database,
+    dispatch_id: str,
+    *,
+    now: float | None = None,
+    actor: str = "retry_dispatch",
+    expires_at: float | _Keep | None = _Keep.KEEP,
+) -> bool:
+    """Operator retry of a ``dead_letter`` or ``expired`` dispatch: back to
+    ``pending`` with ``attempt = 0``, due now, ``last_error`` cleared.
+
+    Returns False if the row does not exist or its status changed
+    concurrently; raises :class:`InvalidTransition` for any other status.
+    ``expires_at`` (a time, or None for no expiry) replaces the row's expiry;
+    by default it is kept, so retrying an expired row whose deadline is
+    still past sends it nowhere: the next scan expires it again.
+    """
+    dispatch_id = _require_dispatch_id(dispatch_id)
+    clock = _clock(now)
+    assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
+    if expires_at is not _Keep.KEEP and expires_at is not None:
+        _require_number("expires_at", expires_at)
+    row = await db.read(partial(_get_row, dispatch_id=dispatch_id))
+    if row is None:
+        return False
+    lc.check_edge(dispatch_id, row["status"], lc.PENDING, source=lc.SOURCE_OPERATOR)
+
+    def retry(conn: Conn) -> bool:
+        at = clock()
+        extra, params = assignments, list[Any]([at])
+        if expires_at is not _Keep.KEEP:
+            extra += ", expires_at = ?"
+            params.append(expires_at)
+        return _cas_status(
+            conn,
+            row,
+            lc.PENDING,
+            lc.OPERATOR_RETRY,
+            f"operator retry from {row['status']} after attempt {row['attempt']}",
+            source=lc.SOURCE_OPERATOR,
+            actor=actor,
+            now=at,
+            assignments=extra,
+            params=params,
+        )
+
+    return await db.write(retry)
+
+
+def _delete(conn: Conn, row: Row, reason: str, summary: str, actor: str, now: float) -> bool:
+    deleted = conn.execute(
+        "DELETE FROM dispatch_outbox WHERE id = ? AND status = ?", (row["id"], row["status"])
+    )
+    if deleted:
+        _record(conn, row["id"], row["status"], lc.PURGED, reason, summary,
+                source=lc.SOURCE_OPERATOR, actor=actor, now=now,
+                metadata={"attempt": row["attempt"], "kind": row["kind"]})
+    return bool(deleted)
+
+
+async def purge_dispatch(
+    db: Database, dispatch_id: str, *, now: float | None = None, actor: str = "purge_dispatch"
+) -> bool:
+    """Delete one dispatch in any status and record a
+    ``dispatch.purged.operator`` transition in the same transaction. Returns
+    whether a row was deleted. Its transition history is kept."""
+    dispatch_id = _require_dispatch_id(dispatch_id)
+    clock = _clock(now)
+
+    def purge(conn: Conn) -> bool:
+        row = conn.query_one(
+            "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?", (dispatch_id,)
+        )
+        if row is None:
+            return False
+        return _delete(conn, row, lc.PURGED_OPERATOR, f"purged from {row['status']}",
+                       actor, clock())
+
+    return await db.write(purge)
+
+
+async def prune_dispatches(
+    db: Database,
+    *,
+    older_than: float | None = None,
+    statuses: Iterable[str] | None = None,
+    now: float | None = None,
+    dry_run: bool = False,
+    actor: str = "prune_dispatches",
+) -> int:
+    """Retention: delete finished dispatches whose ``updated_at`` (else
+    ``created_at``) is more than ``older_than`` seconds old, recording a
+    ``dispatch.purged.retention`` transition for each; return how many were
+    (or, with ``dry_run``, would be) deleted.
+
+    ``older_than=None`` applies the per-status defaults (delivered/acked 7
+    days, dead_letter/expired 30 days). ``statuses`` defaults to those four
+    terminal statuses and may not name a live one: pending and delivering
+    rows are never pruned. Deletes run in short transactions of at most
+    :data:`PRUNE_CHUNK` rows, so other writers are never blocked for long.
+    """
+    clock = _clock(now)
+    if older_than is not None:
+        older_than = _require_number("older_than", older_than, minimum=0.0)
+    if statuses is None:
+        chosen = sorted(lc.TERMINAL_STATUSES)
+    else:
+        if isinstance(statuses, str):
+            raise TypeError(f"statuses must be a list of statuses, got {_show(statuses)}")
+        chosen = sorted(set(statuses))
+        for status in chosen:
+            if status not in lc.TERMINAL_STATUSES:
+                raise ValueError(
+                    f"prune can only remove finished dispatches "
+                    f"({', '.join(sorted(lc.TERMINAL_STATUSES))}), got {_show(status)}"
+                )
+    _require_bool("dry_run", dry_run)
+    at = clock()
+    cutoffs = {
+        status: at - (DEFAULT_RETENTION_SECONDS[status] if older_than is None else older_than)
+        for status in chosen
+    }
+    # Statuses are inlined (from the closed set, validated above) so the
+    # planner can use the finished-age index.
+    age = "COALESCE(updated_at, created_at)"
+    if dry_run:
+        def count(conn: Conn) -> int:
+            total = 0
+            for status, cutoff in cutoffs.items():
+                row = conn.query_one(
+                    f"SELECT COUNT(*) AS n FROM dispatch_outbox "
+                    f"WHERE status = '{status}' AND {age} <= ?", (cutoff,)
+                )
+                total += int(row["n"]) if row else 0
+            return total
+
+        return await db.read(count)
+
+    def prune_chunk(conn: Conn) -> int:
+        removed = 0
+        for status, cutoff in cutoffs.items():
+            rows = conn.query(
+                f"SELECT id, status, attempt, kind FROM dispatch_outbox "
+                f"WHERE status = '{status}' AND {age} <= ? LIMIT ?",
+                (cutoff, PRUNE_CHUNK - removed),
+            )
+            for row in rows:
+                removed += _delete(conn, row, lc.PURGED_RETENTION,
+                                   f"retention: {status} older than cutoff", actor, at)
+            if removed >= PRUNE_CHUNK:
+                break
+        return removed
+
+    total = 0
+    while True:
+        removed = await db.write(prune_chunk)
+        total += removed
+        if removed < PRUNE_CHUNK:
+            return total
