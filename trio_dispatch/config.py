@@ -18,15 +18,17 @@ import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, TypeGuard
+from typing import Any, Final, Literal
 
 import yaml
+
+from .store.sqlite import DURABILITIES
+from .transport import NOTIFY_TIMEOUT_SECONDS, is_valid_template
 
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
 
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DURABILITIES: Final = ("full", "normal")
 
 
 class ConfigError(ValueError):
@@ -110,13 +112,6 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def _is_template(value: object) -> TypeGuard[list[str]]:
-    """ADR D3: a transport template is a non-empty list of strings."""
-    return (
-        isinstance(value, list) and len(value) > 0 and all(isinstance(part, str) for part in value)
-    )
-
-
 def _positive(default: float) -> _Rule:
     return _Rule("a finite number > 0", lambda v: _is_number(v) and v > 0, default, float)
 
@@ -139,11 +134,11 @@ _SCHEMA: Final[_Schema] = {
     "dispatch": {
         "notify_template": _Rule(
             "a non-empty list of strings or null",
-            lambda v: v is None or _is_template(v),
+            lambda v: v is None or is_valid_template(v),
             None,
             lambda v: None if v is None else tuple(v),
         ),
-        "timeout_seconds": _positive(10.0),
+        "timeout_seconds": _positive(NOTIFY_TIMEOUT_SECONDS),
     },
     "worker": {
         "tick_seconds": _positive(30.0),
@@ -315,4 +310,4 @@ def resolve_notify_template(project_dir: str | Path | None = None) -> list[str] 
         return None
     dispatch = data.get("dispatch") if isinstance(data, Mapping) else None
     template = dispatch.get("notify_template") if isinstance(dispatch, Mapping) else None
-    return list(template) if _is_template(template) else None
+    return list(template) if is_valid_template(template) else None
