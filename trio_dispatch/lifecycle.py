@@ -65,19 +65,28 @@ REASON_CODES: Final = frozenset(
     }
 )
 
-# (from, to) -> whether only an operator may take it.
-_EDGES: Final[dict[tuple[str, str], bool]] = {
-    (PENDING, DELIVERING): False,
-    (PENDING, EXPIRED): False,
-    (PENDING, ACKED): False,
-    (DELIVERING, DELIVERING): False,
-    (DELIVERING, PENDING): False,
-    (DELIVERING, DELIVERED): False,
-    (DELIVERING, ACKED): False,
-    (DELIVERING, DEAD_LETTER): False,
-    (DELIVERING, EXPIRED): False,
-    (DEAD_LETTER, PENDING): True,
-    (EXPIRED, PENDING): True,
+SOURCE_CONSUMER: Final = "consumer"
+
+_SCHEDULER: Final = frozenset({SOURCE_SCHEDULER})
+_CONSUMER: Final = frozenset({SOURCE_CONSUMER})
+_OPERATOR: Final = frozenset({SOURCE_OPERATOR})
+
+# (from, to) -> the sources that may take the edge. Delivery moves rows
+# forward; only a consumer's ack reaches `acked`; only an operator revives a
+# failed row. So an operator "retry" of a row still being delivered, say, is
+# refused rather than resetting its attempt budget mid-flight.
+_EDGES: Final[dict[tuple[str, str], frozenset[str]]] = {
+    (PENDING, DELIVERING): _SCHEDULER,
+    (PENDING, EXPIRED): _SCHEDULER,
+    (PENDING, ACKED): _CONSUMER,
+    (DELIVERING, DELIVERING): _SCHEDULER,
+    (DELIVERING, PENDING): _SCHEDULER,
+    (DELIVERING, DELIVERED): _SCHEDULER,
+    (DELIVERING, ACKED): _CONSUMER,
+    (DELIVERING, DEAD_LETTER): _SCHEDULER,
+    (DELIVERING, EXPIRED): _SCHEDULER,
+    (DEAD_LETTER, PENDING): _OPERATOR,
+    (EXPIRED, PENDING): _OPERATOR,
 }
 
 EDGES: Final = frozenset(_EDGES)
@@ -97,13 +106,23 @@ class InvalidTransition(ValueError):
         )
 
 
+def edge_sources(from_status: str, to_status: str) -> frozenset[str]:
+    """The sources that may move a row ``from -> to`` (empty: no such edge)."""
+    return _EDGES.get((from_status, to_status), frozenset())
+
+
 def check_edge(dispatch_id: str, from_status: str, to_status: str, *, source: str) -> None:
-    """Raise :class:`InvalidTransition` unless ``from -> to`` is an edge that
-    ``source`` may take. Operator-gated edges need ``source == "operator"``."""
-    operator_only = _EDGES.get((from_status, to_status))
-    if operator_only is None:
+    """Raise :class:`InvalidTransition` unless ``from -> to`` is an edge of
+    the graph that ``source`` may take: delivery edges are the scheduler's,
+    edges to ``acked`` the consumer's, revival of a failed row the
+    operator's."""
+    sources = _EDGES.get((from_status, to_status))
+    if sources is None:
         raise InvalidTransition(dispatch_id, from_status, to_status)
-    if operator_only and source != SOURCE_OPERATOR:
+    if source not in sources:
         raise InvalidTransition(
-            dispatch_id, from_status, to_status, f"operator-only edge, source was {source!r}"
+            dispatch_id,
+            from_status,
+            to_status,
+            f"only {' or '.join(sorted(sources))} may take it, source was {source!r}",
         )

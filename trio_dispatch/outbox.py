@@ -872,7 +872,7 @@ async def ack_dispatch(
     given = ack_token.encode("utf-8", "surrogatepass")
     if not hmac.compare_digest(given, str(row["ack_token"]).encode("utf-8")):
         raise ValueError(f"ack token does not match dispatch {dispatch_id!r}")
-    lc.check_edge(dispatch_id, row["status"], lc.ACKED, source="consumer")
+    lc.check_edge(dispatch_id, row["status"], lc.ACKED, source=lc.SOURCE_CONSUMER)
     return await db.write(
         lambda conn: _cas_status(
             conn,
@@ -880,7 +880,7 @@ async def ack_dispatch(
             lc.ACKED,
             lc.CONSUMER_ACK,
             f"acknowledged after attempt {row['attempt']}",
-            source="consumer",
+            source=lc.SOURCE_CONSUMER,
             actor=actor,
             now=clock(),
         )

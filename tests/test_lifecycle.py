@@ -1,0 +1,315 @@
+"""The closed lifecycle graph and reason codes (SPEC section 7).
+
+The edge graph is checked pair by pair against ``lifecycle.check_edge``; the
+reason codes are checked on every transition row that real dispatches write
+on a real SQLite file while being driven through every path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+
+from trio_dispatch import (
+    InvalidTransition,
+    ack_dispatch,
+    deliver_due_dispatches,
+    enqueue_dispatch,
+    prune_dispatches,
+    purge_dispatch,
+    retry_dispatch,
+)
+from trio_dispatch import lifecycle as lc
+from trio_dispatch.outbox import claim_due
+from trio_dispatch.store import SQLiteStore
+from trio_dispatch.transport import Delivery
+
+if TYPE_CHECKING:
+    from conftest import RawDB
+
+STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+
+# SPEC section 7, transcribed: (from, to) -> operator only.
+# SPEC section 7's graph, with who takes each edge: delivery edges are the
+# scheduler's, acks the consumer's, revival of a failed row the operator's.
+SPEC_EDGE_SOURCES = {
+    ("pending", "delivering"): ("scheduler",),
+    ("pending", "expired"): ("scheduler",),
+    ("pending", "acked"): ("consumer",),
+    ("delivering", "delivering"): ("scheduler",),
+    ("delivering", "pending"): ("scheduler",),
+    ("delivering", "delivered"): ("scheduler",),
+    ("delivering", "acked"): ("consumer",),
+    ("delivering", "dead_letter"): ("scheduler",),
+    ("delivering", "expired"): ("scheduler",),
+    ("dead_letter", "pending"): ("operator",),
+    ("expired", "pending"): ("operator",),
+}
+SPEC_EDGES = frozenset(SPEC_EDGE_SOURCES)
+
+# SPEC section 7, the reason-code table, transcribed.
+SPEC_REASON_CODES = frozenset(
+    {
+        "dispatch.pending.enqueued",
+        "dispatch.delivering.attempt",
+        "dispatch.delivered.transport_ok",
+        "dispatch.pending.awaiting_ack",
+        "dispatch.pending.retry_backoff",
+        "dispatch.dead_letter.max_attempts",
+        "dispatch.dead_letter.ack_timeout",
+        "dispatch.expired.deadline",
+        "dispatch.acked.consumer",
+        "dispatch.pending.operator_retry",
+        "dispatch.pending.released",
+        "dispatch.purged.operator",
+        "dispatch.purged.retention",
+    }
+)
+DELIVERY_CODES = frozenset(
+    {
+        "dispatch.delivering.attempt",
+        "dispatch.delivered.transport_ok",
+        "dispatch.pending.awaiting_ack",
+        "dispatch.pending.retry_backoff",
+        "dispatch.dead_letter.max_attempts",
+        "dispatch.dead_letter.ack_timeout",
+        "dispatch.expired.deadline",
+    }
+)
+OPERATOR_CODES = frozenset(
+    {"dispatch.pending.operator_retry", "dispatch.purged.operator", "dispatch.purged.retention"}
+)
+
+T0 = 1_000_000.0
+
+pytestmark = pytest.mark.anyio
+
+
+# -- the edge graph -------------------------------------------------------------
+
+
+async def test_reason_codes_equal_the_spec_table() -> None:
+    assert lc.REASON_CODES == SPEC_REASON_CODES
+
+
+async def test_status_set_and_edge_set_equal_the_spec() -> None:
+    assert lc.STATUSES == frozenset(STATUSES)
+    assert lc.EDGES == frozenset(SPEC_EDGES)
+
+
+@pytest.mark.parametrize(("from_status", "to_status"), list(itertools.product(STATUSES, STATUSES)))
+@pytest.mark.parametrize("source", ["scheduler", "operator", "consumer", "system"])
+async def test_check_edge_allows_exactly_the_spec_graph_for_each_source(
+    from_status: str, to_status: str, source: str
+) -> None:
+    allowed = source in SPEC_EDGE_SOURCES.get((from_status, to_status), ())
+
+    if allowed:
+        lc.check_edge("d" * 32, from_status, to_status, source=source)
+    else:
+        with pytest.raises(InvalidTransition) as caught:
+            lc.check_edge("d" * 32, from_status, to_status, source=source)
+        assert caught.value.from_status == from_status
+        assert caught.value.to_status == to_status
+        assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("from_status", "to_status"), [("dead_letter", "pending"), ("expired", "pending")]
+)
+async def test_operator_only_edges_raise_for_scheduler_but_not_operator(
+    from_status: str, to_status: str
+) -> None:
+    with pytest.raises(InvalidTransition, match="operator"):
+        lc.check_edge("d" * 32, from_status, to_status, source="scheduler")
+    lc.check_edge("d" * 32, from_status, to_status, source="operator")
+
+
+@pytest.mark.parametrize(
+    ("from_status", "to_status"),
+    [("purged", "pending"), ("pending", "purged"), ("bogus", "pending"), ("pending", "bogus")],
+)
+async def test_check_edge_rejects_statuses_outside_the_six(
+    from_status: str, to_status: str
+) -> None:
+    with pytest.raises(InvalidTransition):
+        lc.check_edge("d" * 32, from_status, to_status, source="operator")
+
+
+# -- the reason walk -------------------------------------------------------------
+
+
+def status_of_reason(code: str) -> str:
+    """``dispatch.<status>.<why>`` -> ``<status>`` (``purged`` for purges)."""
+    entity, status, _ = code.split(".")
+    assert entity == "dispatch"
+    return status
+
+
+async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_source(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def add(route: str, *, now: float = T0, **kwargs: object) -> str:
+        return await enqueue_dispatch(
+            store,
+            kind="walk",
+            deliver_to=route,
+            now=now,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    # Rows claimed early and left to their leases: one to be recovered, one
+    # whose last attempt was spent.
+    recovered = await add("ok", now=T0 - 100, max_attempts=3)
+    spent = await add("ok", now=T0 - 100, max_attempts=1)
+    early, _ = await claim_due(store, now=T0 - 100)
+    assert {claim.dispatch_id for claim in early} == {recovered, spent}
+
+    delivered = await add("ok")
+    awaiting = await add("ok", ack_required=True, max_attempts=3)
+    retried = await add("fail", max_attempts=3)
+    dead = await add("fail", max_attempts=1)
+    ack_timeout = await add("ok", ack_required=True, max_attempts=1)
+    expired = await add("ok", expires_at=T0)
+    fast_acked = await add("fast-ack", ack_required=True, max_attempts=3)
+
+    sent: list[str] = []
+    fast_ack_results: list[bool] = []
+
+    async def transport(delivery: Delivery) -> bool:
+        sent.append(delivery.dispatch_id)
+        if delivery.deliver_to == "fail":
+            raise RuntimeError("destination refused")
+        if delivery.deliver_to == "fast-ack":
+            token = json.loads(delivery.payload)["ack_token"]
+            fast_ack_results.append(
+                await ack_dispatch(store, delivery.dispatch_id, token, now=T0 + 0.5)
+            )
+        return True
+
+    counts = await deliver_due_dispatches(store, now=T0, transport=transport)
+
+    assert counts == {
+        "attempted": 9,
+        "delivered": 4,  # delivered, awaiting, ack_timeout, recovered (fast ack conflicts)
+        "dead_letter": 3,  # dead, ack_timeout, spent
+        "expired": 1,
+        "retried": 1,
+    }
+    assert fast_ack_results == [True]
+    assert spent not in sent and expired not in sent
+    assert sorted(sent) == sorted(
+        [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked]
+    )
+
+    # Consumer ack of a row awaiting its ack (pending).
+    awaiting_token = str(raw.row(awaiting)["ack_token"])
+    assert await ack_dispatch(store, awaiting, awaiting_token, now=T0 + 1)
+    # Operator retry from dead_letter and from expired, then a purge.
+    assert await retry_dispatch(store, dead, now=T0 + 2)
+    assert await retry_dispatch(store, expired, now=T0 + 2, expires_at=None)
+    assert await purge_dispatch(store, dead, now=T0 + 3)
+    # Retention prune of the delivered rows.
+    assert await prune_dispatches(store, older_than=0, statuses=["delivered"], now=T0 + 4) == 2
+
+    # Final statuses.
+    final = {str(r["id"]): r for r in raw.rows("SELECT * FROM dispatch_outbox")}
+    assert delivered not in final and recovered not in final and dead not in final
+    assert final[awaiting]["status"] == "acked"
+    assert final[retried]["status"] == "pending"
+    assert final[ack_timeout]["status"] == "dead_letter"
+    assert final[expired]["status"] == "pending"
+    assert final[fast_acked]["status"] == "acked"
+    assert final[spent]["status"] == "dead_letter"
+    assert final[spent]["attempt"] == 1  # no second send on the spent lease
+
+    # Path-specific transitions.
+    def reasons(dispatch_id: str) -> list[tuple[str | None, str, str]]:
+        return [
+            (t["previous_status"], str(t["status"]), str(t["reason_code"]))  # type: ignore[misc]
+            for t in raw.transitions(dispatch_id)
+        ]
+
+    assert reasons(recovered) == [
+        (None, "pending", "dispatch.pending.enqueued"),
+        ("pending", "delivering", "dispatch.delivering.attempt"),
+        ("delivering", "delivering", "dispatch.delivering.attempt"),
+        ("delivering", "delivered", "dispatch.delivered.transport_ok"),
+        ("delivered", "purged", "dispatch.purged.retention"),
+    ]
+    assert reasons(spent) == [
+        (None, "pending", "dispatch.pending.enqueued"),
+        ("pending", "delivering", "dispatch.delivering.attempt"),
+        ("delivering", "dead_letter", "dispatch.dead_letter.max_attempts"),
+    ]
+    assert reasons(awaiting)[-2:] == [
+        ("delivering", "pending", "dispatch.pending.awaiting_ack"),
+        ("pending", "acked", "dispatch.acked.consumer"),
+    ]
+    assert reasons(retried)[-1] == ("delivering", "pending", "dispatch.pending.retry_backoff")
+    assert reasons(dead)[-3:] == [
+        ("delivering", "dead_letter", "dispatch.dead_letter.max_attempts"),
+        ("dead_letter", "pending", "dispatch.pending.operator_retry"),
+        ("pending", "purged", "dispatch.purged.operator"),
+    ]
+    assert reasons(ack_timeout)[-1] == (
+        "delivering",
+        "dead_letter",
+        "dispatch.dead_letter.ack_timeout",
+    )
+    assert reasons(expired) == [
+        (None, "pending", "dispatch.pending.enqueued"),
+        ("pending", "expired", "dispatch.expired.deadline"),
+        ("expired", "pending", "dispatch.pending.operator_retry"),
+    ]
+    assert reasons(fast_acked) == [
+        (None, "pending", "dispatch.pending.enqueued"),
+        ("pending", "delivering", "dispatch.delivering.attempt"),
+        ("delivering", "acked", "dispatch.acked.consumer"),
+    ]
+
+    # Every transition row in the database.
+    transitions = raw.rows("SELECT * FROM status_transitions ORDER BY id")
+    assert transitions
+    seen: set[str] = set()
+    last_status: dict[str, str] = {}
+    for t in transitions:
+        code = str(t["reason_code"])
+        where = f"transition {t['id']} of {t['entity_id']}: {code}"
+        assert code in SPEC_REASON_CODES, where
+        seen.add(code)
+        assert t["entity_type"] == "dispatch", where
+        assert t["status"] == status_of_reason(code), where
+        assert json.loads(str(t["evidence_refs"])) == [], where
+        assert isinstance(json.loads(str(t["metadata"])), dict), where
+        if code == "dispatch.pending.enqueued":
+            assert (t["source"], t["actor"]) == ("system", "enqueue_dispatch"), where
+            assert t["previous_status"] is None, where
+        elif code in DELIVERY_CODES:
+            assert (t["source"], t["actor"]) == ("scheduler", "dispatch_delivery_loop"), where
+        elif code in OPERATOR_CODES:
+            assert t["source"] == "operator", where
+            assert t["actor"], where
+        elif code == "dispatch.acked.consumer":
+            assert t["source"] == "consumer", where
+            assert t["actor"], where
+        else:  # pragma: no cover - a code the walk cannot produce
+            pytest.fail(f"unexpected {where}")
+        # Each transition starts where the entity's previous one ended, and
+        # every status change is an edge of the SPEC graph.
+        entity = str(t["entity_id"])
+        assert t["previous_status"] == last_status.get(entity), where
+        if t["previous_status"] is not None and t["status"] != "purged":
+            edge = (t["previous_status"], t["status"])
+            assert edge in SPEC_EDGES, where
+            assert t["source"] in SPEC_EDGE_SOURCES[edge], where
+        last_status[entity] = str(t["status"])
+
+    # The rows still present end where their history ends.
+    for dispatch_id, row in final.items():
+        assert last_status[dispatch_id] == row["status"]
+
+    assert seen == SPEC_REASON_CODES - {"dispatch.pending.released"}
