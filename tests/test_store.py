@@ -80,6 +80,9 @@ async def test_status_check_constraint_rejects_unknown_status(store: SQLiteStore
 
 async def test_store_uses_wal_and_enforces_foreign_keys(store: SQLiteStore, raw: RawDB) -> None:
     assert raw.scalar("PRAGMA journal_mode") == "wal"
+    pragmas = await store.write(lambda c: (c.query_one("PRAGMA busy_timeout"),
+                                           c.query_one("PRAGMA foreign_keys")))
+    assert pragmas == ({"timeout": 10_000}, {"foreign_keys": 1})
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
         async with store.transaction() as tx:
             await tx.execute(
