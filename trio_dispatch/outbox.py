@@ -103,6 +103,8 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
     ACK_TIMEOUT = "ack_timeout"
+    RELEASED = "released"
+    """Worker shutdown interrupted the attempt: back to pending, due now."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""
 
@@ -684,6 +686,52 @@ async def finish_attempt(
     return await db.write(
         lambda conn: _finish(conn, claim, result, clock(), delay, actor)
     )
+
+
+def _release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
+    if claim.attempt >= claim.max_attempts:
+        # The interrupted attempt was the last one allowed and may have
+        # reached the destination: the same end as a claimant that died.
+        status, reason, outcome = lc.DEAD_LETTER, lc.MAX_ATTEMPTS, Outcome.DEAD_LETTER
+        summary = f"worker shutdown interrupted attempt {claim.attempt} of {claim.max_attempts}"
+    else:
+        status, reason, outcome = lc.PENDING, lc.RELEASED, Outcome.RELEASED
+        summary = f"worker shutdown interrupted attempt {claim.attempt}; due now"
+    lc.check_edge(claim.dispatch_id, lc.DELIVERING, status, source=lc.SOURCE_SCHEDULER)
+    changed = conn.execute(
+        "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? "
+        "WHERE id = ? AND status = 'delivering' AND attempt = ?",
+        (status, now, now, claim.dispatch_id, claim.attempt),
+    )
+    if not changed:
+        return Outcome.CONFLICT
+    _record(conn, claim.dispatch_id, lc.DELIVERING, status, reason, summary,
+            source=lc.SOURCE_SCHEDULER, actor=actor, now=now,
+            metadata={"attempt": claim.attempt})
+    return outcome
+
+
+async def release_attempt(
+    db: Database, claim: Claim, *, now: float | None = None, actor: str = lc.ACTOR_DELIVERY
+) -> Outcome:
+    """Give back an attempt that worker shutdown interrupted: the row returns
+    to ``pending``, due at once (``dispatch.pending.released``), fenced on
+    ``(delivering, claim.attempt)``. If it was the last attempt allowed, the
+    row is dead-lettered instead (``max_attempts`` bounds every send).
+    Returns :attr:`Outcome.CONFLICT` if the row had moved on."""
+    clock = _clock(now)
+    return await db.write(lambda conn: _release(conn, claim, clock(), actor))
+
+
+async def next_due_at(db: Database) -> float | None:
+    """When the earliest pending or delivering row falls due, or None."""
+    row = await db.read(
+        lambda conn: conn.query_one(
+            f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {_DUE_STATUSES_SQL} "
+            "ORDER BY next_attempt_at LIMIT 1"
+        )
+    )
+    return None if row is None else float(row["due"])
 
 
 def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol, TypeGuard
 
 import anyio
+import sniffio
+import trio_asyncio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 
 __all__ = [
@@ -408,7 +410,7 @@ class CallableTransport:
         outcome: object = None
         with anyio.move_on_after(self.timeout) as scope:
             try:
-                outcome = await self.fn(delivery)
+                outcome = await self._invoke(delivery)
             except Exception as exc:
                 return TransportResult.failure(_describe(exc))
         if scope.cancelled_caught:
@@ -418,6 +420,45 @@ class CallableTransport:
         if isinstance(outcome, TransportResult):
             return outcome
         return TransportResult.success()
+
+
+    async def _invoke(self, delivery: Delivery) -> object:
+        return await self.fn(delivery)
+
+
+class AsyncioCallableTransport(CallableTransport):
+    """A :class:`CallableTransport` for a callable written for asyncio (one
+    that uses ``asyncio.sleep``, asyncio streams or an asyncio client).
+
+    Under asyncio it is awaited directly. Under trio it runs through
+    trio-asyncio: on the loop of an enclosing ``trio_asyncio.open_loop()``
+    (:class:`~trio_dispatch.worker.DispatchWorker` opens one for its whole
+    run), else on a loop opened for this one call. Trio cancellation and the
+    timeout reach the asyncio task as an asyncio cancellation.
+    """
+
+    needs_asyncio_loop: Final = True
+
+    async def _invoke(self, delivery: Delivery) -> object:
+        if sniffio.current_async_library() != "trio":
+            return await self.fn(delivery)
+        if trio_asyncio.current_loop.get() is not None:
+            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
+        async with trio_asyncio.open_loop():
+            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
+
+
+def asyncio_transport(
+    fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS
+) -> AsyncioCallableTransport:
+    """Mark an asyncio-only async callable as a transport (SPEC B8), so a
+    trio worker runs it through trio-asyncio."""
+    return AsyncioCallableTransport(fn, timeout=timeout)
+
+
+def needs_asyncio_loop(transport: object) -> bool:
+    """Whether ``transport`` must run inside a trio-asyncio loop under trio."""
+    return bool(getattr(transport, "needs_asyncio_loop", False))
 
 
 def _is_async_callable(value: object) -> bool:

@@ -1,0 +1,315 @@
+"""DispatchWorker: the long-running delivery loop (SPEC section 5).
+
+The worker owns one task group. Its claim loop wakes on a tick, on
+:meth:`DispatchWorker.wake` (called by every in-process enqueue through the
+store), or when the earliest retry falls due; it claims only as many due rows
+as it has free delivery slots, so a claimed row never waits for a slot while
+its lease runs. Each claimed row is delivered by its own task, under the
+transport's timeout, and finished through the store's group commit.
+
+Shutdown (the worker's scope is cancelled): claiming stops at once; running
+deliveries get ``grace_seconds`` to finish; any still running are then
+cancelled -- a command transport's whole process group is killed -- and
+their rows released to ``pending``, due at once. Delivery tasks are shielded
+from the outer cancellation so that grace and release can happen. A worker
+killed outright loses nothing either: its rows are recovered by any worker
+once their lease ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+import anyio
+import sniffio
+import trio_asyncio
+from anyio.abc import TaskGroup, TaskStatus
+
+from . import lifecycle as lc
+from .config import Config
+from .outbox import (
+    CLAIM_LEASE_MARGIN_SECONDS,
+    COUNTER_KEYS,
+    DEFAULT_BATCH_SIZE,
+    Claim,
+    Outcome,
+    _require_int,
+    _require_number,
+    claim_due,
+    finish_attempt,
+    next_due_at,
+    release_attempt,
+    tally,
+)
+from .store.base import Store
+from .transport import (
+    DEFAULT_KILL_GRACE_SECONDS,
+    NOTIFY_TIMEOUT_SECONDS,
+    CommandTransport,
+    Transport,
+    TransportResult,
+    as_transport,
+    needs_asyncio_loop,
+)
+
+DEFAULT_TICK_SECONDS: Final = 30.0
+DEFAULT_CONCURRENCY: Final = 16
+DEFAULT_GRACE_SECONDS: Final = 5.0
+FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
+"""Pauses between tries of a finish write that failed (e.g. database
+locked): a lost finish means one more send once the lease ends."""
+
+log = logging.getLogger("trio_dispatch.worker")
+
+
+class DispatchWorker:
+    """Deliver due dispatches from ``db`` until cancelled.
+
+    ``transport`` is an async callable or :class:`Transport`; without one,
+    the argv ``notify_template`` is run (None is a recorded failure on every
+    attempt, as in ADR D3). ``concurrency`` bounds transports running at
+    once; ``batch_size`` bounds rows claimed per scan; ``tick_seconds`` is the
+    idle poll interval (in-process enqueues and due retries wake the worker
+    sooner). Arguments are checked here: a bad one raises ``ValueError`` or
+    ``TypeError`` naming it.
+
+    Trio::
+
+        async with trio.open_nursery() as nursery:
+            worker = DispatchWorker(db, notify_template=[...])
+            await nursery.start(worker.run)
+
+    The same object runs under asyncio through anyio.
+    """
+
+    def __init__(
+        self,
+        db: Store,
+        *,
+        transport: Transport | Callable[..., Any] | None = None,
+        notify_template: list[str] | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        tick_seconds: float = DEFAULT_TICK_SECONDS,
+        timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        retry_jitter: float = 0.0,
+        kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS,
+        actor: str = lc.ACTOR_DELIVERY,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.db = db
+        self.concurrency = _require_int("concurrency", concurrency, minimum=1)
+        self.batch_size = _require_int("batch_size", batch_size, minimum=1)
+        self.tick_seconds = _require_number("tick_seconds", tick_seconds, minimum=0.001)
+        self.timeout_seconds = _require_number("timeout_seconds", timeout_seconds, minimum=0.001)
+        self.grace_seconds = _require_number("grace_seconds", grace_seconds, minimum=0.0)
+        self.retry_jitter = _require_number("retry_jitter", retry_jitter, minimum=0.0)
+        if self.retry_jitter > 1.0:
+            raise ValueError(f"retry_jitter must be between 0 and 1, got {retry_jitter!r}")
+        kill_grace = _require_number("kill_grace_seconds", kill_grace_seconds, minimum=0.0)
+        self.transport: Transport = (
+            CommandTransport(notify_template, timeout=self.timeout_seconds, kill_grace=kill_grace)
+            if transport is None
+            else as_transport(transport, timeout=self.timeout_seconds)
+        )
+        self.lease_seconds = self.timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS
+        # A transport that ignores its own timeout is still stopped before
+        # the lease ends, so no second claimant can overlap it.
+        self._hard_limit = self.timeout_seconds + min(kill_grace + 1.0, 4.0)
+        self.actor = actor
+        self.log = logger or log
+        self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
+        """Running totals, with the meanings of ``deliver_due_dispatches``."""
+        self._limiter = anyio.CapacityLimiter(self.concurrency)
+        self._in_flight: dict[tuple[str, int], anyio.CancelScope] = {}
+        self._wake: anyio.Event | None = None
+        self._drained: anyio.Event | None = None
+        self._backlog = False
+        self._running = False
+
+    @classmethod
+    def from_config(cls, db: Store, config: Config, **overrides: Any) -> DispatchWorker:
+        """A worker with the ``dispatch`` and ``worker`` settings of a loaded
+        configuration file; keyword ``overrides`` win."""
+        settings: dict[str, Any] = {
+            "notify_template": (
+                None if config.dispatch.notify_template is None
+                else list(config.dispatch.notify_template)
+            ),
+            "timeout_seconds": config.dispatch.timeout_seconds,
+            "tick_seconds": config.worker.tick_seconds,
+            "concurrency": config.worker.concurrency,
+            "batch_size": config.worker.batch_size,
+            "grace_seconds": config.worker.grace_seconds,
+            "retry_jitter": config.worker.retry_jitter,
+        }
+        return cls(db, **{**settings, **overrides})
+
+    @property
+    def in_flight(self) -> int:
+        """Deliveries running now."""
+        return len(self._in_flight)
+
+    def wake(self) -> None:
+        """Scan now instead of at the next tick (safe to call any time)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Deliver until cancelled; signals ``task_status`` once it listens
+        for enqueues. On cancellation it stops claiming, gives running
+        deliveries ``grace_seconds``, then kills and releases the rest, and
+        only then returns (re-raising the cancellation)."""
+        if self._running:
+            raise RuntimeError("this DispatchWorker is already running")
+        self._running = True
+        self._wake = anyio.Event()
+        remove = self.db.on_enqueue(self.wake)
+        try:
+            async with AsyncExitStack() as stack:
+                if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
+                    await stack.enter_async_context(trio_asyncio.open_loop())
+                async with anyio.create_task_group() as deliveries:
+                    task_status.started()
+                    try:
+                        await self._claim_loop(deliveries)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await self._stop_deliveries()
+        finally:
+            remove()
+            self._wake = self._drained = None
+            self._running = False
+
+    async def _claim_loop(self, deliveries: TaskGroup) -> None:
+        while True:
+            assert self._wake is not None
+            self._wake = anyio.Event()  # a wake during the scan triggers another
+            delay = await self._scan(deliveries)
+            if delay > 0:
+                with anyio.move_on_after(delay):
+                    await self._wake.wait()
+
+    async def _scan(self, deliveries: TaskGroup) -> float:
+        """Claim what fits in the free slots and start those deliveries;
+        return how long to wait before the next scan."""
+        free = self.concurrency - len(self._in_flight)
+        if free <= 0:
+            self._backlog = True  # a finishing delivery wakes us
+            return self.tick_seconds
+        limit = min(self.batch_size, free)
+        try:
+            claims, counts = await claim_due(
+                self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor
+            )
+        except Exception:
+            self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
+            return self.tick_seconds
+        for key in ("attempted", "expired", "dead_letter"):
+            self.counts[key] += counts[key]
+        for claim in claims:
+            # Registered before the task starts, so the next scan sees the slot taken.
+            self._in_flight[(claim.dispatch_id, claim.attempt)] = anyio.CancelScope()
+            deliveries.start_soon(self._deliver, claim)
+        if counts["attempted"]:
+            self.log.info(
+                "scan: claimed=%d expired=%d dead_letter=%d in_flight=%d",
+                len(claims), counts["expired"], counts["dead_letter"], len(self._in_flight),
+            )
+        self._backlog = counts["attempted"] >= limit
+        if self._backlog:
+            return 0.0
+        return await self._idle_delay()
+
+    async def _idle_delay(self) -> float:
+        try:
+            due = await next_due_at(self.db)
+        except Exception:
+            self.log.exception("reading the next due time failed")
+            return self.tick_seconds
+        if due is None:
+            return self.tick_seconds
+        return max(0.0, min(self.tick_seconds, due - time.time()))
+
+    async def _deliver(self, claim: Claim) -> None:
+        key = (claim.dispatch_id, claim.attempt)
+        attempt_scope = self._in_flight[key]
+        started = time.monotonic()
+        # Shielded: the worker's own cancellation must not cut a delivery
+        # short; shutdown cancels `attempt_scope` after the grace instead.
+        with anyio.CancelScope(shield=True):
+            try:
+                result: TransportResult | None = None
+                async with self._limiter:
+                    with attempt_scope, anyio.move_on_after(self._hard_limit):
+                        result = await self.transport(claim.delivery())
+                if result is None and attempt_scope.cancel_called:
+                    outcome = await self._settle(claim, None)
+                    self._log_outcome(claim, outcome, started, "worker shutdown")
+                    return
+                if result is None:
+                    result = TransportResult.failure(
+                        f"timeout after {self.timeout_seconds:g}s (transport did not stop)"
+                    )
+                outcome = await self._settle(claim, result)
+                if outcome is not None:
+                    tally(self.counts, result, outcome)
+                self._log_outcome(claim, outcome, started, result.error)
+            except Exception:
+                self.log.exception("dispatch %s attempt %d: delivery task failed",
+                                   claim.dispatch_id, claim.attempt)
+            finally:
+                del self._in_flight[key]
+                if self._backlog:
+                    self.wake()
+                if self._drained is not None and not self._in_flight:
+                    self._drained.set()
+
+    async def _settle(self, claim: Claim, result: TransportResult | None) -> Outcome | None:
+        """Finish (or, with no result, release) the attempt, trying again
+        while the store fails; None if every try failed (the lease will
+        bring the row back)."""
+        for pause in (*FINISH_RETRY_DELAYS, None):
+            try:
+                if result is None:
+                    return await release_attempt(self.db, claim, actor=self.actor)
+                return await finish_attempt(
+                    self.db, claim, result, retry_jitter=self.retry_jitter, actor=self.actor
+                )
+            except Exception:
+                self.log.exception("dispatch %s attempt %d: recording the outcome failed",
+                                   claim.dispatch_id, claim.attempt)
+                if pause is None or time.time() + pause >= claim.lease_until:
+                    return None
+                await anyio.sleep(pause)
+        return None
+
+    def _log_outcome(
+        self, claim: Claim, outcome: Outcome | None, started: float, error: str | None
+    ) -> None:
+        label = "unrecorded" if outcome is None else outcome.value
+        detail = f" error={error[:200]!r}" if error and outcome is not Outcome.DELIVERED else ""
+        self.log.info(
+            "dispatch %s kind=%s attempt=%d/%d result=%s duration=%.0fms%s",
+            claim.dispatch_id, claim.kind, claim.attempt, claim.max_attempts, label,
+            (time.monotonic() - started) * 1000, detail,
+        )
+
+    async def _stop_deliveries(self) -> None:
+        """Grace, then cancel what is still running (the tasks release their
+        rows themselves, inside their shields)."""
+        if not self._in_flight:
+            return
+        self.log.info("stopping: waiting up to %gs for %d running deliveries",
+                      self.grace_seconds, len(self._in_flight))
+        self._drained = anyio.Event()
+        with anyio.move_on_after(self.grace_seconds):
+            await self._drained.wait()
+        for scope in list(self._in_flight.values()):
+            scope.cancel()
+
