@@ -1,0 +1,412 @@
+"""DispatchWorker (SPEC section 5): embedding, wake-up, bounded concurrency,
+timeouts with kill semantics, store faults, and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+import trio
+
+from trio_dispatch import Delivery, enqueue_dispatch, open_store
+from trio_dispatch.store import SQLiteStore
+from trio_dispatch.transport import asyncio_transport
+from trio_dispatch.worker import DispatchWorker
+
+from .conftest import RawDB
+
+
+async def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+def statuses(raw: RawDB) -> dict[str, int]:
+    return {r["status"]: r["n"] for r in raw.rows(  # type: ignore[misc]
+        "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status")}
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+# -- embedding -------------------------------------------------------------
+
+
+@pytest.mark.trio
+async def test_nursery_start_returns_ready_and_an_enqueue_wakes_the_worker(
+    db_path: Path, raw: RawDB
+) -> None:
+    sent: list[str] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.dispatch_id)
+
+    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+        worker = DispatchWorker(db, transport=send, tick_seconds=3600)
+        await nursery.start(worker.run)
+        started = time.monotonic()
+        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered", timeout=5)
+        assert time.monotonic() - started < 1.0  # not the hour-long tick
+        assert sent == [dispatch_id]
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_worker_runs_the_same_code_on_both_backends(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        await anyio.sleep(0)
+
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}") for i in range(20)]
+        await wait_for(lambda: statuses(raw) == {"delivered": 20})
+        tg.cancel_scope.cancel()
+    assert worker.counts["delivered"] == 20
+    assert all(raw.row(i)["attempt"] == 1 for i in ids)
+
+
+@pytest.mark.anyio
+async def test_wake_scans_rows_written_by_another_process(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        pass
+
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        async with open_store(raw.path) as other:  # another connection: no wake-up
+            dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
+        await anyio.sleep(0.3)
+        assert raw.row(dispatch_id)["status"] == "pending"
+        worker.wake()
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_retry_is_picked_up_when_due_without_waiting_for_the_tick(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    attempts: list[int] = []
+
+    async def send(delivery: Delivery) -> bool:
+        attempts.append(delivery.attempt)
+        return delivery.attempt > 1
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
+                       and raw.row(dispatch_id)["attempt"] == 1)
+        # Bring the 60 s backoff forward, as time passing would.
+        raw.execute("UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
+                    (time.time() + 0.3, dispatch_id))
+        worker.wake()  # re-read the earliest due time
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered", timeout=5)
+        tg.cancel_scope.cancel()
+    assert attempts == [1, 2]
+
+
+# -- concurrency -----------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_never_more_than_concurrency_transports_run_at_once(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    running = peak = 0
+
+    async def send(delivery: Delivery) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.05)
+        running -= 1
+
+    for i in range(40):
+        await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, concurrency=5, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"delivered": 40})
+        tg.cancel_scope.cancel()
+    assert peak == 5
+
+
+@pytest.mark.anyio
+async def test_each_scan_claims_at_most_batch_size_rows(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        await anyio.sleep(0.01)
+
+    for i in range(25):
+        await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}")
+    caplog.set_level(logging.INFO, logger="trio_dispatch.worker")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, batch_size=4, concurrency=50,
+                                tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"delivered": 25})
+        tg.cancel_scope.cancel()
+    claimed = [int(r.getMessage().split("claimed=")[1].split()[0])
+               for r in caplog.records if r.getMessage().startswith("scan:")]
+    assert sum(claimed) == 25 and max(claimed) == 4
+
+
+@pytest.mark.anyio
+async def test_a_slow_transport_does_not_delay_other_deliveries(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    release = anyio.Event()
+
+    async def send(delivery: Delivery) -> None:
+        if delivery.deliver_to == "slow":
+            await release.wait()
+
+    slow = await enqueue_dispatch(store, kind="k", deliver_to="slow")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        fast = [await enqueue_dispatch(store, kind="k", deliver_to=f"f{i}") for i in range(5)]
+        await wait_for(lambda: all(raw.row(i)["status"] == "delivered" for i in fast))
+        assert raw.row(slow)["status"] == "delivering"
+        release.set()
+        await wait_for(lambda: raw.row(slow)["status"] == "delivered")
+        tg.cancel_scope.cancel()
+
+
+# -- timeouts and faults ---------------------------------------------------
+
+GRANDCHILD_SCRIPT = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(300)
+"""
+
+
+@pytest.mark.anyio
+async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
+    store: SQLiteStore, raw: RawDB, tmp_path: Path
+) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(GRANDCHILD_SCRIPT)
+    pid_file = tmp_path / "pid"
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, notify_template=[sys.executable, str(script),
+                                                        str(pid_file)],
+                                timeout_seconds=0.5, kill_grace_seconds=0.2, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
+                       and raw.row(dispatch_id)["attempt"] == 1)
+        tg.cancel_scope.cancel()
+    assert "timeout after 0.5s" in str(raw.row(dispatch_id)["last_error"])
+    assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.retry_backoff"
+    grandchild = int(pid_file.read_text())
+    await wait_for(lambda: process_gone(grandchild), timeout=5)
+
+
+@pytest.mark.anyio
+async def test_a_locked_database_is_logged_and_the_worker_resumes_after(
+    db_path: Path, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch.worker")
+
+    async def send(delivery: Delivery) -> None:
+        pass
+
+    async with open_store(db_path, busy_timeout=0.1) as db:
+        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        blocker = sqlite3.connect(db_path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # another process holding the write lock
+        try:
+            async with anyio.create_task_group() as tg:
+                worker = DispatchWorker(db, transport=send, tick_seconds=0.2)
+                await tg.start(worker.run)
+                await wait_for(lambda: any("scan failed" in r.getMessage()
+                                           for r in caplog.records))
+                assert raw.row(dispatch_id)["status"] == "pending"
+                blocker.execute("ROLLBACK")
+                await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
+                tg.cancel_scope.cancel()
+        finally:
+            blocker.close()
+    assert raw.scalar("PRAGMA integrity_check") == "ok"
+    failure = next(r for r in caplog.records if "scan failed" in r.getMessage())
+    assert failure.exc_info is not None and "locked" in str(failure.exc_info[1])
+
+
+# -- callable transports (SPEC B8) -----------------------------------------
+
+
+async def asyncio_only_send(delivery: Delivery) -> None:
+    """Needs a running asyncio loop: fails under plain trio."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    loop.call_later(0.01, queue.put_nowait, delivery.dispatch_id)
+    got = await asyncio.wait_for(queue.get(), timeout=2)
+    await asyncio.sleep(0.01)
+    if delivery.deliver_to == "refuse":
+        raise ConnectionRefusedError(f"{got} refused")
+
+
+@pytest.mark.trio
+async def test_an_asyncio_only_callable_runs_from_a_trio_worker(
+    db_path: Path, raw: RawDB
+) -> None:
+    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+        worker = DispatchWorker(db, transport=asyncio_transport(asyncio_only_send),
+                                tick_seconds=3600)
+        await nursery.start(worker.run)
+        ok = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        refused = await enqueue_dispatch(db, kind="k", deliver_to="refuse")
+        await wait_for(lambda: raw.row(ok)["status"] == "delivered"
+                       and raw.row(refused)["status"] == "pending")
+        nursery.cancel_scope.cancel()
+    assert raw.row(refused)["last_error"] == f"ConnectionRefusedError: {refused} refused"
+
+
+@pytest.mark.anyio
+async def test_an_asyncio_only_callable_also_runs_on_either_backend(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=asyncio_transport(asyncio_only_send),
+                                tick_seconds=3600)
+        await tg.start(worker.run)
+        dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
+    db_path: Path, raw: RawDB
+) -> None:
+    cancelled = trio.Event()
+
+    async def send(delivery: Delivery) -> None:
+        try:
+            await trio.sleep(30)
+        finally:
+            cancelled.set()
+
+    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+        worker = DispatchWorker(db, transport=send, timeout_seconds=0.3, tick_seconds=3600)
+        await nursery.start(worker.run)
+        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
+                       and raw.row(dispatch_id)["attempt"] == 1)
+        nursery.cancel_scope.cancel()
+    assert cancelled.is_set()
+    assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
+
+
+# -- shutdown --------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_shutdown_lets_deliveries_finish_within_the_grace(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        await anyio.sleep(0.3)
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, grace_seconds=5, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.in_flight == 1)
+        tg.cancel_scope.cancel()
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"]) == ("delivered", 1)
+    assert "dispatch.pending.released" not in [t["reason_code"]
+                                               for t in raw.transitions(dispatch_id)]
+
+
+@pytest.mark.anyio
+async def test_shutdown_kills_what_outlives_the_grace_and_releases_its_row(
+    store: SQLiteStore, raw: RawDB, tmp_path: Path
+) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(GRANDCHILD_SCRIPT)
+    pid_file = tmp_path / "pid"
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    before = time.time()
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, notify_template=[sys.executable, str(script),
+                                                        str(pid_file)],
+                                grace_seconds=0.3, kill_grace_seconds=0.2, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+        stop_at = time.monotonic()
+        tg.cancel_scope.cancel()
+    assert time.monotonic() - stop_at < 4
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"]) == ("pending", 1)
+    assert before <= row["next_attempt_at"] <= time.time()  # type: ignore[operator]
+    last = raw.transitions(dispatch_id)[-1]
+    assert (last["previous_status"], last["reason_code"], last["source"]) == (
+        "delivering", "dispatch.pending.released", "scheduler")
+    await wait_for(lambda: process_gone(int(pid_file.read_text())), timeout=5)
+
+
+@pytest.mark.anyio
+async def test_shutdown_during_the_last_allowed_attempt_dead_letters_the_row(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        await anyio.sleep(30)
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", max_attempts=1)
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, grace_seconds=0.1, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.in_flight == 1)
+        tg.cancel_scope.cancel()
+    assert raw.row(dispatch_id)["status"] == "dead_letter"
+    assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.dead_letter.max_attempts"
+
+
+def test_worker_arguments_are_checked_naming_the_value(db_path: Path) -> None:
+    for bad, match in [({"concurrency": 0}, "concurrency"), ({"batch_size": "9"}, "batch_size"),
+                       ({"tick_seconds": -1}, "tick_seconds"),
+                       ({"retry_jitter": 2.0}, "retry_jitter"),
+                       ({"transport": "echo"}, "transport")]:
+        with pytest.raises((ValueError, TypeError), match=match):
+            DispatchWorker(None, **bad)  # type: ignore[arg-type]
+    assert not db_path.exists()
+
+
+@pytest.mark.anyio
+async def test_a_worker_cannot_run_twice_at_once(store: SQLiteStore) -> None:
+    async def send(delivery: Delivery) -> None:
+        pass
+
+    worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with pytest.raises(RuntimeError, match="already running"):
+            await worker.run()
+        tg.cancel_scope.cancel()
+
