@@ -23,7 +23,7 @@ from trio_dispatch import (
     retry_dispatch,
 )
 from trio_dispatch import lifecycle as lc
-from trio_dispatch.outbox import claim_due
+from trio_dispatch.outbox import Outcome, claim_due, release_attempt
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transport import Delivery
 
@@ -77,6 +77,7 @@ DELIVERY_CODES = frozenset(
         "dispatch.dead_letter.max_attempts",
         "dispatch.dead_letter.ack_timeout",
         "dispatch.expired.deadline",
+        "dispatch.pending.released",
     }
 )
 OPERATOR_CODES = frozenset(
@@ -205,6 +206,12 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked]
     )
 
+    # Worker shutdown interrupting an attempt: released, due at once.
+    released = await add("ok", now=T0 + 5)
+    [claim], _ = await claim_due(store, now=T0 + 5)
+    assert claim.dispatch_id == released
+    assert await release_attempt(store, claim, now=T0 + 6) is Outcome.RELEASED
+
     # Consumer ack of a row awaiting its ack (pending).
     awaiting_token = str(raw.row(awaiting)["ack_token"])
     assert await ack_dispatch(store, awaiting, awaiting_token, now=T0 + 1)
@@ -225,6 +232,8 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert final[fast_acked]["status"] == "acked"
     assert final[spent]["status"] == "dead_letter"
     assert final[spent]["attempt"] == 1  # no second send on the spent lease
+    assert (final[released]["status"], final[released]["attempt"]) == ("pending", 1)
+    assert final[released]["next_attempt_at"] == T0 + 6
 
     # Path-specific transitions.
     def reasons(dispatch_id: str) -> list[tuple[str | None, str, str]]:
@@ -312,4 +321,5 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     for dispatch_id, row in final.items():
         assert last_status[dispatch_id] == row["status"]
 
-    assert seen == SPEC_REASON_CODES - {"dispatch.pending.released"}
+    assert reasons(released)[-1] == ("delivering", "pending", "dispatch.pending.released")
+    assert seen == SPEC_REASON_CODES

@@ -11,7 +11,6 @@ import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 import anyio
