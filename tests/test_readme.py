@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ def _python_blocks() -> list[str]:
 
 
 def test_readme_library_example_delivers_through_a_real_command(tmp_path: Path) -> None:
-    example = _python_blocks()[0]
+    example = next(block for block in _python_blocks() if "deliver_due_dispatches" in block)
     (tmp_path / "example.py").write_text(example)
     (tmp_path / "notify.py").write_text(
         "import sys\nopen('received.txt', 'w').write(sys.argv[1] + ' ' + sys.stdin.read())\n"
@@ -27,3 +28,25 @@ def test_readme_library_example_delivers_through_a_real_command(tmp_path: Path) 
     assert "'delivered': 1" in done.stdout
     received = (tmp_path / "received.txt").read_text()
     assert received.startswith("seat-1 {") and '"text": "build finished"' in received
+
+
+def test_readme_worker_example_runs_and_delivers(tmp_path: Path) -> None:
+    example = next(block for block in _python_blocks() if "DispatchWorker" in block)
+    (tmp_path / "service.py").write_text(example)
+    done = subprocess.run(
+        [sys.executable, "service.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("to user-42, attempt 1: {")
+    rows = sqlite3.connect(tmp_path / "service.db").execute(
+        "SELECT status, attempt FROM dispatch_outbox").fetchall()
+    assert rows == [("delivered", 1)]
+
+
+def test_readme_commands_exist_and_ci_runs_the_test_command() -> None:
+    root = README.parent
+    text = README.read_text()
+    for command in ("./scripts/run", "./scripts/test"):
+        assert f"{command} " in text
+        assert (root / command).stat().st_mode & 0o111
+    assert "./scripts/test" in (root / ".ci" / "run").read_text()
