@@ -964,6 +964,11 @@ async def retry_dispatch(
     row = await db.read(partial(_get_row, dispatch_id=dispatch_id))
     if row is None:
         return False
+    if row["status"] not in (lc.DEAD_LETTER, lc.EXPIRED):
+        raise lc.InvalidTransition(
+            dispatch_id, row["status"], lc.PENDING,
+            "operator retry is only for dead_letter or expired dispatches",
+        )
     lc.check_edge(dispatch_id, row["status"], lc.PENDING, source=lc.SOURCE_OPERATOR)
 
     def retry(conn: Conn) -> bool:
@@ -1098,3 +1103,39 @@ async def prune_dispatches(
         total += removed
         if removed < PRUNE_CHUNK:
             return total
+
+
+async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:
+    """A health summary: ``counts`` per status (all six), ``total``,
+    ``oldest_due_pending_age_seconds`` (how long the longest-waiting due
+    pending row has been due; None when none is due) and
+    ``dead_letters_last_24h`` (rows now in ``dead_letter`` that got there in
+    the last 24 hours; both queries use the status indexes, never a scan of
+    finished rows or history)."""
+    at = _clock(now)()
+
+    def collect(conn: Conn) -> dict[str, Any]:
+        counts = dict.fromkeys(sorted(lc.STATUSES), 0)
+        for row in conn.query(
+            "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
+        ):
+            counts[str(row["status"])] = int(row["n"])
+        oldest = conn.query_one(
+            "SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox "
+            f"WHERE {_DUE_STATUSES_SQL} AND status = 'pending' AND next_attempt_at <= ?",
+            (at,),
+        )
+        dead = conn.query_one(
+            "SELECT COUNT(*) AS n FROM dispatch_outbox WHERE status = 'dead_letter' "
+            "AND COALESCE(updated_at, created_at) >= ?",
+            (at - 86400.0,),
+        )
+        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        return {
+            "counts": counts,
+            "total": sum(counts.values()),
+            "oldest_due_pending_age_seconds": None if due is None else max(0.0, at - due),
+            "dead_letters_last_24h": int(dead["n"]) if dead else 0,
+        }
+
+    return await db.read(collect)
