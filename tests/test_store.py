@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import time
 from pathlib import Path
 
 import anyio
@@ -332,3 +333,89 @@ async def test_several_processes_write_one_file_without_losing_rows(
         assert child.exitcode == 0
     assert raw.counts() == (600, 600)
     assert raw.scalar("PRAGMA integrity_check") == "ok"
+
+
+async def _limit_file_growth(store: SQLiteStore, extra_pages: int) -> None:
+    """Make the database 'full' a few pages from now (a real SQLITE_FULL)."""
+    pages = await store.write(lambda c: c.query_one("PRAGMA page_count"))
+    assert pages is not None
+    limit = int(pages["page_count"]) + extra_pages
+    await store.write(lambda c: c.query(f"PRAGMA max_page_count = {limit}"))
+
+
+async def test_a_batch_is_never_reported_done_without_running(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    results: dict[str, object] = {}
+
+    async def holder() -> None:
+        await store.write(lambda c: time.sleep(0.3))  # the others queue behind this batch
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # cancelled just as it would lead the next batch
+            await store.write(lambda c: None)
+
+    async def producer(name: str) -> None:
+        await anyio.sleep(0.05)
+        results[name] = await enqueue_dispatch(store, kind="k", deliver_to=name)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        tg.start_soon(producer, "a")
+        tg.start_soon(producer, "b")
+    assert sorted(results) == ["a", "b"]
+    for name, dispatch_id in results.items():
+        assert raw.row(str(dispatch_id))["deliver_to"] == name
+
+
+async def test_a_full_disk_fails_only_the_unit_that_filled_it(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    await _limit_file_growth(store, 2)
+    outcomes: dict[str, str] = {}
+
+    async def call(name: str, value: str, delay: float) -> None:
+        await anyio.sleep(delay)
+        try:
+            await store.write(lambda c: c.execute(
+                "INSERT INTO sessions (id, created_at) VALUES (?, ?)", (name, value)))
+            outcomes[name] = "ok"
+        except sqlite3.OperationalError as exc:
+            outcomes[name] = str(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: store.write(lambda c: time.sleep(0.2)))
+        tg.start_soon(call, "small-1", "0", 0.05)
+        tg.start_soon(call, "huge", "x" * 200_000, 0.06)
+        tg.start_soon(call, "small-2", "0", 0.07)
+    assert outcomes == {"small-1": "ok", "huge": "database or disk is full", "small-2": "ok"}
+    assert {r["id"] for r in raw.rows("SELECT id FROM sessions")} == {"small-1", "small-2"}
+    await store.write(lambda c: c.execute("INSERT INTO sessions (id) VALUES ('after')"))
+    assert raw.scalar("PRAGMA integrity_check") == "ok"
+
+
+async def test_a_transaction_sqlite_abandoned_commits_nothing_afterwards(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    await _limit_file_growth(store, 3)
+    with pytest.raises(RuntimeError, match="rolled back by SQLite"):
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('mine', 0)")
+            with pytest.raises(sqlite3.OperationalError, match="full"):
+                await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('big', ?)",
+                                 ("x" * 200_000,))
+            await enqueue_dispatch(tx, kind="k", deliver_to="seat")  # must not autocommit
+    assert raw.counts() == (0, 0)
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 0
+
+
+async def test_a_unit_raising_a_base_exception_leaves_the_writer_usable(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    def exits(conn: object) -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        await store.write(exits)
+    await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    assert raw.counts() == (1, 1)
+    raw.execute("INSERT INTO sessions (id) VALUES ('other process')")  # not locked out

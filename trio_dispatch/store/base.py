@@ -52,6 +52,10 @@ class Database(Protocol):
         propagates to this caller alone. If the caller is cancelled before
         the unit started, it never runs; once started, it runs to completion
         and the cancellation is delivered after it committed.
+
+        ``work`` may run more than once: if the database abandons a shared
+        transaction (disk full, I/O error) because of another unit, the
+        others run again in a new one. It must only touch the connection.
         """
 
     def notify_enqueued(self) -> None:

@@ -254,6 +254,9 @@ class SQLiteStore:
         return unit.result  # type: ignore[no-any-return]
 
     async def _lead_batch(self) -> None:
+        # Cancelled here, this caller's unit is still queued: it is removed and
+        # never runs. Past this point the batch is taken and must run whole.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         batch, self._queue = self._queue, []
         for unit in batch:
             unit.state = _State.RUNNING
@@ -261,7 +264,10 @@ class SQLiteStore:
         self.stats["units"] += len(batch)
         self._busy = True
         try:
-            await anyio.to_thread.run_sync(self._run_batch, batch, limiter=self._write_limiter)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(
+                    self._run_batch, batch, limiter=self._write_limiter
+                )
         finally:
             for unit in batch:
                 unit.state = _State.DONE
@@ -273,31 +279,57 @@ class SQLiteStore:
         idle.set()
 
     def _run_batch(self, batch: list[_Unit]) -> None:
-        """Runs in the writer thread: one transaction, a savepoint per unit."""
+        """Runs in the writer thread: one transaction, a savepoint per unit.
+
+        A unit that raises rolls back its own savepoint only. If SQLite
+        itself abandoned the whole transaction (SQLITE_FULL, an I/O error),
+        that unit keeps its error and the others run again in a new
+        transaction, so each caller learns only its own outcome.
+        """
         writer = self._writer
-        assert writer is not None
-        conn = SQLiteConn(writer)
-        try:
-            writer.execute("BEGIN IMMEDIATE")
-        except Exception as exc:  # e.g. "database is locked" past busy_timeout
+        if writer is None:
             for unit in batch:
-                unit.error = exc
+                unit.error = RuntimeError(f"store {self.url} is closed")
             return
+        conn = SQLiteConn(writer)
+        todo = batch
+        while todo:
+            try:
+                writer.execute("BEGIN IMMEDIATE")
+            except BaseException as exc:  # e.g. "database is locked" past busy_timeout
+                for unit in todo:
+                    unit.error = exc
+                return
+            todo = self._run_units(writer, conn, todo)
+
+    def _run_units(
+        self, writer: sqlite3.Connection, conn: SQLiteConn, units: list[_Unit]
+    ) -> list[_Unit]:
+        """Run ``units`` in the open transaction and commit; return the units
+        to run again in a new transaction (empty when this one settled)."""
         try:
-            for unit in batch:
+            for index, unit in enumerate(units):
                 writer.execute("SAVEPOINT unit")
                 try:
                     unit.result = unit.work(conn)
-                except Exception as exc:
-                    writer.execute("ROLLBACK TO unit")
+                except BaseException as exc:
                     unit.error = exc
+                    if not writer.in_transaction:
+                        # SQLite rolled back everything: the units before this
+                        # one lost their writes too and run again.
+                        rerun = units[:index] + units[index + 1 :]
+                        for other in rerun:
+                            other.result = None
+                        return rerun
+                    writer.execute("ROLLBACK TO unit")
                 writer.execute("RELEASE unit")
             writer.execute("COMMIT")
-        except Exception as exc:  # the transaction itself failed: nothing committed
-            _rollback(writer)
-            for unit in batch:
+        except BaseException as exc:  # the transaction itself failed: nothing committed
+            for unit in units:
                 if unit.error is None:
                     unit.result, unit.error = None, exc
+            _rollback(writer)
+        return []
 
     # -- caller-owned transactions (SPEC B1) --------------------------------
 
@@ -306,10 +338,11 @@ class SQLiteStore:
         self._check_usable()
         while self._busy:
             await self._idle.wait()
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError(f"store {self.url} is closed")
         self._busy = True
         self._tx_owner = anyio.get_current_task().id
-        writer = self._writer
-        assert writer is not None
         tx = SQLiteTransaction(self, writer)
         try:
             await anyio.to_thread.run_sync(writer.execute, "BEGIN IMMEDIATE",
@@ -323,7 +356,7 @@ class SQLiteStore:
                     )
                 raise
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_commit, writer, limiter=self._write_limiter)
+                await anyio.to_thread.run_sync(tx._commit, limiter=self._write_limiter)
         finally:
             tx._closed = True
             self._tx_owner = None
@@ -364,11 +397,34 @@ class SQLiteTransaction:
         self._conn = conn
         self._closed = False
         self._enqueued = False
+        self._lost: RuntimeError | None = None
 
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._closed:
             raise RuntimeError("the transaction has ended")
-        return await anyio.to_thread.run_sync(fn, limiter=self._store._write_limiter)
+        return await anyio.to_thread.run_sync(
+            self._guarded, fn, limiter=self._store._write_limiter
+        )
+
+    def _guarded(self, fn: Callable[[], T]) -> T:
+        # If SQLite rolled the transaction back by itself (disk full, I/O
+        # error), the connection is in autocommit mode: running on would
+        # commit statements one by one, outside the caller's transaction.
+        if self._lost is not None:
+            raise self._lost
+        try:
+            return fn()
+        finally:
+            if not self._conn.in_transaction:
+                self._lost = RuntimeError(
+                    "the transaction was rolled back by SQLite after an error; "
+                    "nothing in it was committed"
+                )
+
+    def _commit(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+        _commit(self._conn)
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return await self._run(lambda: self._conn.execute(sql, params).rowcount)
@@ -385,10 +441,11 @@ class SQLiteTransaction:
             try:
                 result = work(SQLiteConn(self._conn))
             except BaseException:
-                self._conn.execute("ROLLBACK TO unit")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK TO unit")
+                    self._conn.execute("RELEASE unit")
                 raise
-            finally:
-                self._conn.execute("RELEASE unit")
+            self._conn.execute("RELEASE unit")
             return result
 
         return await self._run(in_savepoint)
