@@ -18,8 +18,9 @@ from trio_dispatch import (
     deliver_due_dispatches,
     enqueue_dispatch,
     open_store,
+    retry_dispatch,
 )
-from trio_dispatch.outbox import Outcome, claim_due, finish_attempt
+from trio_dispatch.outbox import Outcome, claim_due, finish_attempt, release_attempt
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transport import TransportResult
 
@@ -383,3 +384,63 @@ async def test_a_raising_callable_transport_is_a_recorded_failure(
     counts = await deliver_due_dispatches(store, now=T0, transport=broken)
     assert counts["retried"] == 1
     assert raw.row(dispatch_id)["last_error"] == "ConnectionError: no route to seat"
+
+
+async def test_a_stale_claim_is_fenced_even_after_an_operator_retry_reset_the_attempt(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat",
+                                         expires_at=T0 + 10, now=T0)
+    [stale], _ = await claim_due(store, now=T0)  # worker A stalls mid-send
+    _, counts = await claim_due(store, now=T0 + 20)  # lease over, deadline past
+    assert counts["expired"] == 1
+    assert await retry_dispatch(store, dispatch_id, expires_at=None, now=T0 + 21)
+    [fresh], _ = await claim_due(store, now=T0 + 22)  # attempt 1 again, a new lease
+    assert (stale.attempt, fresh.attempt) == (1, 1)
+    assert await finish_attempt(store, stale, TransportResult.success(), now=T0 + 23) is (
+        Outcome.CONFLICT)
+    assert await release_attempt(store, stale, now=T0 + 23) is Outcome.CONFLICT
+    assert raw.row(dispatch_id)["status"] == "delivering"
+    assert await finish_attempt(store, fresh, TransportResult.failure("boom"),
+                                now=T0 + 24) is Outcome.RETRY
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"], row["last_error"]) == ("pending", 1, "boom")
+
+
+async def test_delivery_refuses_a_transaction_handle(store: SQLiteStore, raw: RawDB) -> None:
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    sender = Recorder()
+    async with store.transaction() as tx:
+        with pytest.raises(TypeError, match="not a transaction handle"):
+            await deliver_due_dispatches(tx, now=T0, transport=sender)  # type: ignore[arg-type]
+    assert raw.row(dispatch_id)["status"] == "pending" and sender.sent == []
+
+
+async def test_a_transport_object_that_raises_is_a_recorded_failure(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    class Exploding:
+        async def __call__(self, delivery: Delivery) -> TransportResult:
+            raise OSError("socket closed")
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    counts = await deliver_due_dispatches(store, now=T0, transport=Exploding())
+    assert counts["retried"] == 1
+    assert raw.row(dispatch_id)["last_error"] == "OSError: socket closed"
+
+
+async def test_a_transport_that_ignores_its_timeout_is_stopped_before_the_lease_ends(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    class Stubborn:  # a transport object with no timeout of its own
+        async def __call__(self, delivery: Delivery) -> TransportResult:
+            await anyio.sleep(60)
+            return TransportResult.success()
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    with anyio.fail_after(10):
+        # timeout 0 -> lease 5 s -> the transport is cut at 4 s
+        counts = await deliver_due_dispatches(store, now=T0, transport=Stubborn(),
+                                              timeout_seconds=0)
+    assert counts["retried"] == 1
+    assert "timeout" in str(raw.row(dispatch_id)["last_error"])

@@ -386,16 +386,23 @@ async def test_shutdown_during_the_last_allowed_attempt_dead_letters_the_row(
         tg.cancel_scope.cancel()
     assert raw.row(dispatch_id)["status"] == "dead_letter"
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.dead_letter.max_attempts"
+    assert worker.counts["dead_letter"] == 1
 
 
-def test_worker_arguments_are_checked_naming_the_value(db_path: Path) -> None:
+@pytest.mark.anyio
+async def test_worker_arguments_are_checked_naming_the_value(
+    store: SQLiteStore, raw: RawDB
+) -> None:
     for bad, match in [({"concurrency": 0}, "concurrency"), ({"batch_size": "9"}, "batch_size"),
                        ({"tick_seconds": -1}, "tick_seconds"),
                        ({"retry_jitter": 2.0}, "retry_jitter"),
                        ({"transport": "echo"}, "transport")]:
         with pytest.raises((ValueError, TypeError), match=match):
-            DispatchWorker(None, **bad)  # type: ignore[arg-type]
-    assert not db_path.exists()
+            DispatchWorker(store, **bad)  # type: ignore[arg-type]
+    async with store.transaction() as tx:
+        with pytest.raises(TypeError, match="not a transaction handle"):
+            DispatchWorker(tx)  # type: ignore[arg-type]
+    assert raw.counts() == (0, 0)
 
 
 @pytest.mark.anyio
@@ -410,3 +417,41 @@ async def test_a_worker_cannot_run_twice_at_once(store: SQLiteStore) -> None:
             await worker.run()
         tg.cancel_scope.cancel()
 
+
+
+@pytest.mark.anyio
+async def test_claims_committed_while_the_worker_is_cancelled_are_released_not_lost(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    sent: list[str] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.dispatch_id)
+
+    ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}", max_attempts=1)
+           for i in range(3)]
+
+    async def other_writer() -> None:
+        # Holds the writer so the worker's first scan queues, then leads the
+        # batch that runs the scan: the claims commit in another task's batch.
+        await store.write(lambda c: time.sleep(0.3))
+        await store.write(lambda c: time.sleep(0.3))
+
+    worker = DispatchWorker(store, transport=send, tick_seconds=3600, grace_seconds=1)
+    worker_scope = anyio.CancelScope()
+
+    async def run_worker() -> None:
+        with worker_scope:
+            await worker.run()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other_writer)
+        await anyio.sleep(0.05)
+        tg.start_soon(run_worker)
+        await anyio.sleep(0.4)  # the scan's unit is running in the second batch
+        worker_scope.cancel()
+    assert worker_scope.cancelled_caught
+    rows = [raw.row(i) for i in ids]
+    # Each claimed row was either delivered or released: never left delivering.
+    assert all(r["status"] in ("delivered", "pending") for r in rows), rows
+    assert all(r["status"] == "delivered" for r in rows if r["id"] in sent)

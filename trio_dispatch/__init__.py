@@ -28,7 +28,8 @@ from .outbox import (
 from .revival import enqueue_revival_heartbeat
 from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
 from .store import open_store
-from .transport import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult
+from .transport import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
+from .worker import DispatchWorker
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -36,11 +37,13 @@ __all__ = [
     "SIGNAL_SCHEMA_VERSION",
     "Delivery",
     "DispatchSignal",
+    "DispatchWorker",
     "EnqueueResult",
     "InvalidTransition",
     "Signal",
     "TransportResult",
     "ack_dispatch",
+    "asyncio_transport",
     "backoff_seconds",
     "deliver_due_dispatches",
     "enqueue_dispatch",

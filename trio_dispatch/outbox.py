@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple
 
+import anyio
+
 from . import lifecycle as lc
 from .backoff import jittered_backoff
 from .signal import DispatchSignal
@@ -61,6 +63,12 @@ _COLUMNS: Final = (
     "last_error, created_at, expires_at, updated_at"
 )
 _DUE_STATUSES_SQL: Final = "status IN ('pending', 'delivering')"
+# Every write that ends an attempt is fenced on the claim: its attempt and
+# its lease (`next_attempt_at` as the claim set it). The attempt alone is not
+# unique once an operator retry resets it to 0; the lease time is.
+_FENCE: Final = (
+    "id = ? AND status = 'delivering' AND attempt = ? AND next_attempt_at = ?"
+)
 
 
 class EnqueueResult(NamedTuple):
@@ -179,6 +187,8 @@ def _require_bool(name: str, value: object) -> bool:
 
 
 def _require_body(body: object) -> dict[str, Any]:
+    """A JSON-serialisable dict (or None for ``{}``). It is stored as JSON, so
+    tuples read back as lists and non-str keys as strings."""
     if body is None:
         return {}
     if not isinstance(body, dict):
@@ -188,14 +198,6 @@ def _require_body(body: object) -> dict[str, Any]:
         text.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"body is not JSON-serialisable ({exc}): {_show(body)}") from None
-    # The payload is written once and never rewritten: what a consumer reads
-    # back must be exactly what the producer gave (no tuple -> list, no int
-    # key -> str key).
-    if json.loads(text) != body:
-        raise ValueError(
-            "body must survive a JSON round trip unchanged (str keys; lists, not tuples), "
-            f"got {_show(body)}"
-        )
     return body
 
 
@@ -477,8 +479,8 @@ def _finish(
     delay: float,
     actor: str,
 ) -> Outcome:
-    """Record one attempt's end in one transaction, fenced on
-    ``(delivering, claim.attempt)`` (SPEC B4)."""
+    """Record one attempt's end in one transaction, fenced on the claim
+    (``delivering``, its attempt and its lease; SPEC B4)."""
     attempts_left = claim.attempt < claim.max_attempts
     error = None
     if result.ok and not claim.ack_required:
@@ -505,8 +507,8 @@ def _finish(
     changed = conn.execute(
         "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ?, "
         "last_error = COALESCE(?, last_error) "
-        "WHERE id = ? AND status = 'delivering' AND attempt = ?",
-        (status, next_at, now, error, claim.dispatch_id, claim.attempt),
+        f"WHERE {_FENCE}",
+        (status, next_at, now, error, claim.dispatch_id, claim.attempt, claim.lease_until),
     )
     if not changed:
         return Outcome.CONFLICT
@@ -700,8 +702,8 @@ def _release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
     lc.check_edge(claim.dispatch_id, lc.DELIVERING, status, source=lc.SOURCE_SCHEDULER)
     changed = conn.execute(
         "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? "
-        "WHERE id = ? AND status = 'delivering' AND attempt = ?",
-        (status, now, now, claim.dispatch_id, claim.attempt),
+        f"WHERE {_FENCE}",
+        (status, now, now, claim.dispatch_id, claim.attempt, claim.lease_until),
     )
     if not changed:
         return Outcome.CONFLICT
@@ -732,6 +734,40 @@ async def next_due_at(db: Database) -> float | None:
         )
     )
     return None if row is None else float(row["due"])
+
+
+def require_store(db: object, caller: str) -> None:
+    """Refuse a transaction handle where a transport will run: no database
+    transaction may span an external call."""
+    if not hasattr(db, "transaction"):
+        raise TypeError(
+            f"{caller} needs the store itself, not a transaction handle: a transport "
+            "must never run inside a database transaction"
+        )
+
+
+LEASE_SAFETY_SECONDS: Final = 1.0
+"""A transport still running this close to its claim's lease end is
+cancelled, so no second claimant can ever overlap it."""
+
+
+async def send_within_lease(
+    transport: Transport, claim: Claim, lease_seconds: float
+) -> TransportResult:
+    """Run ``transport`` for a claim just taken with ``lease_seconds``. A
+    transport that raises is a failure carrying the exception; one still
+    running :data:`LEASE_SAFETY_SECONDS` before the lease ends is cancelled
+    and reported as a timeout, so no second claimant can overlap it.
+    Cancellation from outside propagates."""
+    budget = max(0.0, lease_seconds - LEASE_SAFETY_SECONDS)
+    with anyio.move_on_after(budget):
+        try:
+            return await transport(claim.delivery())
+        except Exception as exc:
+            return TransportResult.failure(f"{type(exc).__name__}: {exc}")
+    return TransportResult.failure(
+        f"timeout: transport still running after {budget:g}s (lease {lease_seconds:g}s)"
+    )
 
 
 def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:
@@ -770,6 +806,7 @@ async def deliver_due_dispatches(
     scan; an attempt interrupted mid-send stays ``delivering`` and is
     recovered when its lease ends.
     """
+    require_store(db, "deliver_due_dispatches")
     clock = _clock(now)
     limit = _require_int("batch_size", batch_size, minimum=1)
     timeout = _require_number("timeout_seconds", timeout_seconds, minimum=0.0)
@@ -792,7 +829,7 @@ async def deliver_due_dispatches(
             counts["dead_letter"] += 1
         if not isinstance(claimed, Claim):
             continue
-        result = await sender(claimed.delivery())
+        result = await send_within_lease(sender, claimed, lease)
         outcome = await finish_attempt(
             db, claimed, result, now=now, retry_jitter=retry_jitter, actor=actor
         )

@@ -43,6 +43,8 @@ from .outbox import (
     finish_attempt,
     next_due_at,
     release_attempt,
+    require_store,
+    send_within_lease,
     tally,
 )
 from .store.base import Store
@@ -102,6 +104,7 @@ class DispatchWorker:
         actor: str = lc.ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
     ) -> None:
+        require_store(db, "DispatchWorker")
         self.db = db
         self.concurrency = _require_int("concurrency", concurrency, minimum=1)
         self.batch_size = _require_int("batch_size", batch_size, minimum=1)
@@ -118,15 +121,12 @@ class DispatchWorker:
             else as_transport(transport, timeout=self.timeout_seconds)
         )
         self.lease_seconds = self.timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS
-        # A transport that ignores its own timeout is still stopped before
-        # the lease ends, so no second claimant can overlap it.
-        self._hard_limit = self.timeout_seconds + min(kill_grace + 1.0, 4.0)
         self.actor = actor
         self.log = logger or log
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
         self._limiter = anyio.CapacityLimiter(self.concurrency)
-        self._in_flight: dict[tuple[str, int], anyio.CancelScope] = {}
+        self._in_flight: dict[Claim, anyio.CancelScope] = {}
         self._wake: anyio.Event | None = None
         self._drained: anyio.Event | None = None
         self._backlog = False
@@ -204,9 +204,13 @@ class DispatchWorker:
             return self.tick_seconds
         limit = min(self.batch_size, free)
         try:
-            claims, counts = await claim_due(
-                self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor
-            )
+            # Shielded: once claims commit they must reach a delivery task
+            # (which finishes or releases them), even if the worker is being
+            # cancelled meanwhile. Bounded by the store's busy_timeout.
+            with anyio.CancelScope(shield=True):
+                claims, counts = await claim_due(
+                    self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor
+                )
         except Exception:
             self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
             return self.tick_seconds
@@ -214,7 +218,7 @@ class DispatchWorker:
             self.counts[key] += counts[key]
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._in_flight[(claim.dispatch_id, claim.attempt)] = anyio.CancelScope()
+            self._in_flight[claim] = anyio.CancelScope()
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -237,8 +241,7 @@ class DispatchWorker:
         return max(0.0, min(self.tick_seconds, due - time.time()))
 
     async def _deliver(self, claim: Claim) -> None:
-        key = (claim.dispatch_id, claim.attempt)
-        attempt_scope = self._in_flight[key]
+        attempt_scope = self._in_flight[claim]
         started = time.monotonic()
         # Shielded: the worker's own cancellation must not cut a delivery
         # short; shutdown cancels `attempt_scope` after the grace instead.
@@ -246,17 +249,16 @@ class DispatchWorker:
             try:
                 result: TransportResult | None = None
                 async with self._limiter:
-                    with attempt_scope, anyio.move_on_after(self._hard_limit):
-                        result = await self.transport(claim.delivery())
-                if result is None and attempt_scope.cancel_called:
-                    outcome = await self._settle(claim, None)
+                    with attempt_scope:
+                        result = await send_within_lease(
+                            self.transport, claim, self.lease_seconds
+                        )
+                outcome = await self._settle(claim, result)
+                if result is None:
+                    if outcome is Outcome.DEAD_LETTER:
+                        self.counts["dead_letter"] += 1
                     self._log_outcome(claim, outcome, started, "worker shutdown")
                     return
-                if result is None:
-                    result = TransportResult.failure(
-                        f"timeout after {self.timeout_seconds:g}s (transport did not stop)"
-                    )
-                outcome = await self._settle(claim, result)
                 if outcome is not None:
                     tally(self.counts, result, outcome)
                 self._log_outcome(claim, outcome, started, result.error)
@@ -264,7 +266,7 @@ class DispatchWorker:
                 self.log.exception("dispatch %s attempt %d: delivery task failed",
                                    claim.dispatch_id, claim.attempt)
             finally:
-                del self._in_flight[key]
+                del self._in_flight[claim]
                 if self._backlog:
                     self.wake()
                 if self._drained is not None and not self._in_flight:
