@@ -319,3 +319,21 @@ async def test_a_json_serialisable_body_is_stored_as_its_json(
                                          body={"pair": (1, 2), 3: "int key", "s": "é\u2603"})
     payload = json.loads(str(raw.row(dispatch_id)["payload"]))
     assert payload["body"] == {"pair": [1, 2], "3": "int key", "s": "é\u2603"}
+
+
+@pytest.mark.parametrize("body", [None, {}, {"a": [1, {"b": None}], "é": "☃"}])
+@pytest.mark.parametrize("ack", [False, True])
+async def test_the_stored_envelope_is_exactly_the_dispatch_signal_json(
+    store: SQLiteStore, raw: RawDB, body: dict[str, Any] | None, ack: bool
+) -> None:
+    from trio_dispatch.signal import DispatchSignal
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", body=body,
+                                         ack_required=ack)
+    text = str(raw.row(dispatch_id)["payload"])
+    stored = json.loads(text)
+    signal = DispatchSignal(id=stored["id"], created_at=stored["created_at"],
+                            dispatch_id=dispatch_id, kind="k", deliver_to="seat",
+                            ack_token=raw.row(dispatch_id)["ack_token"],  # type: ignore[arg-type]
+                            body=body or {})
+    assert text == json.dumps(signal.to_dict(mode="json"), ensure_ascii=False)

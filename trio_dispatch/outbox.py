@@ -31,8 +31,9 @@ import anyio
 
 from . import lifecycle as lc
 from .backoff import jittered_backoff
-from .signal import DispatchSignal
+from .signal import dispatch_envelope_json
 from .store.base import Conn, Database, Row
+from .store.schema import FINISHED_STATUSES_SQL
 from .transport import (
     LAST_ERROR_LIMIT,
     NOTIFY_TIMEOUT_SECONDS,
@@ -186,11 +187,12 @@ def _require_bool(name: str, value: object) -> bool:
     return value
 
 
-def _require_body(body: object) -> dict[str, Any]:
-    """A JSON-serialisable dict (or None for ``{}``). It is stored as JSON, so
-    tuples read back as lists and non-str keys as strings."""
-    if body is None:
-        return {}
+def _require_body(body: object) -> str:
+    """The JSON text of a JSON-serialisable dict (None means ``{}``). It is
+    stored as JSON, so tuples read back as lists and non-str keys as
+    strings."""
+    if body is None or body == {}:
+        return "{}"
     if not isinstance(body, dict):
         raise TypeError(f"body must be a dict or None, got {type(body).__name__} {_show(body)}")
     try:
@@ -198,7 +200,7 @@ def _require_body(body: object) -> dict[str, Any]:
         text.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
         raise ValueError(f"body is not JSON-serialisable ({exc}): {_show(body)}") from None
-    return body
+    return text
 
 
 def _require_dispatch_id(value: object) -> str:
@@ -238,7 +240,7 @@ def _prepare(
     serialised envelope), all before any transaction."""
     kind_ = _require_non_empty("kind", kind)
     route = _require_route(deliver_to)
-    body_ = _require_body(body)
+    body_json = _require_body(body)
     key = None if dedup_key is None else _require_non_empty("dedup_key", dedup_key)
     ack = _require_bool("ack_required", ack_required)
     bound = _require_int("max_attempts", max_attempts, minimum=1)
@@ -247,19 +249,14 @@ def _prepare(
     run = _require_optional_id("schedule_run_id", schedule_run_id)
     dispatch_id = uuid.uuid4().hex
     token = uuid.uuid4().hex if ack else None
-    envelope = DispatchSignal(
-        dispatch_id=dispatch_id,
-        kind=kind_,
-        deliver_to=route,
-        attempt=0,
-        ack_token=token,
-        body=body_,
-    )
     return _NewDispatch(
         id=dispatch_id,
         kind=kind_,
         deliver_to=route,
-        payload=json.dumps(envelope.to_dict(mode="json"), ensure_ascii=False),
+        payload=dispatch_envelope_json(
+            dispatch_id=dispatch_id, kind=kind_, deliver_to=route, ack_token=token,
+            body_json=body_json,
+        ),
         dedup_key=key,
         max_attempts=bound,
         ack_required=ack,
@@ -271,6 +268,13 @@ def _prepare(
 
 
 # -- units of work (run inside one transaction on the store's thread) ------
+
+
+_INSERT_TRANSITION: Final = (
+    "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+    "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def _record(
@@ -289,9 +293,7 @@ def _record(
     if reason not in lc.REASON_CODES:  # a programming error, never user input
         raise AssertionError(f"unknown reason code {reason!r}")
     conn.execute(
-        "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
-        "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        _INSERT_TRANSITION,
         (
             lc.ENTITY_TYPE,
             dispatch_id,
@@ -373,13 +375,24 @@ def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[E
     return [_insert(conn, new, now) for new in batch]
 
 
-def _select_due(conn: Conn, now: float, limit: int) -> list[Row]:
-    return conn.query(
-        f"SELECT {_COLUMNS} FROM dispatch_outbox "
-        f"WHERE {_DUE_STATUSES_SQL} AND next_attempt_at <= ? "
-        "ORDER BY next_attempt_at, created_at LIMIT ?",
-        (now, limit),
-    )
+def _select_due(conn: Conn, now: float, limit: int, columns: str = _COLUMNS) -> list[Row]:
+    """Up to ``limit`` due rows, ordered by ``next_attempt_at, created_at``
+    (SPEC B5). One ordered range scan of the due index per live status, each
+    stopping after ``limit`` rows, merged here: the cost follows ``limit``,
+    not the number of due rows, and finished rows are not in the index."""
+    rows = [
+        row
+        for status in lc.DUE_STATUSES
+        for row in conn.query(
+            # The verbatim partial-index term lets the planner use the index.
+            f"SELECT {columns} FROM dispatch_outbox WHERE {_DUE_STATUSES_SQL} "
+            f"AND status = '{status}' AND next_attempt_at <= ? "
+            "ORDER BY next_attempt_at, created_at LIMIT ?",
+            (now, limit),
+        )
+    ]
+    rows.sort(key=lambda row: (row["next_attempt_at"], row["created_at"]))
+    return rows[:limit]
 
 
 def _expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
@@ -471,65 +484,87 @@ def _claim(conn: Conn, row: Row, now: float, lease: float, actor: str) -> Claim 
     )
 
 
-def _finish(
-    conn: Conn,
-    claim: Claim,
-    result: TransportResult,
-    now: float,
-    delay: float,
-    actor: str,
-) -> Outcome:
-    """Record one attempt's end in one transaction, fenced on the claim
-    (``delivering``, its attempt and its lease; SPEC B4)."""
+@dataclasses.dataclass(frozen=True)
+class _AttemptEnd:
+    claim: Claim
+    result: TransportResult
+    now: float
+    delay: float
+    actor: str
+
+
+def _plan_end(end: _AttemptEnd) -> tuple[Outcome, str, str, str, str | None]:
+    """(outcome, new status, reason code, summary, last_error) of one
+    attempt's end, per ADR D4/D5."""
+    claim, result, delay = end.claim, end.result, end.delay
     attempts_left = claim.attempt < claim.max_attempts
-    error = None
     if result.ok and not claim.ack_required:
-        outcome, status, reason = Outcome.DELIVERED, lc.DELIVERED, lc.TRANSPORT_OK
-        summary = f"transport succeeded on attempt {claim.attempt}"
-    elif result.ok and attempts_left:
-        outcome, status, reason = Outcome.AWAITING_ACK, lc.PENDING, lc.AWAITING_ACK
-        summary = f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s"
-    elif result.ok:
-        outcome, status, reason = Outcome.ACK_TIMEOUT, lc.DEAD_LETTER, lc.ACK_TIMEOUT
-        summary = f"sent {claim.attempt} of {claim.max_attempts} times without an ack"
-    else:
-        error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
-        if attempts_left:
-            outcome, status, reason = Outcome.RETRY, lc.PENDING, lc.RETRY_BACKOFF
-            summary = f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}"
-        else:
-            outcome, status, reason = Outcome.DEAD_LETTER, lc.DEAD_LETTER, lc.MAX_ATTEMPTS
-            summary = (
-                f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}"
-            )
-    lc.check_edge(claim.dispatch_id, lc.DELIVERING, status, source=lc.SOURCE_SCHEDULER)
-    next_at = now + delay if status == lc.PENDING else now
-    changed = conn.execute(
-        "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ?, "
-        "last_error = COALESCE(?, last_error) "
-        f"WHERE {_FENCE}",
-        (status, next_at, now, error, claim.dispatch_id, claim.attempt, claim.lease_until),
-    )
-    if not changed:
-        return Outcome.CONFLICT
-    metadata: dict[str, Any] = {"attempt": claim.attempt}
-    if status == lc.PENDING:
-        metadata["next_attempt_at"] = next_at
-    if error is not None:
-        metadata["error"] = error
-    _record(
-        conn,
-        claim.dispatch_id,
-        lc.DELIVERING,
-        status,
-        reason,
-        summary,
-        source=lc.SOURCE_SCHEDULER,
-        actor=actor,
-        now=now,
-        metadata=metadata,
-    )
-    return outcome
+        return (Outcome.DELIVERED, lc.DELIVERED, lc.TRANSPORT_OK,
+                f"transport succeeded on attempt {claim.attempt}", None)
+    if result.ok and attempts_left:
+        return (Outcome.AWAITING_ACK, lc.PENDING, lc.AWAITING_ACK,
+                f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s", None)
+    if result.ok:
+        return (Outcome.ACK_TIMEOUT, lc.DEAD_LETTER, lc.ACK_TIMEOUT,
+                f"sent {claim.attempt} of {claim.max_attempts} times without an ack", None)
+    error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+    if attempts_left:
+        return (Outcome.RETRY, lc.PENDING, lc.RETRY_BACKOFF,
+                f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}", error)
+    return (Outcome.DEAD_LETTER, lc.DEAD_LETTER, lc.MAX_ATTEMPTS,
+            f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}", error)
+
+
+def _finish_many(conn: Conn, ends: list[_AttemptEnd]) -> list[Outcome]:
+    """Record attempt ends -- status, due time, ``last_error`` and transition
+    together (SPEC B4) -- each fenced on its claim (``delivering``, its
+    attempt and its lease); an end whose row moved on is a CONFLICT and
+    writes nothing. One UPDATE for all of them, one INSERT batch."""
+    if len({end.claim.dispatch_id for end in ends}) < len(ends):
+        # Two claims of one row (a stale one among them): RETURNING cannot
+        # tell which matched, so settle them one at a time.
+        return [outcome for end in ends for outcome in _finish_many(conn, [end])]
+    plans = [_plan_end(end) for end in ends]
+    values, params = [], []
+    for end, (_, status, _, _, error) in zip(ends, plans, strict=True):
+        lc.check_edge(end.claim.dispatch_id, lc.DELIVERING, status, source=lc.SOURCE_SCHEDULER)
+        next_at = end.now + end.delay if status == lc.PENDING else end.now
+        values.append("(?, ?, ?, ?, ?, ?, ?)")
+        params += [end.claim.dispatch_id, end.claim.attempt, end.claim.lease_until, status,
+                   next_at, end.now, error]
+    applied = {
+        row["id"]
+        for row in conn.query(
+            f"WITH f(id, attempt, lease, status, next_at, now, err) AS "
+            f"(VALUES {', '.join(values)}) "
+            "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+            "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
+            "FROM f WHERE dispatch_outbox.id = f.id AND dispatch_outbox.status = 'delivering' "
+            "AND dispatch_outbox.attempt = f.attempt "
+            "AND dispatch_outbox.next_attempt_at = f.lease "
+            "RETURNING dispatch_outbox.id AS id",
+            params,
+        )
+    }
+    history = []
+    outcomes = []
+    for end, (outcome, status, reason, summary, error) in zip(ends, plans, strict=True):
+        claim = end.claim
+        if claim.dispatch_id not in applied:
+            outcomes.append(Outcome.CONFLICT)
+            continue
+        outcomes.append(outcome)
+        metadata: dict[str, Any] = {"attempt": claim.attempt}
+        if status == lc.PENDING:
+            metadata["next_attempt_at"] = end.now + end.delay
+        if error is not None:
+            metadata["error"] = error
+        history.append((lc.ENTITY_TYPE, claim.dispatch_id, lc.DELIVERING, status, reason,
+                        summary, lc.SOURCE_SCHEDULER, end.actor, "[]", json.dumps(metadata),
+                        end.now))
+    if history:
+        conn.executemany(_INSERT_TRANSITION, history)
+    return outcomes
 
 
 # -- the public API --------------------------------------------------------
@@ -635,6 +670,67 @@ async def enqueue_many(
     return await _commit_new(db, batch, clock) if batch else []
 
 
+def _claim_batch(
+    conn: Conn, at: float, limit: int, lease: float, actor: str
+) -> tuple[list[Claim], dict[str, int]]:
+    """The set-based scan of :func:`claim_due`: one indexed select of the due
+    rows, then one statement per kind of change (not per row)."""
+    counts = dict.fromkeys(COUNTER_KEYS, 0)
+    rows = _select_due(
+        conn, at, limit,
+        "id, status, attempt, max_attempts, expires_at, next_attempt_at, created_at",
+    )
+    counts["attempted"] = len(rows)
+    fresh: dict[str, list[Row]] = {lc.PENDING: [], lc.DELIVERING: []}
+    for row in rows:
+        if row["expires_at"] is not None and row["expires_at"] <= at:
+            counts["expired"] += _expire(conn, row, at, actor)
+        elif row["status"] == lc.DELIVERING and row["attempt"] >= row["max_attempts"]:
+            counts["dead_letter"] += isinstance(_claim(conn, row, at, lease, actor), _Spent)
+        else:
+            fresh[row["status"]].append(row)
+    order = {row["id"]: index for index, row in enumerate(rows)}
+    lease_until = at + lease
+    claims: list[Claim] = []
+    history: list[tuple[Any, ...]] = []
+    for previous, group in fresh.items():
+        if not group:
+            continue
+        lc.check_edge(group[0]["id"], previous, lc.DELIVERING, source=lc.SOURCE_SCHEDULER)
+        marks = ", ".join("?" * len(group))
+        # Selected in this same write transaction, so (status, attempt) are
+        # still what was read; the status guard restates it for the record.
+        won = conn.query(
+            "UPDATE dispatch_outbox SET status = 'delivering', attempt = attempt + 1, "
+            f"next_attempt_at = ?, updated_at = ? WHERE id IN ({marks}) AND status = ? "
+            "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required",
+            (lease_until, at, *(row["id"] for row in group), previous),
+        )
+        recovered = "lease expired; " if previous == lc.DELIVERING else ""
+        for row in won:
+            claims.append(Claim(
+                dispatch_id=row["id"],
+                kind=row["kind"],
+                deliver_to=row["deliver_to"],
+                payload=row["payload"] if isinstance(row["payload"], str)
+                else json.dumps(row["payload"]),
+                attempt=row["attempt"],
+                max_attempts=row["max_attempts"],
+                ack_required=bool(row["ack_required"]),
+                lease_until=lease_until,
+            ))
+            history.append((
+                lc.ENTITY_TYPE, row["id"], previous, lc.DELIVERING, lc.ATTEMPT,
+                f"{recovered}attempt {row['attempt']} of {row['max_attempts']}",
+                lc.SOURCE_SCHEDULER, actor, "[]",
+                f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}', at,
+            ))
+    if history:
+        conn.executemany(_INSERT_TRANSITION, history)
+    claims.sort(key=lambda claim: order[claim.dispatch_id])
+    return claims, counts
+
+
 async def claim_due(
     db: Database,
     *,
@@ -652,20 +748,7 @@ async def claim_due(
     limit = _require_int("limit", limit, minimum=1)
 
     def scan_and_claim(conn: Conn) -> tuple[list[Claim], dict[str, int]]:
-        at = clock()
-        counts = dict.fromkeys(COUNTER_KEYS, 0)
-        claims: list[Claim] = []
-        for row in _select_due(conn, at, limit):
-            counts["attempted"] += 1
-            if row["expires_at"] is not None and row["expires_at"] <= at:
-                counts["expired"] += _expire(conn, row, at, actor)
-                continue
-            claimed = _claim(conn, row, at, lease_seconds, actor)
-            if isinstance(claimed, Claim):
-                claims.append(claimed)
-            elif isinstance(claimed, _Spent):
-                counts["dead_letter"] += 1
-        return claims, counts
+        return _claim_batch(conn, clock(), limit, lease_seconds, actor)
 
     return await db.write(scan_and_claim)
 
@@ -685,9 +768,7 @@ async def finish_attempt(
     the row moved on (acked, purged, or recovered by another claimant)."""
     clock = _clock(now)
     delay = jittered_backoff(claim.attempt, retry_jitter)
-    return await db.write(
-        lambda conn: _finish(conn, claim, result, clock(), delay, actor)
-    )
+    return await db.write_many(_finish_many, _AttemptEnd(claim, result, clock(), delay, actor))
 
 
 def _release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
@@ -751,23 +832,32 @@ LEASE_SAFETY_SECONDS: Final = 1.0
 cancelled, so no second claimant can ever overlap it."""
 
 
+async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
+    """Run ``transport`` for ``claim``; a transport that raises is a failure
+    carrying the exception. Cancellation propagates."""
+    try:
+        return await transport(claim.delivery())
+    except Exception as exc:
+        return TransportResult.failure(f"{type(exc).__name__}: {exc}")
+
+
+def lease_timeout_result(lease_seconds: float) -> TransportResult:
+    return TransportResult.failure(
+        f"timeout: transport still running {lease_seconds - LEASE_SAFETY_SECONDS:g}s "
+        f"into a lease of {lease_seconds:g}s"
+    )
+
+
 async def send_within_lease(
     transport: Transport, claim: Claim, lease_seconds: float
 ) -> TransportResult:
-    """Run ``transport`` for a claim just taken with ``lease_seconds``. A
-    transport that raises is a failure carrying the exception; one still
-    running :data:`LEASE_SAFETY_SECONDS` before the lease ends is cancelled
-    and reported as a timeout, so no second claimant can overlap it.
-    Cancellation from outside propagates."""
-    budget = max(0.0, lease_seconds - LEASE_SAFETY_SECONDS)
-    with anyio.move_on_after(budget):
-        try:
-            return await transport(claim.delivery())
-        except Exception as exc:
-            return TransportResult.failure(f"{type(exc).__name__}: {exc}")
-    return TransportResult.failure(
-        f"timeout: transport still running after {budget:g}s (lease {lease_seconds:g}s)"
-    )
+    """:func:`call_transport` for a claim just taken with ``lease_seconds``;
+    a transport still running :data:`LEASE_SAFETY_SECONDS` before the lease
+    ends is cancelled and reported as a timeout, so no second claimant can
+    overlap it. Cancellation from outside propagates."""
+    with anyio.move_on_after(max(0.0, lease_seconds - LEASE_SAFETY_SECONDS)):
+        return await call_transport(transport, claim)
+    return lease_timeout_result(lease_seconds)
 
 
 def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:
@@ -1111,8 +1201,8 @@ async def prune_dispatches(
             total = 0
             for status, cutoff in cutoffs.items():
                 row = conn.query_one(
-                    f"SELECT COUNT(*) AS n FROM dispatch_outbox "
-                    f"WHERE status = '{status}' AND {age} <= ?", (cutoff,)
+                    f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_STATUSES_SQL} "
+                    f"AND status = '{status}' AND {age} <= ?", (cutoff,)
                 )
                 total += int(row["n"]) if row else 0
             return total
@@ -1124,7 +1214,7 @@ async def prune_dispatches(
         for status, cutoff in cutoffs.items():
             rows = conn.query(
                 f"SELECT id, status, attempt, kind FROM dispatch_outbox "
-                f"WHERE status = '{status}' AND {age} <= ? LIMIT ?",
+                f"WHERE {FINISHED_STATUSES_SQL} AND status = '{status}' AND {age} <= ? LIMIT ?",
                 (cutoff, PRUNE_CHUNK - removed),
             )
             for row in rows:
@@ -1163,8 +1253,8 @@ async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str,
             (at,),
         )
         dead = conn.query_one(
-            "SELECT COUNT(*) AS n FROM dispatch_outbox WHERE status = 'dead_letter' "
-            "AND COALESCE(updated_at, created_at) >= ?",
+            f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_STATUSES_SQL} "
+            "AND status = 'dead_letter' AND COALESCE(updated_at, created_at) >= ?",
             (at - 86400.0,),
         )
         due = None if oldest is None or oldest["due"] is None else float(oldest["due"])

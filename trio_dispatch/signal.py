@@ -9,6 +9,7 @@ the row's ``attempt`` column is the current attempt.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from typing import Any, Final, Literal
@@ -71,3 +72,32 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     return value
+
+
+_DISPATCH_SIGNAL_CLASS: Final = _class_path(DispatchSignal)
+
+
+def dispatch_envelope_json(
+    *, dispatch_id: str, kind: str, deliver_to: str, ack_token: str | None, body_json: str
+) -> str:
+    """The JSON text of a fresh ``DispatchSignal`` (attempt 0) whose body is
+    the already-serialised ``body_json``: the same text as
+    ``json.dumps(DispatchSignal(...).to_dict(mode="json"), ensure_ascii=False)``,
+    built without serialising the body a second time (the enqueue hot path)."""
+    head = json.dumps(
+        {
+            "id": str(uuid.uuid4()),
+            "created_at": time.time(),
+            "metadata": {"lion_class": _DISPATCH_SIGNAL_CLASS},
+            "data": None,
+            "emitter_role": None,
+            "schema_version": SIGNAL_SCHEMA_VERSION,
+            "dispatch_id": dispatch_id,
+            "kind": kind,
+            "deliver_to": deliver_to,
+            "attempt": 0,
+            "ack_token": ack_token,
+        },
+        ensure_ascii=False,
+    )
+    return f'{head[:-1]}, "body": {body_json}}}'

@@ -35,16 +35,18 @@ from .outbox import (
     CLAIM_LEASE_MARGIN_SECONDS,
     COUNTER_KEYS,
     DEFAULT_BATCH_SIZE,
+    LEASE_SAFETY_SECONDS,
     Claim,
     Outcome,
     _require_int,
     _require_number,
+    call_transport,
     claim_due,
     finish_attempt,
+    lease_timeout_result,
     next_due_at,
     release_attempt,
     require_store,
-    send_within_lease,
     tally,
 )
 from .store.base import Store
@@ -61,6 +63,7 @@ from .transport import (
 DEFAULT_TICK_SECONDS: Final = 30.0
 DEFAULT_CONCURRENCY: Final = 16
 DEFAULT_GRACE_SECONDS: Final = 5.0
+BACKLOG_COALESCE_SECONDS: Final = 0.002
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
 locked): a lost finish means one more send once the lease ends."""
@@ -125,8 +128,11 @@ class DispatchWorker:
         self.log = logger or log
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
-        self._limiter = anyio.CapacityLimiter(self.concurrency)
+        # The slot table: one entry per claimed attempt, never more than
+        # `concurrency` (claims take only free slots), each with the cancel
+        # scope of its attempt (deadline: just before its lease ends).
         self._in_flight: dict[Claim, anyio.CancelScope] = {}
+        self._stopping = False
         self._wake: anyio.Event | None = None
         self._drained: anyio.Event | None = None
         self._backlog = False
@@ -168,6 +174,7 @@ class DispatchWorker:
         if self._running:
             raise RuntimeError("this DispatchWorker is already running")
         self._running = True
+        self._stopping = False
         self._wake = anyio.Event()
         remove = self.db.on_enqueue(self.wake)
         try:
@@ -194,6 +201,10 @@ class DispatchWorker:
             if delay > 0:
                 with anyio.move_on_after(delay):
                     await self._wake.wait()
+                if self._backlog:
+                    # Woken by a finishing delivery while rows wait: let a few
+                    # more finish so one claim fills several slots at once.
+                    await anyio.sleep(BACKLOG_COALESCE_SECONDS)
 
     async def _scan(self, deliveries: TaskGroup) -> float:
         """Claim what fits in the free slots and start those deliveries;
@@ -216,9 +227,10 @@ class DispatchWorker:
             return self.tick_seconds
         for key in ("attempted", "expired", "dead_letter"):
             self.counts[key] += counts[key]
+        attempt_deadline = anyio.current_time() + self.lease_seconds - LEASE_SAFETY_SECONDS
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._in_flight[claim] = anyio.CancelScope()
+            self._in_flight[claim] = anyio.CancelScope(deadline=attempt_deadline)
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -248,11 +260,14 @@ class DispatchWorker:
         with anyio.CancelScope(shield=True):
             try:
                 result: TransportResult | None = None
-                async with self._limiter:
-                    with attempt_scope:
-                        result = await send_within_lease(
-                            self.transport, claim, self.lease_seconds
-                        )
+                with attempt_scope:
+                    result = await call_transport(self.transport, claim)
+                if result is None and not self._stopping:  # the lease deadline
+                    result = lease_timeout_result(self.lease_seconds)
+                if result is not None:
+                    # The transport is done: its slot is free while the outcome
+                    # is written, so the next claim can share that transaction.
+                    self._free_slot(claim)
                 outcome = await self._settle(claim, result)
                 if result is None:
                     if outcome is Outcome.DEAD_LETTER:
@@ -266,11 +281,15 @@ class DispatchWorker:
                 self.log.exception("dispatch %s attempt %d: delivery task failed",
                                    claim.dispatch_id, claim.attempt)
             finally:
-                del self._in_flight[claim]
-                if self._backlog:
-                    self.wake()
-                if self._drained is not None and not self._in_flight:
-                    self._drained.set()
+                self._free_slot(claim)
+
+    def _free_slot(self, claim: Claim) -> None:
+        if self._in_flight.pop(claim, None) is None:
+            return
+        if self._backlog:
+            self.wake()
+        if self._drained is not None and not self._in_flight:
+            self._drained.set()
 
     async def _settle(self, claim: Claim, result: TransportResult | None) -> Outcome | None:
         """Finish (or, with no result, release) the attempt, trying again
@@ -312,6 +331,7 @@ class DispatchWorker:
         self._drained = anyio.Event()
         with anyio.move_on_after(self.grace_seconds):
             await self._drained.wait()
+        self._stopping = True
         for scope in list(self._in_flight.values()):
             scope.cancel()
 

@@ -19,6 +19,8 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 
 Row = dict[str, Any]
 
@@ -57,6 +59,15 @@ class Database(Protocol):
         transaction (disk full, I/O error) because of another unit, the
         others run again in a new one. It must only touch the connection.
         """
+
+    async def write_many(
+        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+    ) -> ResultT:
+        """Like :meth:`write`, for work that is cheaper in bulk: every item
+        queued at once for the same ``many`` function is handled by one call
+        ``many(conn, items)``, which returns one result per item, in order.
+        If that call raises, each item is run again by itself, so an error
+        still reaches only its own caller."""
 
     def notify_enqueued(self) -> None:
         """Tell this process's listeners that a pending dispatch was added.

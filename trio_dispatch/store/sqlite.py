@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import anyio
 import sqlite_utils
 
-from .base import Row, T
+from .base import ItemT, ResultT, Row, T
 from .schema import MIGRATIONS, SCHEMA_VERSION, SCHEMA_VERSION_TABLE
 
 Durability = Literal["full", "normal"]
@@ -72,13 +72,52 @@ class _State(enum.Enum):
 
 
 class _Unit:
-    __slots__ = ("error", "result", "state", "work")
+    """One caller's write: ``work(conn)``, or -- coalesced -- one ``item`` for
+    ``many(conn, items)``, which handles every queued item of the same
+    ``many`` in one call and returns their results in order."""
 
-    def __init__(self, work: Callable[[SQLiteConn], Any]) -> None:
+    __slots__ = ("alone", "error", "item", "many", "result", "state", "work")
+
+    def __init__(
+        self,
+        work: Callable[[SQLiteConn], Any] | None,
+        many: Callable[[SQLiteConn, list[Any]], list[Any]] | None = None,
+        item: Any = None,
+    ) -> None:
         self.work = work
+        self.many = many
+        self.item = item
+        self.alone = False  # set after its group failed: run it by itself
         self.state = _State.QUEUED
         self.result: Any = None
         self.error: BaseException | None = None
+
+
+def _steps(units: list[_Unit]) -> list[list[_Unit]]:
+    """Units in the order to run them: plain ones alone, coalesced ones
+    grouped by their ``many`` function (at the place of the first)."""
+    steps: list[list[_Unit]] = []
+    groups: dict[Any, list[_Unit]] = {}
+    for unit in units:
+        if unit.many is None or unit.alone:
+            steps.append([unit])
+        elif unit.many in groups:
+            groups[unit.many].append(unit)
+        else:
+            groups[unit.many] = [unit]
+            steps.append(groups[unit.many])
+    return steps
+
+
+def _run_step(conn: SQLiteConn, step: list[_Unit]) -> None:
+    first = step[0]
+    if first.many is None:
+        assert first.work is not None
+        first.result = first.work(conn)
+        return
+    results = first.many(conn, [unit.item for unit in step])
+    for unit, result in zip(step, results, strict=True):
+        unit.result = result
 
 
 def _connect(path: str, *, durability: Durability, busy_timeout: float) -> sqlite3.Connection:
@@ -159,6 +198,8 @@ class SQLiteStore:
         self.busy_timeout = busy_timeout
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
+        self._writer_conn: SQLiteConn
+        self._reader_conn: SQLiteConn | None = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._read_limiter = anyio.CapacityLimiter(1)
         self._queue: list[_Unit] = []
@@ -189,6 +230,8 @@ class SQLiteStore:
                 writer.close()
                 raise
             self._writer = writer
+            self._writer_conn = SQLiteConn(writer)
+            self._reader_conn = None if self._reader is None else SQLiteConn(self._reader)
 
         await anyio.to_thread.run_sync(open_all, limiter=self._write_limiter)
 
@@ -216,12 +259,13 @@ class SQLiteStore:
         if self._reader is None:
             # ":memory:" has no second connection that could see the data.
             return await self.write(work)
-        reader = self._reader
+        reader, conn = self._reader, self._reader_conn
+        assert conn is not None
 
         def run() -> T:
             reader.execute("BEGIN")
             try:
-                return work(SQLiteConn(reader))
+                return work(conn)
             finally:
                 reader.execute("COMMIT")
 
@@ -230,8 +274,17 @@ class SQLiteStore:
     # -- writes: group commit ------------------------------------------------
 
     async def write(self, work: Callable[[SQLiteConn], T]) -> T:
+        result: T = await self._submit(_Unit(work))
+        return result
+
+    async def write_many(
+        self, many: Callable[[SQLiteConn, list[ItemT]], list[ResultT]], item: ItemT
+    ) -> ResultT:
+        result: ResultT = await self._submit(_Unit(None, many, item))
+        return result
+
+    async def _submit(self, unit: _Unit) -> Any:
         self._check_usable()
-        unit = _Unit(work)
         self._queue.append(unit)
         try:
             while unit.state is not _State.DONE:
@@ -251,18 +304,24 @@ class SQLiteStore:
             raise
         if unit.error is not None:
             raise unit.error
-        return unit.result  # type: ignore[no-any-return]
+        return unit.result
 
     async def _lead_batch(self) -> None:
-        # Cancelled here, this caller's unit is still queued: it is removed and
-        # never runs. Past this point the batch is taken and must run whole.
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._busy = True
+        try:
+            # One scheduling round first: the writers that are ready to run
+            # (typically the ones the last batch just woke) queue their units
+            # and ride in this batch instead of forming the next one. Cancelled
+            # here, this caller's unit is still queued: it is removed, unrun.
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            self._release()
+            raise
         batch, self._queue = self._queue, []
         for unit in batch:
             unit.state = _State.RUNNING
         self.stats["batches"] += 1
         self.stats["units"] += len(batch)
-        self._busy = True
         try:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(
@@ -279,19 +338,20 @@ class SQLiteStore:
         idle.set()
 
     def _run_batch(self, batch: list[_Unit]) -> None:
-        """Runs in the writer thread: one transaction, a savepoint per unit.
+        """Runs in the writer thread: the whole batch in one transaction.
 
-        A unit that raises rolls back its own savepoint only. If SQLite
-        itself abandoned the whole transaction (SQLITE_FULL, an I/O error),
-        that unit keeps its error and the others run again in a new
-        transaction, so each caller learns only its own outcome.
+        Units run one after another with no savepoints (they cost two
+        statements a unit on the hot path). If a unit raises, the transaction
+        is rolled back, that unit keeps its error, and the others run again
+        in a new transaction -- so one caller's error never fails or undoes
+        another's write, and every result reported was committed.
         """
         writer = self._writer
         if writer is None:
             for unit in batch:
                 unit.error = RuntimeError(f"store {self.url} is closed")
             return
-        conn = SQLiteConn(writer)
+        conn = self._writer_conn
         todo = batch
         while todo:
             try:
@@ -302,27 +362,29 @@ class SQLiteStore:
                 return
             todo = self._run_units(writer, conn, todo)
 
+    @staticmethod
     def _run_units(
-        self, writer: sqlite3.Connection, conn: SQLiteConn, units: list[_Unit]
+        writer: sqlite3.Connection, conn: SQLiteConn, units: list[_Unit]
     ) -> list[_Unit]:
         """Run ``units`` in the open transaction and commit; return the units
         to run again in a new transaction (empty when this one settled)."""
         try:
-            for index, unit in enumerate(units):
-                writer.execute("SAVEPOINT unit")
+            for step in _steps(units):
                 try:
-                    unit.result = unit.work(conn)
+                    _run_step(conn, step)
                 except BaseException as exc:
-                    unit.error = exc
-                    if not writer.in_transaction:
-                        # SQLite rolled back everything: the units before this
-                        # one lost their writes too and run again.
-                        rerun = units[:index] + units[index + 1 :]
-                        for other in rerun:
-                            other.result = None
-                        return rerun
-                    writer.execute("ROLLBACK TO unit")
-                writer.execute("RELEASE unit")
+                    _rollback(writer)
+                    if len(step) > 1:
+                        # Which item failed is unknown: each runs alone next time.
+                        for unit in step:
+                            unit.alone = True
+                        rerun = units
+                    else:
+                        step[0].error = exc
+                        rerun = [unit for unit in units if unit is not step[0]]
+                    for other in rerun:
+                        other.result = None
+                    return rerun
             writer.execute("COMMIT")
         except BaseException as exc:  # the transaction itself failed: nothing committed
             for unit in units:
@@ -449,6 +511,11 @@ class SQLiteTransaction:
             return result
 
         return await self._run(in_savepoint)
+
+    async def write_many(
+        self, many: Callable[[SQLiteConn, list[ItemT]], list[ResultT]], item: ItemT
+    ) -> ResultT:
+        return await self.write(lambda conn: many(conn, [item])[0])
 
     def notify_enqueued(self) -> None:
         self._enqueued = True
