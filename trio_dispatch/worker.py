@@ -42,6 +42,7 @@ from .outbox import (
     _require_number,
     call_transport,
     claim_due,
+    finish_and_claim_next,
     finish_attempt,
     lease_timeout_result,
     next_due_at,
@@ -63,7 +64,6 @@ from .transport import (
 DEFAULT_TICK_SECONDS: Final = 30.0
 DEFAULT_CONCURRENCY: Final = 16
 DEFAULT_GRACE_SECONDS: Final = 5.0
-BACKLOG_COALESCE_SECONDS: Final = 0.002
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
 locked): a lost finish means one more send once the lease ends."""
@@ -132,7 +132,7 @@ class DispatchWorker:
         # `concurrency` (claims take only free slots), each with the cancel
         # scope of its attempt (deadline: just before its lease ends).
         self._in_flight: dict[Claim, anyio.CancelScope] = {}
-        self._stopping = False
+        self._closing = False  # shutdown began: claim nothing more
         self._wake: anyio.Event | None = None
         self._drained: anyio.Event | None = None
         self._backlog = False
@@ -174,7 +174,7 @@ class DispatchWorker:
         if self._running:
             raise RuntimeError("this DispatchWorker is already running")
         self._running = True
-        self._stopping = False
+        self._closing = False
         self._wake = anyio.Event()
         remove = self.db.on_enqueue(self.wake)
         try:
@@ -186,6 +186,7 @@ class DispatchWorker:
                     try:
                         await self._claim_loop(deliveries)
                     finally:
+                        self._closing = True  # no more claims, chained or scanned
                         with anyio.CancelScope(shield=True):
                             await self._stop_deliveries()
         finally:
@@ -201,10 +202,6 @@ class DispatchWorker:
             if delay > 0:
                 with anyio.move_on_after(delay):
                     await self._wake.wait()
-                if self._backlog:
-                    # Woken by a finishing delivery while rows wait: let a few
-                    # more finish so one claim fills several slots at once.
-                    await anyio.sleep(BACKLOG_COALESCE_SECONDS)
 
     async def _scan(self, deliveries: TaskGroup) -> float:
         """Claim what fits in the free slots and start those deliveries;
@@ -252,36 +249,54 @@ class DispatchWorker:
             return self.tick_seconds
         return max(0.0, min(self.tick_seconds, due - time.time()))
 
-    async def _deliver(self, claim: Claim) -> None:
-        attempt_scope = self._in_flight[claim]
-        started = time.monotonic()
+    async def _deliver(self, first: Claim) -> None:
+        """Deliver ``first``; while rows are due, keep the slot and deliver
+        the next claim that came back with each finish."""
         # Shielded: the worker's own cancellation must not cut a delivery
-        # short; shutdown cancels `attempt_scope` after the grace instead.
+        # short; shutdown cancels the attempt's scope after the grace instead.
         with anyio.CancelScope(shield=True):
-            try:
-                result: TransportResult | None = None
-                with attempt_scope:
-                    result = await call_transport(self.transport, claim)
-                if result is None and not self._stopping:  # the lease deadline
-                    result = lease_timeout_result(self.lease_seconds)
-                if result is not None:
-                    # The transport is done: its slot is free while the outcome
-                    # is written, so the next claim can share that transaction.
-                    self._free_slot(claim)
-                outcome = await self._settle(claim, result)
-                if result is None:
-                    if outcome is Outcome.DEAD_LETTER:
-                        self.counts["dead_letter"] += 1
-                    self._log_outcome(claim, outcome, started, "worker shutdown")
+            claim: Claim | None = first
+            while claim is not None:
+                current = claim
+                try:
+                    claim = await self._attempt(current)
+                except Exception:
+                    self.log.exception("dispatch %s attempt %d: delivery task failed",
+                                       current.dispatch_id, current.attempt)
+                    self._free_slot(current)
                     return
-                if outcome is not None:
-                    tally(self.counts, result, outcome)
-                self._log_outcome(claim, outcome, started, result.error)
-            except Exception:
-                self.log.exception("dispatch %s attempt %d: delivery task failed",
-                                   claim.dispatch_id, claim.attempt)
-            finally:
-                self._free_slot(claim)
+
+    async def _attempt(self, claim: Claim) -> Claim | None:
+        """One attempt, start to recorded end; returns the next claim it took
+        over its slot, or None (the slot is then free)."""
+        started = time.monotonic()
+        result: TransportResult | None = None
+        with self._in_flight[claim]:
+            result = await call_transport(self.transport, claim)
+        if result is None and not self._closing:  # the lease deadline, not shutdown
+            result = lease_timeout_result(self.lease_seconds)
+        next_claim: Claim | None = None
+        if result is None:  # worker shutdown
+            outcome = await self._settle(claim, None)
+            if outcome is Outcome.DEAD_LETTER:
+                self.counts["dead_letter"] += 1
+            self._log_outcome(claim, outcome, started, "worker shutdown")
+        else:
+            outcome, next_claim = await self._settle_and_claim(claim, result)
+            if outcome is not None:
+                tally(self.counts, result, outcome)
+            self._log_outcome(claim, outcome, started, result.error)
+        if next_claim is None:
+            self._free_slot(claim)
+            return None
+        # The slot passes to the next claim without ever being free.
+        del self._in_flight[claim]
+        self._in_flight[next_claim] = anyio.CancelScope(
+            deadline=anyio.current_time() + self.lease_seconds - LEASE_SAFETY_SECONDS
+        )
+        if self._closing:  # claimed as shutdown began: give it straight back
+            self._in_flight[next_claim].cancel()
+        return next_claim
 
     def _free_slot(self, claim: Claim) -> None:
         if self._in_flight.pop(claim, None) is None:
@@ -290,6 +305,26 @@ class DispatchWorker:
             self.wake()
         if self._drained is not None and not self._in_flight:
             self._drained.set()
+
+    async def _settle_and_claim(
+        self, claim: Claim, result: TransportResult
+    ) -> tuple[Outcome | None, Claim | None]:
+        """Finish the attempt and, unless shutting down, take the next due
+        row for this slot in the same transaction."""
+        if self._closing:
+            return await self._settle(claim, result), None
+        try:
+            outcome, next_claim, counts = await finish_and_claim_next(
+                self.db, claim, result, lease_seconds=self.lease_seconds,
+                retry_jitter=self.retry_jitter, actor=self.actor,
+            )
+        except Exception:
+            self.log.exception("dispatch %s attempt %d: recording the outcome failed",
+                               claim.dispatch_id, claim.attempt)
+            return await self._settle(claim, result), None
+        for key in ("attempted", "expired", "dead_letter"):
+            self.counts[key] += counts[key]
+        return outcome, next_claim
 
     async def _settle(self, claim: Claim, result: TransportResult | None) -> Outcome | None:
         """Finish (or, with no result, release) the attempt, trying again
@@ -331,7 +366,6 @@ class DispatchWorker:
         self._drained = anyio.Event()
         with anyio.move_on_after(self.grace_seconds):
             await self._drained.wait()
-        self._stopping = True
         for scope in list(self._in_flight.values()):
             scope.cancel()
 
