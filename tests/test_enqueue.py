@@ -7,6 +7,7 @@ import math
 import multiprocessing
 import re
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +36,14 @@ async def test_ids_are_uuid4_hex_and_token_exists_only_when_ack_required(
     plain = await enqueue_dispatch(store, kind="k", deliver_to="seat")
     acked = await enqueue_dispatch(store, kind="k", deliver_to="seat", ack_required=True)
     assert HEX32.match(plain) and HEX32.match(acked)
+    for value in (plain, acked):
+        parsed = uuid.UUID(hex=value)
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
     assert raw.row(plain)["ack_token"] is None
     assert raw.row(plain)["ack_required"] == 0
     token = raw.row(acked)["ack_token"]
     assert isinstance(token, str) and HEX32.match(token) and token != acked
+    assert uuid.UUID(hex=token).version == 4
     assert raw.row(acked)["ack_required"] == 1
     assert json.loads(str(raw.row(acked)["payload"]))["ack_token"] == token
 
@@ -60,7 +65,7 @@ async def test_payload_is_the_dispatch_signal_envelope(store: SQLiteStore, raw: 
         "id", "created_at", "metadata", "data", "emitter_role", "schema_version",
         "dispatch_id", "kind", "deliver_to", "attempt", "ack_token", "body",
     ]
-    assert re.match(r"^[0-9a-f-]{36}$", payload["id"]) and payload["id"] != dispatch_id
+    assert uuid.UUID(payload["id"]).version == 4 and str(uuid.UUID(payload["id"])) == payload["id"]
     assert isinstance(payload["created_at"], float) and payload["created_at"] > 0
     assert payload["metadata"] == {"lion_class": "trio_dispatch.signal.DispatchSignal"}
     assert payload["data"] is None and payload["emitter_role"] is None

@@ -22,7 +22,6 @@ import json
 import math
 import time
 import unicodedata
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple
@@ -31,7 +30,7 @@ import anyio
 
 from . import lifecycle as lc
 from .backoff import jittered_backoff
-from .signal import dispatch_envelope_json
+from .signal import dispatch_envelope_json, uuid4_bytes
 from .store.base import Conn, Database, Row
 from .store.schema import FINISHED_STATUSES_SQL
 from .transport import (
@@ -247,8 +246,8 @@ def _prepare(
     expiry = None if expires_at is None else _require_number("expires_at", expires_at)
     session = _require_optional_id("session_id", session_id)
     run = _require_optional_id("schedule_run_id", schedule_run_id)
-    dispatch_id = uuid.uuid4().hex
-    token = uuid.uuid4().hex if ack else None
+    dispatch_id = uuid4_bytes().hex()
+    token = uuid4_bytes().hex() if ack else None
     return _NewDispatch(
         id=dispatch_id,
         kind=kind_,
@@ -372,7 +371,27 @@ def _insert(conn: Conn, new: _NewDispatch, now: float) -> EnqueueResult:
 
 
 def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[EnqueueResult]:
-    return [_insert(conn, new, now) for new in batch]
+    """Insert a batch: rows with no dedup key and no provenance link need no
+    lookup and go in with two bulk statements; the others one by one (a key
+    repeated within the batch resolves to its first row, in order)."""
+    plain = [new for new in batch
+             if new.dedup_key is None and new.session_id is None and new.schedule_run_id is None]
+    if len(plain) < 2:
+        return [_insert(conn, new, now) for new in batch]
+    conn.executemany(
+        "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
+        "max_attempts, next_attempt_at, ack_required, ack_token, created_at, expires_at, "
+        "updated_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?)",
+        [(new.id, new.kind, new.deliver_to, new.payload, new.max_attempts, now,
+          int(new.ack_required), new.ack_token, now, new.expires_at, now) for new in plain],
+    )
+    conn.executemany(
+        _INSERT_TRANSITION,
+        [(lc.ENTITY_TYPE, new.id, None, lc.PENDING, lc.ENQUEUED, f"enqueued kind={new.kind}",
+          lc.SOURCE_SYSTEM, lc.ACTOR_ENQUEUE, "[]", "{}", now) for new in plain],
+    )
+    done = {new.id: EnqueueResult(new.id, False) for new in plain}
+    return [done[new.id] if new.id in done else _insert(conn, new, now) for new in batch]
 
 
 def _select_due(conn: Conn, now: float, limit: int, columns: str = _COLUMNS) -> list[Row]:

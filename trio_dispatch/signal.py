@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 import uuid
 from typing import Any, Final, Literal
@@ -75,6 +76,23 @@ def _jsonable(value: Any) -> Any:
 
 
 _DISPATCH_SIGNAL_CLASS: Final = _class_path(DispatchSignal)
+_ENVELOPE_HEAD: Final = (
+    '{{"id": "{id}", "created_at": {created_at!r}, '
+    f'"metadata": {{{{"lion_class": {json.dumps(_DISPATCH_SIGNAL_CLASS)}}}}}, '
+    '"data": null, "emitter_role": null, '
+    f'"schema_version": {SIGNAL_SCHEMA_VERSION}, '
+    '"dispatch_id": {dispatch_id}, "kind": {kind}, "deliver_to": {deliver_to}, '
+    '"attempt": 0, "ack_token": {ack_token}, "body": '
+)
+
+
+def uuid4_bytes() -> bytes:
+    """16 random bytes with the version-4 and RFC 4122 variant bits set:
+    a ``uuid.uuid4()`` without the object (the enqueue hot path)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return bytes(raw)
 
 
 def dispatch_envelope_json(
@@ -84,20 +102,16 @@ def dispatch_envelope_json(
     the already-serialised ``body_json``: the same text as
     ``json.dumps(DispatchSignal(...).to_dict(mode="json"), ensure_ascii=False)``,
     built without serialising the body a second time (the enqueue hot path)."""
-    head = json.dumps(
-        {
-            "id": str(uuid.uuid4()),
-            "created_at": time.time(),
-            "metadata": {"lion_class": _DISPATCH_SIGNAL_CLASS},
-            "data": None,
-            "emitter_role": None,
-            "schema_version": SIGNAL_SCHEMA_VERSION,
-            "dispatch_id": dispatch_id,
-            "kind": kind,
-            "deliver_to": deliver_to,
-            "attempt": 0,
-            "ack_token": ack_token,
-        },
-        ensure_ascii=False,
+    dumps = _dumps
+    head = _ENVELOPE_HEAD.format(
+        id=uuid.UUID(bytes=uuid4_bytes()),
+        created_at=time.time(),
+        dispatch_id=dumps(dispatch_id),
+        kind=dumps(kind),
+        deliver_to=dumps(deliver_to),
+        ack_token=dumps(ack_token),
     )
-    return f'{head[:-1]}, "body": {body_json}}}'
+    return f"{head}{body_json}}}"
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
