@@ -286,6 +286,8 @@ async def one_tick(path: Path, due: int) -> float:
         claimed = 0
         while claimed < due:
             claims, _ = await claim_due(db, limit=min(100, due - claimed))
+            if not claims:
+                break
             claimed += len(claims)
         return time.perf_counter() - start
 
