@@ -6,6 +6,7 @@ import multiprocessing
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -419,3 +420,36 @@ async def test_a_unit_raising_a_base_exception_leaves_the_writer_usable(
     await enqueue_dispatch(store, kind="k", deliver_to="seat")
     assert raw.counts() == (1, 1)
     raw.execute("INSERT INTO sessions (id) VALUES ('other process')")  # not locked out
+
+
+async def test_coalesced_writes_share_one_call_and_a_failing_item_fails_alone(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    calls: list[list[str]] = []
+
+    def insert_sessions(conn: Any, ids: list[str]) -> list[str]:
+        calls.append(list(ids))
+        for session_id in ids:
+            if session_id == "bad":
+                raise ValueError("bad session id")
+            conn.execute("INSERT INTO sessions (id) VALUES (?)", (session_id,))
+        return [f"ok:{i}" for i in ids]
+
+    results: dict[str, object] = {}
+
+    async def one(session_id: str) -> None:
+        try:
+            results[session_id] = await store.write_many(insert_sessions, session_id)
+        except ValueError as exc:
+            results[session_id] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: store.write(lambda c: time.sleep(0.2)))  # let the others queue
+        await anyio.sleep(0.05)
+        for session_id in ("a", "bad", "b"):
+            tg.start_soon(one, session_id)
+    assert results["a"] == "ok:a" and results["b"] == "ok:b"
+    assert isinstance(results["bad"], ValueError)
+    assert calls[0] == ["a", "bad", "b"]  # first tried together, in one call
+    assert sorted(map(tuple, calls[1:])) == [("a",), ("b",), ("bad",)]  # then alone
+    assert {r["id"] for r in raw.rows("SELECT id FROM sessions")} == {"a", "b"}
