@@ -1,0 +1,366 @@
+"""Reliability drivers: crash soak, several workers, dedup race.
+
+Each prints its figures and exits non-zero if the outbox broke its promise
+(a row lost, an (id, attempt) sent twice, a worker dead of SQLITE_BUSY, a
+dedup caller told the wrong id). The test suite runs small versions of the
+same functions (tests/test_soak.py).
+
+    .venv/bin/python scripts/soak.py crash   [-n 5000] [-k 50]
+    .venv/bin/python scripts/soak.py workers [-n 10000] [-w 4]
+    .venv/bin/python scripts/soak.py dedup   [-n 1000] [-p 8]
+    .venv/bin/python scripts/soak.py all     (the three, default sizes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TERMINAL = ("delivered", "acked", "dead_letter", "expired")
+
+
+# -- roles run as child processes ------------------------------------------------
+
+
+def role_worker(db: str, ledger: str, fail_rate: float, seed: int) -> None:
+    """A worker process whose transport appends "id attempt" to the ledger
+    (the send) and fails a seeded fraction of attempts after sending."""
+    import anyio
+
+    from trio_dispatch import Delivery, DispatchWorker, open_store
+
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    async def send(delivery: Delivery) -> bool:
+        await anyio.sleep(random.random() * 0.02)  # kills land mid-send too
+        os.write(fd, f"{delivery.dispatch_id} {delivery.attempt}\n".encode())
+        rng = random.Random(f"{seed}:{delivery.dispatch_id}:{delivery.attempt}")
+        return rng.random() >= fail_rate
+
+    async def main() -> None:
+        async with open_store(db) as store, anyio.create_task_group() as tg:
+            worker = DispatchWorker(store, transport=send, concurrency=16, batch_size=32,
+                                    tick_seconds=0.2, timeout_seconds=0.5, grace_seconds=1)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                await tg.start(worker.run)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+
+    anyio.run(main, backend="trio")
+
+
+def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
+    """Enqueue n dispatches in small batches, appending each committed id."""
+    import anyio
+
+    from trio_dispatch import enqueue_many, open_store
+
+    async def main() -> None:
+        async with open_store(db) as store:
+            with open(ids_file, "a") as out:
+                done = 0
+                while done < n:
+                    size = min(25, n - done)
+                    results = await enqueue_many(store, [
+                        {"kind": "soak", "deliver_to": f"seat-{done + i}", "max_attempts": 8}
+                        for i in range(size)])
+                    out.write("".join(f"{r.id}\n" for r in results))
+                    out.flush()
+                    done += size
+                    await anyio.sleep(pace)
+
+    anyio.run(main, backend="trio")
+
+
+def role_dedup(db: str, out: str, keys: list[str]) -> None:
+    import anyio
+
+    from trio_dispatch import enqueue_dispatch, open_store
+
+    async def main() -> list[str]:
+        async with open_store(db) as store:
+            return [await enqueue_dispatch(store, kind="race", deliver_to="seat", dedup_key=key)
+                    for key in keys]
+
+    Path(out).write_text(json.dumps(anyio.run(main, backend="trio")))
+
+
+def _spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--role", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "ab") if log else subprocess.DEVNULL,
+    )
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _make_schema(db: Path) -> None:
+    import anyio
+
+    from trio_dispatch import open_store
+
+    async def touch() -> None:
+        async with open_store(db):
+            pass
+
+    anyio.run(touch)
+
+
+def _rows(db: Path) -> dict[str, dict[str, Any]]:
+    conn = sqlite3.connect(db, timeout=30)
+    conn.row_factory = sqlite3.Row
+    try:
+        return {r["id"]: dict(r) for r in conn.execute(
+            "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox")}
+    finally:
+        conn.close()
+
+
+def _ledger(path: Path) -> list[tuple[str, int]]:
+    if not path.exists():
+        return []
+    pairs = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2:  # a line cut by a kill is not a send
+            pairs.append((parts[0], int(parts[1])))
+    return pairs
+
+
+def _pull_retries_forward(db: Path) -> None:
+    """Time passing, compressed: retries scheduled minutes ahead are due now."""
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        conn.execute("UPDATE dispatch_outbox SET next_attempt_at = ? "
+                     "WHERE status = 'pending' AND next_attempt_at > ?",
+                     (time.time(), time.time()))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _wait_terminal(db: Path, expected: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = _rows(db)
+        if len(rows) >= expected and all(r["status"] in TERMINAL for r in rows.values()):
+            return True
+        _pull_retries_forward(db)
+        time.sleep(0.3)
+    return False
+
+
+def _stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _ledger_figures(ids: set[str], pairs: list[tuple[str, int]]) -> dict[str, int]:
+    pair_counts = collections.Counter(pairs)
+    sends = collections.Counter(dispatch_id for dispatch_id, _ in pairs)
+    return {
+        "missing_from_ledger": len(ids - set(sends)),
+        "duplicate_pairs": sum(1 for count in pair_counts.values() if count > 1),
+        "repeated_ids": sum(1 for count in sends.values() if count > 1),
+        "max_sends_of_one_id": max(sends.values(), default=0),
+    }
+
+
+# -- the drivers -------------------------------------------------------------------
+
+
+def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> dict[str, Any]:
+    """A producer enqueues n dispatches while the worker process is SIGKILLed
+    at random moments and restarted, `kills` times; then one worker finishes."""
+    rng = random.Random(seed)
+    db, ledger, ids_file = workdir / "crash.db", workdir / "crash.ledger", workdir / "crash.ids"
+    log = workdir / "crash.log"
+    _make_schema(db)
+    started = time.monotonic()
+    pace = kills * 0.4 / max(1, n / 25)  # spread production over the kills
+    producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace),
+                      log=log)
+    for _ in range(kills):
+        sent_before = ledger.stat().st_size if ledger.exists() else 0
+        worker = _spawn("worker", str(db), str(ledger), "0", str(seed), log=log)
+        # Kill while it works: once it has sent something, at a random point
+        # of its claim / send / finish cycle.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and (
+            not ledger.exists() or ledger.stat().st_size == sent_before
+        ):
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.08))
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    producer_code = producer.wait(timeout=300)
+    final = _spawn("worker", str(db), str(ledger), "0", str(seed), log=log)
+    finished = _wait_terminal(db, n, timeout=60 + n / 50)
+    final_code = _stop(final)
+    ids = set(ids_file.read_text().split())
+    rows = _rows(db)
+    figures = {
+        "driver": "crash soak", "n": n, "kills": kills,
+        "committed_ids": len(ids),
+        "lost": len(ids - set(rows)) + sum(1 for i in ids if i in rows
+                                           and rows[i]["status"] not in TERMINAL),
+        "all_terminal": finished,
+        "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
+        **_ledger_figures(ids, _ledger(ledger)),
+        "producer_exit": producer_code, "final_worker_exit": final_code,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    figures["ok"] = (
+        figures["lost"] == 0 and finished and len(ids) == n
+        and figures["missing_from_ledger"] == 0 and figures["duplicate_pairs"] == 0
+        and figures["max_sends_of_one_id"] <= kills + 1 and final_code == 0
+    )
+    return figures
+
+
+def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
+                    fail_rate: float = 0.1, seed: int = 2) -> dict[str, Any]:
+    """`workers` worker processes on one file, n dispatches, a transport that
+    fails a fraction of attempts (retried: time is pulled forward)."""
+    import anyio
+
+    from trio_dispatch import enqueue_many, open_store
+
+    db, ledger, log = workdir / "multi.db", workdir / "multi.ledger", workdir / "multi.log"
+
+    async def produce() -> set[str]:
+        ids: set[str] = set()
+        async with open_store(db) as store:
+            for offset in range(0, n, 1000):
+                results = await enqueue_many(store, [
+                    {"kind": "multi", "deliver_to": f"seat-{offset + i}", "max_attempts": 8}
+                    for i in range(min(1000, n - offset))])
+                ids.update(r.id for r in results)
+        return ids
+
+    started = time.monotonic()
+    ids = anyio.run(produce)
+    procs = [_spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
+             for _ in range(workers)]
+    finished = _wait_terminal(db, n, timeout=60 + n / 50)
+    alive_at_end = sum(1 for p in procs if p.poll() is None)
+    codes = [_stop(p) for p in procs]
+    rows = _rows(db)
+    text = log.read_text() if log.exists() else ""
+    figures = {
+        "driver": "several workers", "n": n, "workers": workers, "fail_rate": fail_rate,
+        "lost": len(ids - set(rows)) + sum(1 for i in ids if rows[i]["status"] not in TERMINAL),
+        "all_terminal": finished,
+        "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
+        "status_sum": len(rows),
+        **_ledger_figures(ids, _ledger(ledger)),
+        "busy_errors_logged": text.count("database is locked"),
+        "workers_alive_at_end": alive_at_end, "worker_exits": codes,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    figures["ok"] = (
+        figures["lost"] == 0 and finished and figures["status_sum"] == n
+        and figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0
+        and alive_at_end == workers and codes == [0] * workers
+    )
+    return figures
+
+
+def dedup_race(workdir: Path, n: int = 1000, processes: int = 8,
+               seed: int = 3) -> dict[str, Any]:
+    """`processes` processes enqueue the same n dedup keys at once."""
+    rng = random.Random(seed)
+    db = workdir / "dedup.db"
+    _make_schema(db)
+    keys = [f"key-{i}" for i in range(n)]
+    orders, procs = [], []
+    started = time.monotonic()
+    for k in range(processes):
+        order = keys[:]
+        rng.shuffle(order)
+        orders.append(order)
+        (workdir / f"keys{k}.json").write_text(json.dumps(order))
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "--role", "dedup", str(db), str(workdir / f"out{k}.json"),
+             str(workdir / f"keys{k}.json")], stderr=subprocess.PIPE))
+    errors = [p.communicate(timeout=300)[1].decode()[-500:] for p in procs]
+    conn = sqlite3.connect(db)
+    winners = dict(conn.execute("SELECT dedup_key, id FROM dispatch_outbox").fetchall())
+    rows, transitions = conn.execute(
+        "SELECT (SELECT COUNT(*) FROM dispatch_outbox), (SELECT COUNT(*) FROM status_transitions)"
+    ).fetchone()
+    conn.close()
+    wrong = 0
+    for k, order in enumerate(orders):
+        out = workdir / f"out{k}.json"
+        got = json.loads(out.read_text()) if out.exists() else []
+        wrong += sum(1 for key, value in zip(order, got, strict=False) if winners.get(key) != value)
+        wrong += n - len(got)
+    figures = {
+        "driver": "dedup race", "keys": n, "processes": processes, "rows": rows,
+        "transitions": transitions, "callers_told_wrong_id": wrong,
+        "process_exits": [p.returncode for p in procs],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    figures["ok"] = (rows == n == transitions and wrong == 0
+                     and figures["process_exits"] == [0] * processes)
+    if not figures["ok"]:
+        figures["stderr_tails"] = [e for e in errors if e]
+    return figures
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--role":
+        role, args = sys.argv[2], sys.argv[3:]
+        if role == "worker":
+            role_worker(args[0], args[1], float(args[2]), int(args[3]))
+        elif role == "producer":
+            role_producer(args[0], args[1], int(args[2]), float(args[3]))
+        elif role == "dedup":
+            role_dedup(args[0], args[1], json.loads(Path(args[2]).read_text()))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("driver", choices=["crash", "workers", "dedup", "all"])
+    parser.add_argument("-n", type=int, help="dispatches (or keys)")
+    parser.add_argument("-k", type=int, default=50, help="crash soak: kills")
+    parser.add_argument("-w", type=int, default=4, help="several workers: processes")
+    parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        work = Path(tmp)
+        if args.driver in ("crash", "all"):
+            results.append(crash_soak(work, n=args.n or 5000, kills=args.k))
+        if args.driver in ("workers", "all"):
+            results.append(several_workers(work, n=args.n or 10000, workers=args.w))
+        if args.driver in ("dedup", "all"):
+            results.append(dedup_race(work, n=args.n or 1000, processes=args.p))
+    for figures in results:
+        print(json.dumps(figures))
+    sys.exit(0 if all(f["ok"] for f in results) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Small runs of the reliability drivers in scripts/soak.py: real worker
+processes, real SIGKILLs, one real SQLite file."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _soak() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
+    spec = importlib.util.spec_from_file_location("soak_driver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak_driver"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _soak()
+
+
+def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -> None:
+    figures = soak.crash_soak(tmp_path, n=300, kills=6)
+    assert figures["committed_ids"] == 300
+    assert figures["lost"] == 0 and figures["all_terminal"], figures
+    assert figures["missing_from_ledger"] == 0, figures
+    assert figures["duplicate_pairs"] == 0, figures
+    assert figures["max_sends_of_one_id"] <= 6 + 1, figures
+    assert figures["ok"], figures
+
+
+def test_several_workers_share_one_file_without_a_double_send(tmp_path: Path) -> None:
+    figures = soak.several_workers(tmp_path, n=1500, workers=4, fail_rate=0.1)
+    assert figures["lost"] == 0 and figures["status_sum"] == 1500, figures
+    assert figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0, figures
+    assert figures["repeated_ids"] > 0, "the failing transport should have caused retries"
+    assert figures["workers_alive_at_end"] == 4 and figures["worker_exits"] == [0] * 4, figures
+    assert figures["ok"], figures
+
+
+@pytest.mark.parametrize("processes", [8])
+def test_dedup_race_across_processes_gives_every_caller_the_winner(
+    tmp_path: Path, processes: int
+) -> None:
+    figures = soak.dedup_race(tmp_path, n=300, processes=processes)
+    assert figures["rows"] == figures["transitions"] == 300, figures
+    assert figures["callers_told_wrong_id"] == 0, figures
+    assert figures["ok"], figures
