@@ -398,7 +398,7 @@ async def test_a_transaction_sqlite_abandoned_commits_nothing_afterwards(
     store: SQLiteStore, raw: RawDB
 ) -> None:
     await _limit_file_growth(store, 3)
-    with pytest.raises(RuntimeError, match="rolled back by SQLite"):
+    with pytest.raises(RuntimeError, match="rolled back by the database"):
         async with store.transaction() as tx:
             await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('mine', 0)")
             with pytest.raises(sqlite3.OperationalError, match="full"):

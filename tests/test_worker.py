@@ -91,6 +91,7 @@ async def test_wake_scans_rows_written_by_another_process(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600)
         await tg.start(worker.run)
+        await anyio.sleep(0.3)  # its first scan found nothing; now it sleeps a tick
         async with open_store(raw.path) as other:  # another connection: no wake-up
             dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
         await anyio.sleep(0.3)

@@ -1,0 +1,376 @@
+"""Group commit and caller-owned transactions, for any engine.
+
+Every write unit of work of this process goes through one writer connection
+on a worker thread (``anyio.to_thread``), so a store runs under trio and
+asyncio alike. Units that arrive while a batch is running are queued and the
+next batch runs them all in one transaction: the commit is paid once per
+batch. If a unit raises, the batch is rolled back, that unit keeps its
+error, and the others run again in a new transaction -- one caller's error
+never fails or undoes another's write, and every result reported was
+committed. An engine supplies the connection and five synchronous
+primitives (begin, commit, rollback, in-transaction, close).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+
+from .base import Conn, ItemT, ResultT, Row, T
+
+
+class _State(enum.Enum):
+    QUEUED = 1
+    RUNNING = 2
+    DONE = 3
+
+
+class _Unit:
+    """One caller's write: ``work(conn)``, or -- coalesced -- one ``item`` for
+    ``many(conn, items)``, which handles every queued item of the same
+    ``many`` in one call and returns their results in order."""
+
+    __slots__ = ("alone", "error", "item", "many", "result", "state", "work")
+
+    def __init__(
+        self,
+        work: Callable[[Conn], Any] | None,
+        many: Callable[[Conn, list[Any]], list[Any]] | None = None,
+        item: Any = None,
+    ) -> None:
+        self.work = work
+        self.many = many
+        self.item = item
+        self.alone = False  # set after its group failed: run it by itself
+        self.state = _State.QUEUED
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _steps(units: list[_Unit]) -> list[list[_Unit]]:
+    """Units in the order to run them: plain ones alone, coalesced ones
+    grouped by their ``many`` function (at the place of the first)."""
+    steps: list[list[_Unit]] = []
+    groups: dict[Any, list[_Unit]] = {}
+    for unit in units:
+        if unit.many is None or unit.alone:
+            steps.append([unit])
+        elif unit.many in groups:
+            groups[unit.many].append(unit)
+        else:
+            groups[unit.many] = [unit]
+            steps.append(groups[unit.many])
+    return steps
+
+
+def _run_step(conn: Conn, step: list[_Unit]) -> None:
+    first = step[0]
+    if first.many is None:
+        assert first.work is not None
+        first.result = first.work(conn)
+        return
+    results = first.many(conn, [unit.item for unit in step])
+    for unit, result in zip(step, results, strict=True):
+        unit.result = result
+
+
+class BatchingStore(abc.ABC):
+    """The engine-independent half of a store (see the module docstring)."""
+
+    url: str
+
+    def __init__(self) -> None:
+        self._writer_conn: Conn | None = None
+        self._write_limiter = anyio.CapacityLimiter(1)
+        self._queue: list[_Unit] = []
+        self._busy = False  # a batch or a caller's transaction holds the writer
+        self._idle = anyio.Event()
+        self._tx_owner: object | None = None
+        self._listeners: list[Callable[[], None]] = []
+        self._closed = False
+        self.stats = {"batches": 0, "units": 0}
+        """Write transactions run by group commit, and the units they held."""
+
+    # -- what an engine supplies (all called on the writer's thread) ---------
+
+    @abc.abstractmethod
+    def _begin(self) -> None:
+        """Start a write transaction on the writer connection (waiting for
+        other processes' writers as the engine allows)."""
+
+    @abc.abstractmethod
+    def _commit(self) -> None:
+        """Commit the writer's transaction."""
+
+    @abc.abstractmethod
+    def _rollback(self) -> None:
+        """Roll the writer's transaction back; no error if none is open."""
+
+    @abc.abstractmethod
+    def _in_transaction(self) -> bool:
+        """Whether the writer's transaction is still open (the database may
+        abandon one by itself after an error)."""
+
+    @abc.abstractmethod
+    def _close_connections(self) -> None:
+        """Close every connection (the store is idle)."""
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Wait for the writer to go idle, then close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            while self._busy:
+                await self._idle.wait()
+            self._writer_conn = None
+            await anyio.to_thread.run_sync(self._close_connections, limiter=self._write_limiter)
+
+    # -- writes: group commit ------------------------------------------------
+
+    async def write(self, work: Callable[[Conn], T]) -> T:
+        result: T = await self._submit(_Unit(work))
+        return result
+
+    async def write_many(
+        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+    ) -> ResultT:
+        result: ResultT = await self._submit(_Unit(None, many, item))
+        return result
+
+    async def _submit(self, unit: _Unit) -> Any:
+        self._check_usable()
+        self._queue.append(unit)
+        try:
+            while unit.state is not _State.DONE:
+                if self._busy:
+                    await self._idle.wait()
+                else:
+                    await self._lead_batch()
+        except BaseException:
+            if unit.state is _State.QUEUED:
+                self._queue.remove(unit)
+                raise
+            # Taken into a running batch: it will commit or fail as a whole;
+            # report the cancellation only once it is settled.
+            with anyio.CancelScope(shield=True):
+                while unit.state is not _State.DONE:
+                    await self._idle.wait()
+            raise
+        if unit.error is not None:
+            raise unit.error
+        return unit.result
+
+    async def _lead_batch(self) -> None:
+        self._busy = True
+        try:
+            # One scheduling round first: the writers that are ready to run
+            # (typically the ones the last batch just woke) queue their units
+            # and ride in this batch instead of forming the next one. Cancelled
+            # here, this caller's unit is still queued: it is removed, unrun.
+            await anyio.lowlevel.checkpoint()
+        except BaseException:
+            self._release()
+            raise
+        batch, self._queue = self._queue, []
+        for unit in batch:
+            unit.state = _State.RUNNING
+        self.stats["batches"] += 1
+        self.stats["units"] += len(batch)
+        try:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(
+                    self._run_batch, batch, limiter=self._write_limiter
+                )
+        finally:
+            for unit in batch:
+                unit.state = _State.DONE
+            self._release()
+
+    def _release(self) -> None:
+        self._busy = False
+        idle, self._idle = self._idle, anyio.Event()
+        idle.set()
+
+    def _run_batch(self, batch: list[_Unit]) -> None:
+        """Runs in the writer thread: the whole batch in one transaction."""
+        conn = self._writer_conn
+        if conn is None:
+            for unit in batch:
+                unit.error = RuntimeError(f"store {self.url} is closed")
+            return
+        todo = batch
+        while todo:
+            try:
+                self._begin()
+            except BaseException as exc:  # e.g. "database is locked" past busy_timeout
+                for unit in todo:
+                    unit.error = exc
+                return
+            todo = self._run_units(conn, todo)
+
+    def _run_units(self, conn: Conn, units: list[_Unit]) -> list[_Unit]:
+        """Run ``units`` in the open transaction and commit; return the units
+        to run again in a new transaction (empty when this one settled)."""
+        try:
+            for step in _steps(units):
+                try:
+                    _run_step(conn, step)
+                except BaseException as exc:
+                    self._rollback()
+                    if len(step) > 1:
+                        # Which item failed is unknown: each runs alone next time.
+                        for unit in step:
+                            unit.alone = True
+                        rerun = units
+                    else:
+                        step[0].error = exc
+                        rerun = [unit for unit in units if unit is not step[0]]
+                    for other in rerun:
+                        other.result = None
+                    return rerun
+            self._commit()
+        except BaseException as exc:  # the transaction itself failed: nothing committed
+            for unit in units:
+                if unit.error is None:
+                    unit.result, unit.error = None, exc
+            self._rollback()
+        return []
+
+    # -- caller-owned transactions (SPEC B1) -----------------------------------
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[BatchingTransaction]:
+        self._check_usable()
+        while self._busy:
+            await self._idle.wait()
+        conn = self._writer_conn
+        if conn is None:
+            raise RuntimeError(f"store {self.url} is closed")
+        self._busy = True
+        self._tx_owner = anyio.get_current_task().id
+        tx = BatchingTransaction(self, conn)
+        try:
+            await anyio.to_thread.run_sync(self._begin, limiter=self._write_limiter)
+            try:
+                yield tx
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._rollback, limiter=self._write_limiter)
+                raise
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(tx._finish, limiter=self._write_limiter)
+        finally:
+            tx._closed = True
+            self._tx_owner = None
+            self._release()
+        if tx._enqueued:
+            self.notify_enqueued()
+
+    def _check_usable(self) -> None:
+        if self._closed or self._writer_conn is None:
+            raise RuntimeError(f"store {self.url} is closed")
+        if self._tx_owner is not None and self._tx_owner == anyio.get_current_task().id:
+            raise RuntimeError(
+                "this task holds an open transaction on the store: pass the transaction "
+                "handle (not the store) to calls made inside `async with db.transaction()`"
+            )
+
+    # -- wake-ups --------------------------------------------------------------
+
+    def on_enqueue(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+        return remove
+
+    def notify_enqueued(self) -> None:
+        for callback in list(self._listeners):
+            callback()
+
+
+class BatchingTransaction:
+    """A caller-owned write transaction on the store's writer connection.
+    SQL of the caller's own uses ``?`` placeholders on every engine."""
+
+    def __init__(self, store: BatchingStore, conn: Conn) -> None:
+        self._store = store
+        self._conn = conn
+        self._closed = False
+        self._enqueued = False
+        self._lost: RuntimeError | None = None
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        if self._closed:
+            raise RuntimeError("the transaction has ended")
+        return await anyio.to_thread.run_sync(
+            self._guarded, fn, limiter=self._store._write_limiter
+        )
+
+    def _guarded(self, fn: Callable[[], T]) -> T:
+        # If the database rolled the transaction back by itself (disk full,
+        # I/O error), running on would commit statements one by one, outside
+        # the caller's transaction.
+        if self._lost is not None:
+            raise self._lost
+        try:
+            return fn()
+        finally:
+            if not self._store._in_transaction():
+                self._lost = RuntimeError(
+                    "the transaction was rolled back by the database after an error; "
+                    "nothing in it was committed"
+                )
+
+    def _finish(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+        try:
+            self._store._commit()
+        except BaseException:
+            self._store._rollback()
+            raise
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return await self._run(lambda: self._conn.execute(sql, params))
+
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return await self._run(lambda: self._conn.query(sql, params))
+
+    async def read(self, work: Callable[[Conn], T]) -> T:
+        return await self._run(lambda: work(self._conn))
+
+    async def write(self, work: Callable[[Conn], T]) -> T:
+        conn, store = self._conn, self._store
+
+        def in_savepoint() -> T:
+            conn.execute("SAVEPOINT unit")
+            try:
+                result = work(conn)
+            except BaseException:
+                if store._in_transaction():
+                    conn.execute("ROLLBACK TO SAVEPOINT unit")
+                    conn.execute("RELEASE SAVEPOINT unit")
+                raise
+            conn.execute("RELEASE SAVEPOINT unit")
+            return result
+
+        return await self._run(in_savepoint)
+
+    async def write_many(
+        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+    ) -> ResultT:
+        return await self.write(lambda conn: many(conn, [item])[0])
+
+    def notify_enqueued(self) -> None:
+        self._enqueued = True
