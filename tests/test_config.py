@@ -52,7 +52,8 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
         durability="full",
         dispatch=DispatchConfig(notify_template=None, timeout_seconds=10.0),
         worker=WorkerConfig(
-            tick_seconds=30.0, concurrency=16, batch_size=100, grace_seconds=5.0, retry_jitter=0.0
+            tick_seconds=30.0, concurrency=16, batch_size=100, grace_seconds=5.0, retry_jitter=0.0,
+            listen=True,
         ),
         log_level="INFO",
         path=tmp_path / "config.yaml",
@@ -142,6 +143,8 @@ BAD_VALUES = [
     ("worker.grace_seconds", False),
     ("worker.retry_jitter", 1.5),
     ("worker.retry_jitter", -0.1),
+    ("worker.listen", "yes"),
+    ("worker.listen", 1),
     ("log_level", "LOUD"),
     ("log_level", 10),
 ]
@@ -182,7 +185,8 @@ def test_unknown_key_is_an_error_listing_allowed_keys(tmp_path: Path, text: str,
     message = config_error(write(tmp_path, text))
     assert f"unknown key {key!r} (allowed: " in message
     if key.startswith("worker."):
-        assert "tick_seconds, concurrency, batch_size, grace_seconds, retry_jitter" in message
+        allowed = "tick_seconds, concurrency, batch_size, grace_seconds, retry_jitter, listen"
+        assert allowed in message
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ class WorkerConfig:
     batch_size: int
     grace_seconds: float
     retry_jitter: float
+    listen: bool
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ _SCHEMA: Final[_Schema] = {
         "retry_jitter": _Rule(
             "a number between 0 and 1", lambda v: _is_number(v) and 0 <= v <= 1, 0.0, float
         ),
+        "listen": _Rule("true or false", lambda v: isinstance(v, bool), True),
     },
     "log_level": _Rule(
         f"one of {', '.join(LOG_LEVELS)} (any case)",

@@ -367,6 +367,7 @@ def _insert(conn: Conn, new: _NewDispatch, now: float) -> EnqueueResult:
         actor=lc.ACTOR_ENQUEUE,
         now=now,
     )
+    conn.announce_enqueue()
     return EnqueueResult(new.id, False)
 
 
@@ -390,11 +391,14 @@ def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[E
         [(lc.ENTITY_TYPE, new.id, None, lc.PENDING, lc.ENQUEUED, f"enqueued kind={new.kind}",
           lc.SOURCE_SYSTEM, lc.ACTOR_ENQUEUE, "[]", "{}", now) for new in plain],
     )
+    conn.announce_enqueue()
     done = {new.id: EnqueueResult(new.id, False) for new in plain}
     return [done[new.id] if new.id in done else _insert(conn, new, now) for new in batch]
 
 
-def _select_due(conn: Conn, now: float, limit: int, columns: str = _COLUMNS) -> list[Row]:
+def _select_due(
+    conn: Conn, now: float, limit: int, columns: str = _COLUMNS, *, lock: bool = False
+) -> list[Row]:
     """Up to ``limit`` due rows, ordered by ``next_attempt_at, created_at``
     (SPEC B5). One ordered range scan of the due index per live status, each
     stopping after ``limit`` rows, merged here: the cost follows ``limit``,
@@ -406,7 +410,7 @@ def _select_due(conn: Conn, now: float, limit: int, columns: str = _COLUMNS) -> 
             # The verbatim partial-index term lets the planner use the index.
             f"SELECT {columns} FROM dispatch_outbox WHERE {_DUE_STATUSES_SQL} "
             f"AND status = '{status}' AND next_attempt_at <= ? "
-            "ORDER BY next_attempt_at, created_at LIMIT ?",
+            f"ORDER BY next_attempt_at, created_at LIMIT ?{conn.lock_clause if lock else ''}",
             (now, limit),
         )
     ]
@@ -700,6 +704,7 @@ def _claim_batch(
     rows = _select_due(
         conn, at, limit,
         "id, status, attempt, max_attempts, expires_at, next_attempt_at, created_at",
+        lock=True,
     )
     counts["attempted"] = len(rows)
     fresh: dict[str, list[Row]] = {lc.PENDING: [], lc.DELIVERING: []}

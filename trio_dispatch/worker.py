@@ -106,6 +106,7 @@ class DispatchWorker:
         kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS,
         actor: str = lc.ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
+        listen: bool = True,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
@@ -126,6 +127,9 @@ class DispatchWorker:
         self.lease_seconds = self.timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS
         self.actor = actor
         self.log = logger or log
+        self.listen = bool(listen)
+        """Wake on other processes' enqueues where the store can tell
+        (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
         # The slot table: one entry per claimed attempt, never more than
@@ -153,6 +157,7 @@ class DispatchWorker:
             "batch_size": config.worker.batch_size,
             "grace_seconds": config.worker.grace_seconds,
             "retry_jitter": config.worker.retry_jitter,
+            "listen": config.worker.listen,
         }
         return cls(db, **{**settings, **overrides})
 
@@ -182,10 +187,14 @@ class DispatchWorker:
                 if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                     await stack.enter_async_context(trio_asyncio.open_loop())
                 async with anyio.create_task_group() as deliveries:
+                    listener = anyio.CancelScope()
+                    if self.listen and hasattr(self.db, "listen"):
+                        deliveries.start_soon(self._listen, listener)
                     task_status.started()
                     try:
                         await self._claim_loop(deliveries)
                     finally:
+                        listener.cancel()
                         self._closing = True  # no more claims, chained or scanned
                         with anyio.CancelScope(shield=True):
                             await self._stop_deliveries()
@@ -193,6 +202,16 @@ class DispatchWorker:
             remove()
             self._wake = self._drained = None
             self._running = False
+
+    async def _listen(self, scope: anyio.CancelScope) -> None:
+        with scope:
+            try:
+                await self.db.listen(self.wake)  # type: ignore[attr-defined]
+            except Exception:
+                self.log.warning(
+                    "cross-process wake-ups unavailable; polling every %gs", self.tick_seconds,
+                    exc_info=True,
+                )
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
         while True:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from .base import Conn, Database, Row, Store, Transaction
+from .postgres import PostgresStore
 from .sqlite import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
     DURABILITIES,
@@ -21,6 +22,7 @@ __all__ = [
     "Conn",
     "Database",
     "Durability",
+    "PostgresStore",
     "Row",
     "SQLiteStore",
     "SchemaError",
@@ -36,15 +38,19 @@ async def open_store(
     *,
     durability: Durability = "full",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
-) -> AsyncIterator[SQLiteStore]:
+) -> AsyncIterator[Store]:
     """Open (creating or migrating forward) the store that ``target`` names
     and close it when the block exits.
 
     ``target`` is a SQLite file path, ``":memory:"``, or a URL:
-    ``sqlite:///relative.db``, ``sqlite:////absolute.db``. ``durability`` is
-    ``"full"`` (a commit survives power loss) or ``"normal"`` (it survives a
-    process crash). Raises ``ValueError`` for a target or option it cannot
-    use, naming it, before touching any file.
+    ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or
+    ``postgresql://user@host/db`` (needs the ``postgres`` extra).
+    ``durability`` is ``"full"`` (a commit survives power loss) or
+    ``"normal"`` (it survives a process crash; PostgreSQL:
+    ``synchronous_commit=off``). ``busy_timeout`` is how long a write waits
+    for another process's lock (PostgreSQL: ``lock_timeout``). Raises
+    ``ValueError`` for a target or option it cannot use, naming it, before
+    touching any file.
     """
     if durability not in DURABILITIES:
         raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
@@ -55,15 +61,18 @@ async def open_store(
     raw = os.fspath(target)
     if not isinstance(raw, str):
         raise TypeError(f"store target must be a str path or URL, got {target!r}")
+    store: SQLiteStore | PostgresStore
     if raw.startswith(("postgresql://", "postgres://")):
-        raise ValueError(f"the PostgreSQL engine is not available yet: {raw!r}")
-    if "://" in raw and not raw.startswith("sqlite://"):
+        store = PostgresStore(raw, durability=durability, busy_timeout=busy_timeout)
+    elif "://" in raw and not raw.startswith("sqlite://"):
         raise ValueError(
-            f"unsupported store URL {raw!r}: use a file path, ':memory:' or sqlite:///path"
+            f"unsupported store URL {raw!r}: use a file path, ':memory:', sqlite:///path "
+            "or postgresql://..."
         )
-    store = SQLiteStore(
-        sqlite_path_from_target(raw), durability=durability, busy_timeout=busy_timeout
-    )
+    else:
+        store = SQLiteStore(
+            sqlite_path_from_target(raw), durability=durability, busy_timeout=busy_timeout
+        )
     await store._open()
     try:
         yield store

@@ -28,6 +28,12 @@ Row = dict[str, Any]
 class Conn(Protocol):
     """A connection inside an open transaction, used from a unit of work."""
 
+    @property
+    def lock_clause(self) -> str:
+        """Appended to a SELECT whose rows the transaction is about to claim:
+        ``" FOR UPDATE SKIP LOCKED"`` where rows lock (PostgreSQL), empty
+        where the write transaction already excludes other writers (SQLite)."""
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed."""
 
@@ -39,6 +45,10 @@ class Conn(Protocol):
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         """The first row of :meth:`query`, or None."""
+
+    def announce_enqueue(self) -> None:
+        """Tell other processes, once this transaction commits, that a pending
+        dispatch was added (PostgreSQL NOTIFY; nothing where unsupported)."""
 
 
 class Database(Protocol):

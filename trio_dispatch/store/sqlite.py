@@ -31,6 +31,8 @@ class SQLiteConn:
 
     __slots__ = ("_conn", "_db")
 
+    lock_clause = ""  # BEGIN IMMEDIATE already excludes other writers
+
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
@@ -48,6 +50,9 @@ class SQLiteConn:
         for row in self._db.query(sql, params):
             return row
         return None
+
+    def announce_enqueue(self) -> None:
+        """Other processes on the file learn of it on their next tick."""
 
     @property
     def utils(self) -> sqlite_utils.Database:
