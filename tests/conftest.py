@@ -1,13 +1,47 @@
+"""Fixtures: both anyio backends, and both engines.
+
+A test that takes ``store``, ``raw`` or ``db_target`` runs on SQLite (a real
+file) and on PostgreSQL (a throwaway database on the local server, created
+for the run and dropped after it; tables emptied between tests). Mark a test
+or module ``sqlite_only`` when what it checks is SQLite's own. Without a
+PostgreSQL server the postgres cases skip, except under CI, where they fail.
+"""
+
 from __future__ import annotations
 
+import os
 import sqlite3
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from trio_dispatch import open_store
 from trio_dispatch.store import SQLiteStore
+
+from . import hypothesis_profiles  # noqa: F401  (registers and loads the profile)
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "TRIO_DISPATCH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+TABLES = ("dispatch_outbox", "status_transitions", "sessions", "schedule_runs")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: runs on the SQLite engine only")
+    config.addinivalue_line("markers", "postgres_only: runs on the PostgreSQL engine only")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "engine" in metafunc.fixturenames:
+        engines = ["sqlite", "postgres"]
+        if metafunc.definition.get_closest_marker("sqlite_only"):
+            engines = ["sqlite"]
+        elif metafunc.definition.get_closest_marker("postgres_only"):
+            engines = ["postgres"]
+        metafunc.parametrize("engine", engines, indirect=True)
 
 
 @pytest.fixture(params=["trio", "asyncio"])
@@ -17,26 +51,71 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    """A database created for this run on the local PostgreSQL server (None
+    if no server answers), dropped at the end."""
+    try:
+        import psycopg
+    except ImportError:
+        yield None
+        return
+    name = f"trio_dispatch_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError:
+        yield None
+        return
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     """A real SQLite file for the test."""
     return tmp_path / "outbox.db"
 
 
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
-    """An open store on ``db_path`` (use with ``@pytest.mark.anyio``)."""
-    async with open_store(db_path) as db:
-        yield db
+def db_target(engine: str, db_path: Path, request: pytest.FixtureRequest) -> str:
+    """What to pass to ``open_store`` for this test's (empty) database."""
+    if engine == "sqlite":
+        return str(db_path)
+    url = request.getfixturevalue("postgres_url")
+    if url is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"no PostgreSQL server answers at {POSTGRES_ADMIN_URL}")
+        pytest.skip(f"no PostgreSQL server answers at {POSTGRES_ADMIN_URL}")
+    PostgresRaw(url).empty()
+    return str(url)
+
+
+@pytest.fixture
+async def store(db_target: str) -> AsyncIterator[SQLiteStore]:
+    """An open store on ``db_target`` (use with ``@pytest.mark.anyio``)."""
+    async with open_store(db_target) as db:
+        yield db  # type: ignore[misc]
 
 
 class RawDB:
     """Reads the test's database file through a separate plain sqlite3
     connection: what is committed, not what the store believes."""
 
+    error: type[Exception] = sqlite3.DatabaseError
+    """What a refused write raises."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.target = str(path)
 
-    def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, object]]:
+    def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         conn = sqlite3.connect(self.path)
         try:
             conn.row_factory = sqlite3.Row
@@ -44,7 +123,7 @@ class RawDB:
         finally:
             conn.close()
 
-    def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
+    def scalar(self, sql: str, params: tuple[object, ...] = ()) -> Any:
         conn = sqlite3.connect(self.path)
         try:
             return conn.execute(sql, params).fetchone()[0]
@@ -58,24 +137,97 @@ class RawDB:
         finally:
             conn.close()
 
+    def refuse_transitions(self, message: str, reason_code: str | None = None) -> None:
+        """Make inserting a transition (of one reason) fail, as a crash there would."""
+        when = f"WHEN NEW.reason_code = '{reason_code}' " if reason_code else ""
+        self.execute(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON status_transitions {when}"
+            f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
+        )
+
+    def allow_transitions(self) -> None:
+        self.execute("DROP TRIGGER refuse")
+
     def counts(self) -> tuple[int, int]:
         """(dispatch rows, transition rows)."""
         return (
-            int(self.scalar("SELECT COUNT(*) FROM dispatch_outbox")),  # type: ignore[call-overload]
-            int(self.scalar("SELECT COUNT(*) FROM status_transitions")),  # type: ignore[call-overload]
+            int(self.scalar("SELECT COUNT(*) FROM dispatch_outbox")),
+            int(self.scalar("SELECT COUNT(*) FROM status_transitions")),
         )
 
-    def row(self, dispatch_id: str) -> dict[str, object]:
+    def row(self, dispatch_id: str) -> dict[str, Any]:
         found = self.rows("SELECT * FROM dispatch_outbox WHERE id = ?", (dispatch_id,))
         assert found, f"no row {dispatch_id}"
         return found[0]
 
-    def transitions(self, dispatch_id: str) -> list[dict[str, object]]:
+    def transitions(self, dispatch_id: str) -> list[dict[str, Any]]:
         return self.rows(
             "SELECT * FROM status_transitions WHERE entity_id = ? ORDER BY id", (dispatch_id,)
         )
 
 
+class PostgresRaw(RawDB):
+    """The same reads and writes on the test's PostgreSQL database."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.url = self.target = url
+        self.error = psycopg.Error
+
+    def _connect(self) -> Any:
+        import psycopg
+        from psycopg.types.string import TextLoader
+
+        conn = psycopg.connect(self.url, autocommit=True)
+        conn.adapters.register_loader("json", TextLoader)
+        return conn
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        return sql.replace("%", "%%").replace("?", "%s")
+
+    def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
+        from psycopg.rows import dict_row
+
+        with self._connect() as conn, conn.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(self._sql(sql), params)
+            return list(cursor.fetchall())
+
+    def scalar(self, sql: str, params: tuple[object, ...] = ()) -> Any:
+        with self._connect() as conn:
+            row = conn.execute(self._sql(sql), params).fetchone()
+            return None if row is None else row[0]
+
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> None:
+        with self._connect() as conn:
+            conn.execute(self._sql(sql), params)
+
+    def refuse_transitions(self, message: str, reason_code: str | None = None) -> None:
+        when = f"WHEN (NEW.reason_code = '{reason_code}') " if reason_code else ""
+        self.execute(
+            "CREATE OR REPLACE FUNCTION refuse() RETURNS trigger AS $$ BEGIN "
+            f"RAISE EXCEPTION '{message}'; END $$ LANGUAGE plpgsql"
+        )
+        self.execute(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON status_transitions FOR EACH ROW {when}"
+            "EXECUTE FUNCTION refuse()"
+        )
+
+    def allow_transitions(self) -> None:
+        self.execute("DROP TRIGGER refuse ON status_transitions")
+
+    def empty(self) -> None:
+        """Empty every table (the schema stays; the store re-creates it if absent)."""
+        with self._connect() as conn:
+            present = {r[0] for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            if set(TABLES) <= present:
+                conn.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+            conn.execute("DROP TRIGGER IF EXISTS refuse ON status_transitions"
+                         if "status_transitions" in present else "SELECT 1")
+
+
 @pytest.fixture
-def raw(db_path: Path) -> Iterator[RawDB]:
-    yield RawDB(db_path)
+def raw(engine: str, db_target: str, db_path: Path) -> Iterator[RawDB]:
+    yield RawDB(db_path) if engine == "sqlite" else PostgresRaw(db_target)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -275,7 +274,7 @@ async def test_second_ack_of_acked_row_raises_invalid_transition(
 
 
 async def test_ack_returns_false_when_status_changes_between_read_and_write(
-    store: SQLiteStore, raw: RawDB, db_path: Path
+    store: SQLiteStore, raw: RawDB, db_target: str
 ) -> None:
     dispatch_id = await enqueue(store)
     token = token_of(raw, dispatch_id)
@@ -284,7 +283,7 @@ async def test_ack_returns_false_when_status_changes_between_read_and_write(
     async def acknowledge() -> None:
         result.append(await ack_dispatch(store, dispatch_id, token, now=T0 + 1))
 
-    async with open_store(db_path) as other:
+    async with open_store(db_target) as other:
         async with anyio.create_task_group() as tg:
             async with other.transaction() as tx:
                 changed = await tx.execute(

@@ -21,6 +21,7 @@ from trio_dispatch.cli import parse_duration, relative_time
 from .conftest import RawDB
 
 T0 = time.time()
+pytestmark = pytest.mark.sqlite_only  # the command's own behaviour; the engines share it
 
 
 def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

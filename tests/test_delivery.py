@@ -4,7 +4,6 @@ dead letter, the ack tier and failure bookkeeping."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,7 +153,7 @@ async def test_a_stale_claimant_cannot_overwrite_the_newer_attempt(
 
 
 async def test_overlapping_scans_never_send_one_attempt_twice(
-    db_path: Path, raw: RawDB
+    db_target: str, raw: RawDB
 ) -> None:
     sent: list[tuple[str, int]] = []
 
@@ -162,7 +161,7 @@ async def test_overlapping_scans_never_send_one_attempt_twice(
         sent.append((delivery.dispatch_id, delivery.attempt))
         await anyio.sleep(0.01)
 
-    async with open_store(db_path) as a, open_store(db_path) as b:
+    async with open_store(db_target) as a, open_store(db_target) as b:
         ids = [await enqueue_dispatch(a, kind="k", deliver_to=f"s{i}", now=T0)
                for i in range(30)]
         totals: list[dict[str, int]] = []
@@ -250,17 +249,13 @@ async def test_failure_bookkeeping_is_one_transaction(store: SQLiteStore, raw: R
     [claim], _ = await claim_due(store, now=T0)
     # The transition insert fails after the row update ran in the same
     # transaction: nothing of the failure may remain (no early retry).
-    raw.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON status_transitions "
-        "WHEN NEW.reason_code = 'dispatch.pending.retry_backoff' "
-        "BEGIN SELECT RAISE(ABORT, 'crash here'); END"
-    )
-    with pytest.raises(sqlite3.IntegrityError, match="crash here"):
+    raw.refuse_transitions("crash here", "dispatch.pending.retry_backoff")
+    with pytest.raises(raw.error, match="crash here"):
         await finish_attempt(store, claim, TransportResult.failure("refused"), now=T0 + 1)
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"], row["last_error"]) == ("delivering", 1, None)
     assert row["next_attempt_at"] == T0 + 15  # still the lease, not a retry time
-    raw.execute("DROP TRIGGER refuse")
+    raw.allow_transitions()
     assert await finish_attempt(store, claim, TransportResult.failure("refused"),
                                 now=T0 + 1) is Outcome.RETRY
     row = raw.row(dispatch_id)
@@ -444,3 +439,16 @@ async def test_a_transport_that_ignores_its_timeout_is_stopped_before_the_lease_
                                               timeout_seconds=0)
     assert counts["retried"] == 1
     assert "timeout" in str(raw.row(dispatch_id)["last_error"])
+
+
+async def test_a_transport_object_returning_something_else_is_a_recorded_failure(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    class Sloppy:
+        async def __call__(self, delivery: Delivery) -> None:
+            return None
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    counts = await deliver_due_dispatches(store, now=T0, transport=Sloppy())
+    assert counts["retried"] == 1
+    assert raw.row(dispatch_id)["last_error"] == "transport returned None, not a TransportResult"

@@ -6,7 +6,6 @@ import json
 import math
 import multiprocessing
 import re
-import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -158,16 +157,16 @@ def _race_keys(path: str, out: str, keys: list[str], start: Any) -> None:
 
 
 async def test_dedup_race_between_processes_resolves_to_the_winner(
-    db_path: Path, raw: RawDB, tmp_path: Path
+    db_target: str, raw: RawDB, tmp_path: Path
 ) -> None:
-    async with open_store(db_path):
+    async with open_store(db_target):
         pass
     keys = [f"key-{i}" for i in range(100)]
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Event()
     children = [
         ctx.Process(target=_race_keys,
-                    args=(str(db_path), str(tmp_path / f"out{k}.json"),
+                    args=(db_target, str(tmp_path / f"out{k}.json"),
                           keys if k % 2 else keys[::-1], start))
         for k in range(4)
     ]
@@ -258,14 +257,11 @@ async def test_row_and_initial_transition_commit_together_or_not_at_all(
     store: SQLiteStore, raw: RawDB
 ) -> None:
     # A trigger makes the transition insert fail after the row insert ran.
-    raw.execute(
-        "CREATE TRIGGER refuse BEFORE INSERT ON status_transitions "
-        "BEGIN SELECT RAISE(ABORT, 'history is full'); END"
-    )
-    with pytest.raises(sqlite3.IntegrityError, match="history is full"):
+    raw.refuse_transitions("history is full")
+    with pytest.raises(raw.error, match="history is full"):
         await enqueue_dispatch(store, kind="k", deliver_to="seat")
     assert raw.counts() == (0, 0)
-    raw.execute("DROP TRIGGER refuse")
+    raw.allow_transitions()
     await enqueue_dispatch(store, kind="k", deliver_to="seat")
     assert raw.counts() == (1, 1)
 
@@ -309,10 +305,10 @@ async def test_enqueue_many_rejects_any_bad_item_before_writing(
     assert raw.counts() == (0, 0)
 
 
-async def test_a_dispatch_survives_closing_and_reopening_the_store(db_path: Path) -> None:
-    async with open_store(db_path) as db:
+async def test_a_dispatch_survives_closing_and_reopening_the_store(db_target: str) -> None:
+    async with open_store(db_target) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat", body={"a": 1})
-    async with open_store(db_path) as db:
+    async with open_store(db_target) as db:
         row = await get_dispatch(db, dispatch_id)
     assert row is not None and row["payload"]["body"] == {"a": 1}
 

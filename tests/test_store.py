@@ -17,7 +17,7 @@ from trio_dispatch.store.schema import SCHEMA_VERSION
 
 from .conftest import RawDB
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
 # (name, type, notnull, default) of every ADR D1 column, in order.
 ADR_COLUMNS = [

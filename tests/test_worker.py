@@ -46,14 +46,14 @@ def process_gone(pid: int) -> bool:
 
 @pytest.mark.trio
 async def test_nursery_start_returns_ready_and_an_enqueue_wakes_the_worker(
-    db_path: Path, raw: RawDB
+    db_target: str, raw: RawDB
 ) -> None:
     sent: list[str] = []
 
     async def send(delivery: Delivery) -> None:
         sent.append(delivery.dispatch_id)
 
-    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+    async with open_store(db_target) as db, trio.open_nursery() as nursery:
         worker = DispatchWorker(db, transport=send, tick_seconds=3600)
         await nursery.start(worker.run)
         started = time.monotonic()
@@ -89,16 +89,38 @@ async def test_wake_scans_rows_written_by_another_process(
         pass
 
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600, listen=False)
         await tg.start(worker.run)
         await anyio.sleep(0.3)  # its first scan found nothing; now it sleeps a tick
-        async with open_store(raw.path) as other:  # another connection: no wake-up
+        async with open_store(raw.target) as other:  # another process's enqueue
             dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
         await anyio.sleep(0.3)
-        assert raw.row(dispatch_id)["status"] == "pending"
+        assert raw.row(dispatch_id)["status"] == "pending"  # polling only: waits
         worker.wake()
         await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+@pytest.mark.postgres_only  # SQLite has no cross-process notification: workers poll
+async def test_another_process_enqueue_wakes_a_listening_worker(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    sent: list[float] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(time.monotonic())
+
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        await anyio.sleep(0.3)
+        async with open_store(raw.target) as other:  # LISTEN/NOTIFY wakes it
+            started = time.monotonic()
+            dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered", timeout=5)
+        tg.cancel_scope.cancel()
+    assert sent and sent[0] - started < 1.0  # not the hour-long tick
 
 
 @pytest.mark.anyio
@@ -231,6 +253,7 @@ async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
 
 
 @pytest.mark.anyio
+@pytest.mark.sqlite_only
 async def test_a_locked_database_is_logged_and_the_worker_resumes_after(
     db_path: Path, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -276,9 +299,9 @@ async def asyncio_only_send(delivery: Delivery) -> None:
 
 @pytest.mark.trio
 async def test_an_asyncio_only_callable_runs_from_a_trio_worker(
-    db_path: Path, raw: RawDB
+    db_target: str, raw: RawDB
 ) -> None:
-    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+    async with open_store(db_target) as db, trio.open_nursery() as nursery:
         worker = DispatchWorker(db, transport=asyncio_transport(asyncio_only_send),
                                 tick_seconds=3600)
         await nursery.start(worker.run)
@@ -305,7 +328,7 @@ async def test_an_asyncio_only_callable_also_runs_on_either_backend(
 
 @pytest.mark.trio
 async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
-    db_path: Path, raw: RawDB
+    db_target: str, raw: RawDB
 ) -> None:
     cancelled = trio.Event()
 
@@ -315,7 +338,7 @@ async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
         finally:
             cancelled.set()
 
-    async with open_store(db_path) as db, trio.open_nursery() as nursery:
+    async with open_store(db_target) as db, trio.open_nursery() as nursery:
         worker = DispatchWorker(db, transport=send, timeout_seconds=0.3, tick_seconds=3600)
         await nursery.start(worker.run)
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")

@@ -19,7 +19,7 @@ from trio_dispatch.worker import DispatchWorker
 from .conftest import RawDB
 from .test_worker import GRANDCHILD_SCRIPT, process_gone, wait_for
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
 
 def write_config(tmp_path: Path, db_path: Path, template: list[str], **worker: float) -> Path:

@@ -622,7 +622,9 @@ async def enqueue_dispatch(
     With ``dedup_key``, a key already committed returns that row's id and
     writes nothing -- including when a concurrent writer commits the same key
     first. Raises ``TypeError``/``ValueError`` naming the bad argument (or an
-    unknown ``session_id``/``schedule_run_id``) before anything is written.
+    unknown ``session_id``/``schedule_run_id``) before anything is written;
+    a database failure (locked past ``busy_timeout``, disk full, read-only)
+    propagates as the driver's error, with nothing written.
     Passed a transaction handle, the row commits or rolls back with it.
     """
     new = _prepare(
@@ -894,12 +896,18 @@ cancelled, so no second claimant can ever overlap it."""
 
 
 async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
-    """Run ``transport`` for ``claim``; a transport that raises is a failure
-    carrying the exception. Cancellation propagates."""
+    """Run ``transport`` for ``claim``; a transport that raises, or returns
+    anything but a :class:`TransportResult`, is a failure saying so.
+    Cancellation propagates."""
     try:
-        return await transport(claim.delivery())
+        result = await transport(claim.delivery())
     except Exception as exc:
         return TransportResult.failure(f"{type(exc).__name__}: {exc}")
+    if not isinstance(result, TransportResult):
+        return TransportResult.failure(
+            f"transport returned {result!r}, not a TransportResult"
+        )
+    return result
 
 
 def lease_timeout_result(lease_seconds: float) -> TransportResult:

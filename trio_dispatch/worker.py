@@ -290,9 +290,9 @@ class DispatchWorker:
         over its slot, or None (the slot is then free)."""
         started = time.monotonic()
         result: TransportResult | None = None
-        with self._in_flight[claim]:
+        with self._in_flight[claim] as scope:
             result = await call_transport(self.transport, claim)
-        if result is None and not self._closing:  # the lease deadline, not shutdown
+        if scope.cancelled_caught and not self._closing:  # the lease deadline
             result = lease_timeout_result(self.lease_seconds)
         next_claim: Claim | None = None
         if result is None:  # worker shutdown
@@ -340,6 +340,8 @@ class DispatchWorker:
         except Exception:
             self.log.exception("dispatch %s attempt %d: recording the outcome failed",
                                claim.dispatch_id, claim.attempt)
+            outcome = None
+        if outcome is None:  # retried outside the handler: no chained tracebacks
             return await self._settle(claim, result), None
         for key in ("attempted", "expired", "dead_letter"):
             self.counts[key] += counts[key]
