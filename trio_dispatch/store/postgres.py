@@ -27,12 +27,15 @@ try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     from psycopg.pq import TransactionStatus
     from psycopg.rows import dict_row
     from psycopg.types.string import TextLoader
+    from psycopg_pool import ConnectionPool
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
 CHANNEL: Final = "trio_dispatch"
 _MIGRATION_LOCK: Final = 727_274_001  # pg_advisory_xact_lock key: one migrator at a time
 LISTEN_POLL_SECONDS: Final = 1.0
+READERS: Final = 4
+"""Connections in the read pool (and reads running at once)."""
 
 log = logging.getLogger("trio_dispatch.store")
 
@@ -84,15 +87,17 @@ class PostgresConn:
         self._conn.execute(f"NOTIFY {CHANNEL}")
 
 
-def _connect(url: str, *, durability: str, lock_timeout: float) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(url, autocommit=True)
+def _configure(conn: psycopg.Connection[Any], *, durability: str, lock_timeout: float) -> None:
     # JSON columns come back as their text, as stored (the payload is sent as is).
     conn.adapters.register_loader("json", TextLoader)
     conn.adapters.register_loader("jsonb", TextLoader)
-    conn.execute(
-        f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}"
-    )
+    conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
     conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+
+
+def _connect(url: str, *, durability: str, lock_timeout: float) -> psycopg.Connection[Any]:
+    conn = psycopg.connect(url, autocommit=True)
+    _configure(conn, durability=durability, lock_timeout=lock_timeout)
     return conn
 
 
@@ -113,9 +118,8 @@ class PostgresStore(BatchingStore):
         self.durability = durability
         self.busy_timeout = busy_timeout
         self._writer: psycopg.Connection[Any] | None = None
-        self._reader: psycopg.Connection[Any] | None = None
-        self._reader_conn: PostgresConn | None = None
-        self._read_limiter = anyio.CapacityLimiter(1)
+        self._readers: ConnectionPool[Any] | None = None
+        self._read_limiter = anyio.CapacityLimiter(READERS)
 
     async def _open(self) -> None:
         def open_all() -> None:
@@ -123,14 +127,21 @@ class PostgresStore(BatchingStore):
                               lock_timeout=self.busy_timeout)
             try:
                 self._migrate(writer)
-                reader = _connect(self.url, durability=self.durability,
-                                  lock_timeout=self.busy_timeout)
+                readers: ConnectionPool[Any] = ConnectionPool(
+                    self.url,
+                    min_size=1,
+                    max_size=READERS,
+                    kwargs={"autocommit": True},
+                    configure=lambda conn: _configure(
+                        conn, durability=self.durability, lock_timeout=self.busy_timeout
+                    ),
+                    open=True,
+                )
             except BaseException:
                 writer.close()
                 raise
-            self._writer, self._reader = writer, reader
+            self._writer, self._readers = writer, readers
             self._writer_conn = PostgresConn(writer)
-            self._reader_conn = PostgresConn(reader)
 
         await anyio.to_thread.run_sync(open_all, limiter=self._write_limiter)
 
@@ -180,25 +191,28 @@ class PostgresStore(BatchingStore):
         )
 
     def _close_connections(self) -> None:
-        for conn in (self._reader, self._writer):
-            if conn is not None:
-                conn.close()
-        self._reader = self._writer = None
-        self._reader_conn = None
+        if self._readers is not None:
+            self._readers.close()
+        if self._writer is not None:
+            self._writer.close()
+        self._readers, self._writer = None, None
 
     # -- reads -----------------------------------------------------------------
 
     async def read(self, work: Callable[[PostgresConn], T]) -> T:
-        reader, conn = self._reader, self._reader_conn
-        if reader is None or conn is None:
+        """Run ``work`` on a snapshot (a read-only repeatable-read
+        transaction) from the read pool; reads never wait for the writer."""
+        readers = self._readers
+        if readers is None:
             raise RuntimeError(f"store {self.url} is closed")
 
         def run() -> T:
-            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            try:
-                return work(conn)
-            finally:
-                reader.execute("ROLLBACK")
+            with readers.connection() as reader:
+                reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                try:
+                    return work(PostgresConn(reader))
+                finally:
+                    reader.execute("ROLLBACK")
 
         return await anyio.to_thread.run_sync(run, limiter=self._read_limiter)
 

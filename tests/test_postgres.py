@@ -1,0 +1,103 @@
+"""What is PostgreSQL's own: the schema's equivalence, forward-only
+migrations, row-locking claims, and the read pool."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from trio_dispatch import enqueue_many, open_store
+from trio_dispatch.outbox import claim_due
+from trio_dispatch.store import SchemaError, SQLiteStore
+from trio_dispatch.store.schema import SCHEMA_VERSION
+
+from .conftest import RawDB
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only]
+
+
+async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB) -> None:
+    columns = raw.rows(
+        "SELECT column_name, data_type, is_nullable, column_default FROM "
+        "information_schema.columns WHERE table_name = 'dispatch_outbox' "
+        "ORDER BY ordinal_position")
+    assert [c["column_name"] for c in columns] == [
+        "id", "kind", "deliver_to", "payload", "dedup_key", "status", "attempt",
+        "max_attempts", "next_attempt_at", "ack_required", "ack_token", "session_id",
+        "schedule_run_id", "last_error", "created_at", "expires_at", "updated_at"]
+    types = {c["column_name"]: c["data_type"] for c in columns}
+    assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
+    not_null = {c["column_name"] for c in columns if c["is_nullable"] == "NO"}
+    assert not_null == {"id", "kind", "deliver_to", "payload", "status", "attempt",
+                        "max_attempts", "next_attempt_at", "ack_required", "created_at"}
+    defaults = {c["column_name"]: c["column_default"] for c in columns if c["column_default"]}
+    assert defaults == {"status": "'pending'::text", "attempt": "0", "max_attempts": "8",
+                        "ack_required": "0"}
+    indexes = {r["indexname"]: r["indexdef"] for r in raw.rows(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dispatch_outbox'")}
+    dedup = indexes["ux_dispatch_outbox_dedup_key"]
+    assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
+    due = indexes["ix_dispatch_outbox_status_next_attempt"]
+    assert "(status, next_attempt_at)" in due and "pending" in due and "delivering" in due
+    checks = [r["def"] for r in raw.rows(
+        "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
+        "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'c'")]
+    assert any("dead_letter" in c and "expired" in c for c in checks)
+    fks = {r["def"] for r in raw.rows(
+        "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
+        "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'f'")}
+    assert fks == {"FOREIGN KEY (session_id) REFERENCES sessions(id)",
+                   "FOREIGN KEY (schedule_run_id) REFERENCES schedule_runs(id)"}
+    assert raw.rows("SELECT conname FROM pg_constraint WHERE "
+                    "conrelid = 'status_transitions'::regclass AND contype = 'f'") == []
+    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION
+
+
+async def test_a_newer_schema_version_is_refused(db_target: str, raw: RawDB) -> None:
+    async with open_store(db_target):
+        pass
+    raw.execute("INSERT INTO trio_dispatch_schema VALUES (99, 0)")
+    try:
+        with pytest.raises(SchemaError, match="schema version 99"):
+            async with open_store(db_target):
+                pass
+    finally:
+        raw.execute("DELETE FROM trio_dispatch_schema WHERE version = 99")
+
+
+async def test_concurrent_claims_from_two_hosts_never_overlap(
+    store: SQLiteStore, db_target: str, raw: RawDB
+) -> None:
+    await enqueue_many(store, [{"kind": "k", "deliver_to": f"s{i}"} for i in range(400)])
+    claimed: list[list[str]] = [[], [], []]
+
+    async def host(k: int) -> None:
+        async with open_store(db_target) as db:
+            while True:
+                claims, _ = await claim_due(db, limit=25)
+                if not claims:
+                    return
+                claimed[k].extend(c.dispatch_id for c in claims)
+
+    async with anyio.create_task_group() as tg:
+        for k in range(3):
+            tg.start_soon(host, k)
+    every = [i for part in claimed for i in part]
+    assert len(every) == len(set(every)) == 400
+    assert sum(1 for part in claimed if part) >= 2  # the work really was shared
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering' "
+                      "AND attempt = 1") == 400
+
+
+async def test_reads_run_concurrently_on_the_pool(store: SQLiteStore) -> None:
+    import time
+
+    def slow(conn: object) -> float:
+        time.sleep(0.3)
+        return time.monotonic()
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(store.read, slow)
+    assert time.monotonic() - started < 0.3 * 3  # not one after another
