@@ -123,14 +123,33 @@ def _make_schema(db: Path) -> None:
     anyio.run(touch)
 
 
-def _rows(db: Path) -> dict[str, dict[str, Any]]:
+def _is_postgres(db: Path | str) -> bool:
+    return str(db).startswith(("postgresql://", "postgres://"))
+
+
+def _query(db: Path | str, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Rows of a query on either engine (SQL with ? placeholders)."""
+    if _is_postgres(db):
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(str(db), autocommit=True) as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            cursor.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+            return list(cursor.fetchall()) if cursor.description else []
     conn = sqlite3.connect(db, timeout=30)
     conn.row_factory = sqlite3.Row
     try:
-        return {r["id"]: dict(r) for r in conn.execute(
-            "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox")}
+        rows = [dict(r) for r in conn.execute(sql, params)]
+        conn.commit()
+        return rows
     finally:
         conn.close()
+
+
+def _rows(db: Path | str) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for r in _query(
+        db, "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox")}
 
 
 def _ledger(path: Path) -> list[tuple[str, int]]:
@@ -144,19 +163,13 @@ def _ledger(path: Path) -> list[tuple[str, int]]:
     return pairs
 
 
-def _pull_retries_forward(db: Path) -> None:
+def _pull_retries_forward(db: Path | str) -> None:
     """Time passing, compressed: retries scheduled minutes ahead are due now."""
-    conn = sqlite3.connect(db, timeout=30)
-    try:
-        conn.execute("UPDATE dispatch_outbox SET next_attempt_at = ? "
-                     "WHERE status = 'pending' AND next_attempt_at > ?",
-                     (time.time(), time.time()))
-        conn.commit()
-    finally:
-        conn.close()
+    _query(db, "UPDATE dispatch_outbox SET next_attempt_at = ? "
+               "WHERE status = 'pending' AND next_attempt_at > ?", (time.time(), time.time()))
 
 
-def _wait_terminal(db: Path, expected: int, timeout: float) -> bool:
+def _wait_terminal(db: Path | str, expected: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rows = _rows(db)
@@ -241,14 +254,17 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
 
 
 def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
-                    fail_rate: float = 0.1, seed: int = 2) -> dict[str, Any]:
-    """`workers` worker processes on one file, n dispatches, a transport that
-    fails a fraction of attempts (retried: time is pulled forward)."""
+                    fail_rate: float = 0.1, seed: int = 2,
+                    store: str | None = None) -> dict[str, Any]:
+    """`workers` worker processes on one store (a SQLite file in workdir, or
+    the PostgreSQL URL given), n dispatches, a transport that fails a
+    fraction of attempts (retried: time is pulled forward)."""
     import anyio
 
     from trio_dispatch import enqueue_many, open_store
 
-    db, ledger, log = workdir / "multi.db", workdir / "multi.ledger", workdir / "multi.log"
+    db: Path | str = store or workdir / "multi.db"
+    ledger, log = workdir / "multi.ledger", workdir / "multi.log"
 
     async def produce() -> set[str]:
         ids: set[str] = set()
@@ -271,12 +287,13 @@ def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
     text = log.read_text() if log.exists() else ""
     figures = {
         "driver": "several workers", "n": n, "workers": workers, "fail_rate": fail_rate,
+        "engine": "postgresql" if _is_postgres(db) else "sqlite",
         "lost": len(ids - set(rows)) + sum(1 for i in ids if rows[i]["status"] not in TERMINAL),
         "all_terminal": finished,
         "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
         "status_sum": len(rows),
         **_ledger_figures(ids, _ledger(ledger)),
-        "busy_errors_logged": text.count("database is locked"),
+        "busy_errors_logged": text.count("database is locked") + text.count("LockNotAvailable"),
         "workers_alive_at_end": alive_at_end, "worker_exits": codes,
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -347,6 +364,8 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=50, help="crash soak: kills")
     parser.add_argument("-w", type=int, default=4, help="several workers: processes")
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
+    parser.add_argument("--store", help="several workers: a postgresql:// URL instead of "
+                                        "a SQLite file (its tables must be empty)")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
@@ -354,7 +373,8 @@ def main() -> None:
         if args.driver in ("crash", "all"):
             results.append(crash_soak(work, n=args.n or 5000, kills=args.k))
         if args.driver in ("workers", "all"):
-            results.append(several_workers(work, n=args.n or 10000, workers=args.w))
+            results.append(several_workers(work, n=args.n or 10000, workers=args.w,
+                                           store=args.store))
         if args.driver in ("dedup", "all"):
             results.append(dedup_race(work, n=args.n or 1000, processes=args.p))
     for figures in results:

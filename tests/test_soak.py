@@ -51,3 +51,15 @@ def test_dedup_race_across_processes_gives_every_caller_the_winner(
     assert figures["rows"] == figures["transitions"] == 300, figures
     assert figures["callers_told_wrong_id"] == 0, figures
     assert figures["ok"], figures
+
+
+@pytest.mark.postgres_only
+def test_several_workers_share_one_postgresql_database_without_a_double_send(
+    tmp_path: Path, db_target: str
+) -> None:
+    figures = soak.several_workers(tmp_path, n=1500, workers=4, fail_rate=0.1, store=db_target)
+    assert figures["engine"] == "postgresql"
+    assert figures["lost"] == 0 and figures["status_sum"] == 1500, figures
+    assert figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0, figures
+    assert figures["workers_alive_at_end"] == 4 and figures["worker_exits"] == [0] * 4, figures
+    assert figures["ok"], figures
