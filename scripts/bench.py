@@ -320,6 +320,124 @@ def peak_rss_mb(path: Path | None, due: int) -> float:
     return int(out.stdout.strip().splitlines()[-1]) / 1024
 
 
+WORKER_CHILD = """
+import sys, anyio, signal
+sys.path.insert(0, sys.argv[2])
+from trio_dispatch import open_store, DispatchWorker
+async def main():
+    async with open_store(sys.argv[1]) as db:
+        async def send(d):
+            pass
+        async with anyio.create_task_group() as tg:
+            w = DispatchWorker(db, transport=send, tick_seconds=0.2, concurrency=64)
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                await tg.start(w.run)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+anyio.run(main, backend="trio")
+"""
+
+
+def deliveries_with_processes(target: str, n: int, workers: int) -> float:
+    """Deliveries/s of `workers` worker processes (no-op transport) draining
+    n dispatches enqueued beforehand; their startup is outside the timing."""
+    import signal
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from soak import _query as query
+
+    async def fill() -> None:
+        async with open_store(target) as db:
+            for offset in range(0, n, 1000):
+                await enqueue_many(db, [{"kind": "bench", "deliver_to": f"s{offset + i}"}
+                                        for i in range(min(1000, n - offset))])
+            # Not due until the workers are up.
+            await db.write(lambda c: c.execute(
+                "UPDATE dispatch_outbox SET next_attempt_at = ?", (time.time() + 3600,)))
+
+    anyio.run(fill)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER_CHILD, target, str(ROOT)])
+             for _ in range(workers)]
+    time.sleep(2.0)
+    start = time.perf_counter()
+    query(target, "UPDATE dispatch_outbox SET next_attempt_at = ?", (time.time(),))
+    while query(target, "SELECT COUNT(*) AS n FROM dispatch_outbox "
+                        "WHERE status = 'delivered'")[0]["n"] < n:
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - start
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(timeout=30)
+    return n / elapsed
+
+
+def postgres_database() -> tuple[str, Callable[[], None]] | None:
+    """A throwaway database on the local PostgreSQL server, or None."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    admin = os.environ.get("TRIO_DISPATCH_TEST_POSTGRES",
+                           "postgresql://postgres@127.0.0.1:5432/postgres")
+    name = f"trio_dispatch_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError:
+        return None
+
+    def drop() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    return f"{admin.rsplit('/', 1)[0]}/{name}", drop
+
+
+def engines(quick: bool, backend: str, tmp: Path) -> list[dict[str, Any]]:
+    """PostgreSQL beside SQLite: enqueue/s and no-op deliveries/s, 1 and 4
+    workers (each engine on a fresh database)."""
+    scale = 1 if quick else 3
+    rows = []
+    pg = postgres_database()
+    targets = [("sqlite", lambda: str(tmp / f"eng-{uuid.uuid4().hex[:6]}.db"))]
+    if pg is not None:
+        url = pg[0]
+
+        def fresh_pg() -> str:
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("DROP SCHEMA public CASCADE")
+                conn.execute("CREATE SCHEMA public")
+            return url
+
+        targets.append(("postgresql", fresh_pg))
+    try:
+        for engine, fresh in targets:
+            n = 1000 * scale
+
+            async def noop(delivery: Delivery) -> None:
+                pass
+
+            rows.append({
+                "engine": engine,
+                "enqueue_1_producer_per_s": anyio.run(
+                    ours_single_enqueue, fresh(), n, backend=backend),
+                "enqueue_64_producers_per_s": anyio.run(
+                    ours_concurrent_enqueue, fresh(), 6400 * scale, 64, backend=backend),
+                "deliveries_1_worker_per_s": anyio.run(
+                    ours_deliveries, fresh(), 5000 * scale, noop, 64, backend=backend),
+                "deliveries_4_workers_per_s": deliveries_with_processes(
+                    fresh(), 5000 * scale, 4),
+            })
+    finally:
+        if pg is not None:
+            pg[1]()
+    return rows
+
+
 # -- the report ------------------------------------------------------------------
 
 
@@ -410,6 +528,8 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     figures = run(args.quick, args.backend)
+    with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
+        by_engine = engines(args.quick, args.backend, Path(tmp))
     width = max(len(f.name) for f in figures)
     print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target     ok")
     for f in figures:
@@ -418,10 +538,18 @@ def main() -> None:
               f"{f.ratio:>7.2f}  {f.target:<9}  {ok}")
     for f in figures:
         print(f"  baseline of '{f.name}': {f.baseline_name}")
+    print()
+    keys = ["enqueue_1_producer_per_s", "enqueue_64_producers_per_s",
+            "deliveries_1_worker_per_s", "deliveries_4_workers_per_s"]
+    print(f"{'engine':<12}" + "".join(f"{k:>30}" for k in keys))
+    for row in by_engine:
+        print(f"{row['engine']:<12}" + "".join(f"{row[k]:>30.0f}" for k in keys))
+    if len(by_engine) == 1:
+        print("(no PostgreSQL server answered: SQLite only)")
     report = {"backend": args.backend, "quick": args.quick, "python": platform.python_version(),
               "sqlite": sqlite3.sqlite_version, "cpus": os.cpu_count(),
               "seconds": round(time.perf_counter() - started, 1),
-              "figures": [f.row() for f in figures]}
+              "figures": [f.row() for f in figures], "engines": by_engine}
     Path(args.json or ROOT / "bench-results.json").write_text(json.dumps(report, indent=2))
     print(f"({report['seconds']} s; JSON in {args.json or 'bench-results.json'})")
 
