@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import yaml
 
 from .store.sqlite import DURABILITIES
 from .transport import NOTIFY_TIMEOUT_SECONDS, is_valid_template
+from .values import show
 
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
@@ -86,9 +86,6 @@ class Config:
 
 _URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
-_show = reprlib.Repr()
-_show.maxstring = 60
-_show.maxother = 60
 
 
 @dataclass(frozen=True)
@@ -171,9 +168,12 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
         raise ConfigError(f"{source}: {where} must be a mapping, got {type(data).__name__}")
     for key in data:
         if key not in schema:
-            raise ConfigError(
-                f"{source}: unknown key {prefix + str(key)!r} (allowed: {', '.join(schema)})"
-            )
+            try:
+                label = prefix + str(key)
+            except ValueError:  # an int too long to print
+                label = f"{prefix}<{type(key).__name__}>"
+            shown = repr(label) if len(label) <= 200 else show(label)
+            raise ConfigError(f"{source}: unknown key {shown} (allowed: {', '.join(schema)})")
     values: dict[str, Any] = {}
     for name, rule in schema.items():
         key = prefix + name
@@ -185,7 +185,7 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
             values[name] = rule.convert(data[name])
         else:
             raise ConfigError(
-                f"{source}: {key} must be {rule.expected}, got {_show.repr(data[name])}"
+                f"{source}: {key} must be {rule.expected}, got {show(data[name])}"
             )
     return values
 

@@ -42,6 +42,7 @@ from .transport import (
     TransportResult,
     as_transport,
 )
+from .values import show
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0
@@ -120,9 +121,7 @@ class Outcome(enum.Enum):
 # -- validation (SPEC B2): before anything is written -------------------------
 
 
-def _show(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+_show = show
 
 
 def _require_text(name: str, value: object) -> str:
@@ -161,22 +160,31 @@ def _require_optional_id(name: str, value: object) -> str | None:
     return _require_non_empty(name, value)
 
 
-def _require_int(name: str, value: object, *, minimum: int) -> int:
+INT_MAX: Final = 2**31 - 1
+"""The largest value an INTEGER column holds on every engine."""
+
+
+def _require_int(name: str, value: object, *, minimum: int, maximum: int = INT_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int >= {minimum}, got {_show(value)}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(
+            f"{name} must be an int from {minimum} to {maximum}, got {_show(value)}"
+        )
     return value
 
 
 def _require_number(name: str, value: object, *, minimum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a finite number, got {_show(value)}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
     if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {_show(value)}")
     if minimum is not None and number < minimum:
-        raise ValueError(f"{name} must be a number >= {minimum}, got {value!r}")
+        raise ValueError(f"{name} must be a number >= {minimum}, got {_show(value)}")
     return number
 
 
@@ -371,14 +379,26 @@ def _insert(conn: Conn, new: _NewDispatch, now: float) -> EnqueueResult:
     return EnqueueResult(new.id, False)
 
 
-def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[EnqueueResult]:
+def _insert_all(
+    conn: Conn, batch: Sequence[_NewDispatch], now: float, name_items: bool = False
+) -> list[EnqueueResult]:
     """Insert a batch: rows with no dedup key and no provenance link need no
     lookup and go in with two bulk statements; the others one by one (a key
-    repeated within the batch resolves to its first row, in order)."""
+    repeated within the batch resolves to its first row, in order). With
+    ``name_items``, an error (an unknown session, say) names its item."""
+
+    def one(index: int, new: _NewDispatch) -> EnqueueResult:
+        try:
+            return _insert(conn, new, now)
+        except ValueError as exc:
+            if not name_items:
+                raise
+            raise ValueError(f"item {index}: {exc}") from None
+
     plain = [new for new in batch
              if new.dedup_key is None and new.session_id is None and new.schedule_run_id is None]
     if len(plain) < 2:
-        return [_insert(conn, new, now) for new in batch]
+        return [one(index, new) for index, new in enumerate(batch)]
     conn.executemany(
         "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
         "max_attempts, next_attempt_at, ack_required, ack_token, created_at, expires_at, "
@@ -393,7 +413,8 @@ def _insert_all(conn: Conn, batch: Sequence[_NewDispatch], now: float) -> list[E
     )
     conn.announce_enqueue()
     done = {new.id: EnqueueResult(new.id, False) for new in plain}
-    return [done[new.id] if new.id in done else _insert(conn, new, now) for new in batch]
+    return [done[new.id] if new.id in done else one(index, new)
+            for index, new in enumerate(batch)]
 
 
 def _select_due(
@@ -642,9 +663,12 @@ async def enqueue_dispatch(
 
 
 async def _commit_new(
-    db: Database, batch: Sequence[_NewDispatch], clock: Callable[[], float]
+    db: Database, batch: Sequence[_NewDispatch], clock: Callable[[], float],
+    name_items: bool = False,
 ) -> list[EnqueueResult]:
-    results = await db.write(partial(_insert_all, batch=batch, now=clock()))
+    results = await db.write(
+        partial(_insert_all, batch=batch, now=clock(), name_items=name_items)
+    )
     if any(not result.dedup_hit for result in results):
         db.notify_enqueued()
     return results
@@ -694,7 +718,7 @@ async def enqueue_many(
             batch.append(_prepare(**item))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"item {index}: {exc}") from None
-    return await _commit_new(db, batch, clock) if batch else []
+    return await _commit_new(db, batch, clock, name_items=True) if batch else []
 
 
 def _claim_batch(
