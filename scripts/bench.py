@@ -292,6 +292,16 @@ async def one_tick(path: Path, due: int) -> float:
         return time.perf_counter() - start
 
 
+def timed_tick(path: Path, go: Any) -> float:
+    """One tick over the 1,000 due rows, then put them back as they were."""
+    seconds: float = go(one_tick, path, 1000)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
+                 "next_attempt_at = ? WHERE status = 'delivering'", (time.time() - 10,))
+    conn.close()
+    return seconds
+
+
 RSS_CHILD = """
 import sys, anyio, resource
 sys.path.insert(0, sys.argv[2])
@@ -503,8 +513,8 @@ def run(quick: bool, backend: str) -> list[Figure]:
         small, big = at("small"), at("big")
         build_table(small, 1000, 1000)
         build_table(big, big_n, 1000)
-        tick_small = min(go(one_tick, small, 1000) for _ in range(1))
-        tick_big = min(go(one_tick, big, 1000) for _ in range(1))
+        tick_small = min(timed_tick(small, go) for _ in range(3))
+        tick_big = min(timed_tick(big, go) for _ in range(3))
         figures.append(Figure(f"tick claiming 1,000 due among {big_n:,} finished",
                               tick_big * 1000, "ms", tick_small * 1000,
                               "same tick among 1,000 finished", "<= 1.2x",
