@@ -284,6 +284,28 @@ _INSERT_TRANSITION: Final = (
 )
 
 
+def _transition(
+    dispatch_id: str,
+    previous: str | None,
+    status: str,
+    reason: str,
+    summary: str,
+    *,
+    source: str,
+    actor: str,
+    now: float,
+    metadata: Mapping[str, Any] | str | None = None,
+) -> tuple[Any, ...]:
+    """The parameters of one :data:`_INSERT_TRANSITION` row (``metadata`` as
+    a mapping, or already JSON text)."""
+    if reason not in lc.REASON_CODES:  # a programming error, never user input
+        raise AssertionError(f"unknown reason code {reason!r}")
+    if not isinstance(metadata, str):
+        metadata = json.dumps(dict(metadata or {}))
+    return (lc.ENTITY_TYPE, dispatch_id, previous, status, reason, summary, source, actor,
+            "[]", metadata, now)
+
+
 def _record(
     conn: Conn,
     dispatch_id: str,
@@ -297,24 +319,10 @@ def _record(
     now: float,
     metadata: Mapping[str, Any] | None = None,
 ) -> None:
-    if reason not in lc.REASON_CODES:  # a programming error, never user input
-        raise AssertionError(f"unknown reason code {reason!r}")
-    conn.execute(
-        _INSERT_TRANSITION,
-        (
-            lc.ENTITY_TYPE,
-            dispatch_id,
-            previous,
-            status,
-            reason,
-            summary,
-            source,
-            actor,
-            "[]",
-            json.dumps(dict(metadata or {})),
-            now,
-        ),
-    )
+    conn.execute(_INSERT_TRANSITION, _transition(
+        dispatch_id, previous, status, reason, summary,
+        source=source, actor=actor, now=now, metadata=metadata,
+    ))
 
 
 def _insert(conn: Conn, new: _NewDispatch, now: float) -> EnqueueResult:
@@ -408,8 +416,9 @@ def _insert_all(
     )
     conn.executemany(
         _INSERT_TRANSITION,
-        [(lc.ENTITY_TYPE, new.id, None, lc.PENDING, lc.ENQUEUED, f"enqueued kind={new.kind}",
-          lc.SOURCE_SYSTEM, lc.ACTOR_ENQUEUE, "[]", "{}", now) for new in plain],
+        [_transition(new.id, None, lc.PENDING, lc.ENQUEUED, f"enqueued kind={new.kind}",
+                     source=lc.SOURCE_SYSTEM, actor=lc.ACTOR_ENQUEUE, now=now, metadata="{}")
+         for new in plain],
     )
     conn.announce_enqueue()
     done = {new.id: EnqueueResult(new.id, False) for new in plain}
@@ -605,9 +614,9 @@ def _finish_many(conn: Conn, ends: list[_AttemptEnd]) -> list[Outcome]:
             metadata["next_attempt_at"] = end.now + end.delay
         if error is not None:
             metadata["error"] = error
-        history.append((lc.ENTITY_TYPE, claim.dispatch_id, lc.DELIVERING, status, reason,
-                        summary, lc.SOURCE_SCHEDULER, end.actor, "[]", json.dumps(metadata),
-                        end.now))
+        history.append(_transition(claim.dispatch_id, lc.DELIVERING, status, reason, summary,
+                                   source=lc.SOURCE_SCHEDULER, actor=end.actor, now=end.now,
+                                   metadata=metadata))
     if history:
         conn.executemany(_INSERT_TRANSITION, history)
     return outcomes
@@ -771,11 +780,11 @@ def _claim_batch(
                 ack_required=bool(row["ack_required"]),
                 lease_until=lease_until,
             ))
-            history.append((
-                lc.ENTITY_TYPE, row["id"], previous, lc.DELIVERING, lc.ATTEMPT,
+            history.append(_transition(
+                row["id"], previous, lc.DELIVERING, lc.ATTEMPT,
                 f"{recovered}attempt {row['attempt']} of {row['max_attempts']}",
-                lc.SOURCE_SCHEDULER, actor, "[]",
-                f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}', at,
+                source=lc.SOURCE_SCHEDULER, actor=actor, now=at,
+                metadata=f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}',
             ))
     if history:
         conn.executemany(_INSERT_TRANSITION, history)
