@@ -30,7 +30,7 @@ import anyio.from_thread
 import pytest
 import yaml
 from anyio.from_thread import BlockingPortal
-from hypothesis import event, given, settings
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from trio_dispatch import deliver_due_dispatches, enqueue_dispatch, enqueue_many, open_store
