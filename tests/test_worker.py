@@ -4,6 +4,7 @@ timeouts with kill semantics, store faults, and graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sqlite3
 import sys
@@ -504,3 +505,60 @@ async def test_a_graceful_stop_leaves_no_row_delivering(store: SQLiteStore, raw:
     assert "delivering" not in by_status
     assert by_status.get("delivered", 0) == len(sent) == len(set(sent))
     assert by_status.get("delivered", 0) + by_status.get("pending", 0) == 60
+
+
+@pytest.mark.trio
+@pytest.mark.sqlite_only  # the writer held by a caller transaction is the point
+async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lease(
+    db_path: Path,
+) -> None:
+    """A finish+claim that waited for the writer longer than the lease margin
+    must not hand out a lease partly spent: no second worker may send the row
+    while the first is still sending it."""
+    log: list[tuple[float, str, str, int]] = []
+
+    def transport_for(name: str):  # type: ignore[no-untyped-def]
+        async def send(delivery: Delivery) -> None:
+            log.append((time.monotonic(), name, "start", delivery.attempt))
+            try:
+                await trio.sleep(0.5 if '"first"' in delivery.payload else 30)
+            finally:
+                log.append((time.monotonic(), name, "end", delivery.attempt))
+        return send
+
+    async with open_store(db_path) as db1, open_store(db_path) as db2:
+        await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "first"})
+        await trio.sleep(0.01)
+        second = await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "second"})
+        w1 = DispatchWorker(db1, transport=transport_for("w1"), concurrency=1,
+                            timeout_seconds=1, tick_seconds=0.2, listen=False)
+        w2 = DispatchWorker(db2, transport=transport_for("w2"), concurrency=1,
+                            timeout_seconds=1, tick_seconds=0.2, listen=False)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(w1.run)
+            await trio.sleep(0.1)  # w1 is sending "first"; its finish+claim will queue
+            async with db1.transaction() as tx:  # the app holds the writer 6.5 s
+                await tx.query("SELECT 1")
+                await trio.sleep(6.5)  # longer than the 5 s lease margin
+            released = time.time()
+            nursery.start_soon(w2.run)  # a second worker on the same file
+            await wait_for(lambda: RawDB(db_path).row(second)["status"] == "pending", 10)
+            nursery.cancel_scope.cancel()
+    # "second" was sent by w1 (chained, attempt 1, cut at its 1 s timeout) and
+    # possibly retried later; never by two workers at once.
+    spans: dict[str, list[tuple[float, float]]] = {"w1": [], "w2": []}
+    starts: dict[str, float] = {}
+    for at, name, what, _attempt in log:
+        if what == "start":
+            starts[name] = at
+        else:
+            spans[name].append((starts.pop(name), at))
+    for a_start, a_end in spans["w1"]:
+        for b_start, b_end in spans["w2"]:
+            assert a_end <= b_start or b_end <= a_start, (spans, log)
+    # The claim of "second" could commit only once the writer was free, and
+    # its lease runs from then: a whole lease, not one spent while waiting.
+    claim = next(t for t in RawDB(db_path).transitions(second)
+                 if t["reason_code"] == "dispatch.delivering.attempt")
+    assert claim["created_at"] >= released - 0.05
+    assert json.loads(claim["metadata"])["lease_until"] == claim["created_at"] + 6

@@ -823,8 +823,12 @@ def _finish_and_claim_many(
     groups: dict[tuple[float, str], list[int]] = {}
     for index, end in enumerate(ends):
         groups.setdefault((end.next_lease, end.actor), []).append(index)
+    # The claims' clock is read now, as the unit runs: a write that waited in
+    # the queue (or on another process's lock) must not hand out a lease that
+    # is already partly spent.
+    at = time.time()
     for (lease, actor), indexes in groups.items():
-        claims, scanned = _claim_batch(conn, ends[indexes[0]].now, len(indexes), lease, actor)
+        claims, scanned = _claim_batch(conn, at, len(indexes), lease, actor)
         counts[indexes[0]] = scanned
         for index, claim in zip(indexes, claims, strict=False):
             nexts[index] = claim

@@ -204,14 +204,22 @@ class DispatchWorker:
             self._running = False
 
     async def _listen(self, scope: anyio.CancelScope) -> None:
+        """Wake on other processes' enqueues; if notifications fail (a pooler,
+        a server restart), poll on the tick and try listening again."""
+        failures = 0
         with scope:
-            try:
-                await self.db.listen(self.wake)  # type: ignore[attr-defined]
-            except Exception:
-                self.log.warning(
-                    "cross-process wake-ups unavailable; polling every %gs", self.tick_seconds,
-                    exc_info=True,
-                )
+            while True:
+                try:
+                    await self.db.listen(self.wake)  # type: ignore[attr-defined]
+                except Exception:
+                    failures += 1
+                    self.log.log(
+                        logging.WARNING if failures == 1 else logging.DEBUG,
+                        "cross-process wake-ups unavailable; polling every %gs",
+                        self.tick_seconds, exc_info=True,
+                    )
+                self.wake()  # catch up on anything enqueued meanwhile
+                await anyio.sleep(self.tick_seconds)
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
         while True:
@@ -243,10 +251,9 @@ class DispatchWorker:
             return self.tick_seconds
         for key in ("attempted", "expired", "dead_letter"):
             self.counts[key] += counts[key]
-        attempt_deadline = anyio.current_time() + self.lease_seconds - LEASE_SAFETY_SECONDS
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._in_flight[claim] = anyio.CancelScope(deadline=attempt_deadline)
+            self._in_flight[claim] = self._attempt_scope(claim)
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -310,12 +317,18 @@ class DispatchWorker:
             return None
         # The slot passes to the next claim without ever being free.
         del self._in_flight[claim]
-        self._in_flight[next_claim] = anyio.CancelScope(
-            deadline=anyio.current_time() + self.lease_seconds - LEASE_SAFETY_SECONDS
-        )
+        self._in_flight[next_claim] = self._attempt_scope(next_claim)
         if self._closing:  # claimed as shutdown began: give it straight back
             self._in_flight[next_claim].cancel()
         return next_claim
+
+    @staticmethod
+    def _attempt_scope(claim: Claim) -> anyio.CancelScope:
+        """The attempt's cancel scope: its deadline is the claim's own lease
+        end (less a safety margin), however long the claim took to reach us,
+        so no second claimant can ever overlap the send."""
+        remaining = claim.lease_until - time.time() - LEASE_SAFETY_SECONDS
+        return anyio.CancelScope(deadline=anyio.current_time() + remaining)
 
     def _free_slot(self, claim: Claim) -> None:
         if self._in_flight.pop(claim, None) is None:
