@@ -50,6 +50,7 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
     assert config == Config(
         store="outbox.db",
         durability="full",
+        busy_timeout_seconds=10.0,
         dispatch=DispatchConfig(notify_template=None, timeout_seconds=10.0),
         worker=WorkerConfig(
             tick_seconds=30.0, concurrency=16, batch_size=100, grace_seconds=5.0, retry_jitter=0.0,
@@ -118,6 +119,8 @@ BAD_VALUES = [
     ("store", 5),
     ("store", None),
     ("durability", "fast"),
+    ("busy_timeout_seconds", -1),
+    ("busy_timeout_seconds", "10s"),
     ("durability", "FULL"),
     ("dispatch", [1]),
     ("dispatch", "x"),

@@ -125,7 +125,11 @@ async def serve(
 ) -> None:
     """Run a worker on the configured store until SIGINT or SIGTERM, then
     shut it down gracefully (grace period, kill, release) and return."""
-    async with open_store(config.store_target(), durability=config.durability) as db:
+    async with open_store(
+        config.store_target(),
+        durability=config.durability,
+        busy_timeout=config.busy_timeout_seconds,
+    ) as db:
         worker = DispatchWorker.from_config(db, config)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -59,6 +59,7 @@ class WorkerConfig:
 class Config:
     store: str
     durability: Literal["full", "normal"]
+    busy_timeout_seconds: float
     dispatch: DispatchConfig
     worker: WorkerConfig
     log_level: str
@@ -129,6 +130,9 @@ _SCHEMA: Final[_Schema] = {
         lambda v: isinstance(v, str) and v in DURABILITIES,
         "full",
     ),
+    "busy_timeout_seconds": _Rule(
+        "a finite number >= 0", lambda v: _is_number(v) and v >= 0, 10.0, float
+    ),
     "dispatch": {
         "notify_template": _Rule(
             "a non-empty list of strings or null",
@@ -196,6 +200,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
     return Config(
         store=values["store"],
         durability=values["durability"],
+        busy_timeout_seconds=values["busy_timeout_seconds"],
         dispatch=DispatchConfig(**values["dispatch"]),
         worker=WorkerConfig(**values["worker"]),
         log_level=values["log_level"],

@@ -1,11 +1,15 @@
 """DispatchWorker: the long-running delivery loop (SPEC section 5).
 
 The worker owns one task group. Its claim loop wakes on a tick, on
-:meth:`DispatchWorker.wake` (called by every in-process enqueue through the
-store), or when the earliest retry falls due; it claims only as many due rows
-as it has free delivery slots, so a claimed row never waits for a slot while
-its lease runs. Each claimed row is delivered by its own task, under the
-transport's timeout, and finished through the store's group commit.
+:meth:`DispatchWorker.wake` (every in-process enqueue calls it through the
+store; on PostgreSQL any host's enqueue reaches it through LISTEN/NOTIFY),
+or when the earliest retry falls due. It claims only as many due rows as it
+has free delivery slots, so a claimed row never waits for a slot while its
+lease runs; ``concurrency`` slots bound the transports running at once. Each
+claimed row is delivered by its own task, cut at its own lease end (less a
+safety margin) whatever the transport does; its outcome is written through
+the store's group commit, and in the same transaction the slot takes the
+next due row, so a busy worker pays one commit per delivery.
 
 Shutdown (the worker's scope is cancelled): claiming stops at once; running
 deliveries get ``grace_seconds`` to finish; any still running are then
