@@ -106,11 +106,6 @@ class InvalidTransition(ValueError):
         )
 
 
-def edge_sources(from_status: str, to_status: str) -> frozenset[str]:
-    """The sources that may move a row ``from -> to`` (empty: no such edge)."""
-    return _EDGES.get((from_status, to_status), frozenset())
-
-
 def check_edge(dispatch_id: str, from_status: str, to_status: str, *, source: str) -> None:
     """Raise :class:`InvalidTransition` unless ``from -> to`` is an edge of
     the graph that ``source`` may take: delivery edges are the scheduler's,
