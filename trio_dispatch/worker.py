@@ -253,8 +253,7 @@ class DispatchWorker:
         except Exception:
             self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
             return self.tick_seconds
-        for key in ("attempted", "expired", "dead_letter"):
-            self.counts[key] += counts[key]
+        self._add_scan_counts(counts)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
             self._in_flight[claim] = self._attempt_scope(claim)
@@ -326,6 +325,11 @@ class DispatchWorker:
             self._in_flight[next_claim].cancel()
         return next_claim
 
+    def _add_scan_counts(self, counts: dict[str, int]) -> None:
+        """Add what a scan did besides claiming (rows seen, expired, spent)."""
+        for key in ("attempted", "expired", "dead_letter"):
+            self.counts[key] += counts[key]
+
     @staticmethod
     def _attempt_scope(claim: Claim) -> anyio.CancelScope:
         """The attempt's cancel scope: its deadline is the claim's own lease
@@ -360,8 +364,7 @@ class DispatchWorker:
             outcome = None
         if outcome is None:  # retried outside the handler: no chained tracebacks
             return await self._settle(claim, result), None
-        for key in ("attempted", "expired", "dead_letter"):
-            self.counts[key] += counts[key]
+        self._add_scan_counts(counts)
         return outcome, next_claim
 
     async def _settle(self, claim: Claim, result: TransportResult | None) -> Outcome | None:
