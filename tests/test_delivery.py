@@ -66,6 +66,18 @@ async def test_scan_orders_by_due_time_then_creation_and_stops_at_the_batch_size
     assert raw.row(ids[2])["status"] == "pending"
 
 
+async def test_rows_due_at_the_same_moment_go_in_creation_order_not_insertion_order(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    created = {"s0": T0 + 5, "s1": T0 + 3, "s2": T0 + 4}
+    for route, at in created.items():
+        await enqueue_dispatch(store, kind="k", deliver_to=route, now=at)
+    raw.execute("UPDATE dispatch_outbox SET next_attempt_at = ?", (T0 + 6,))
+    sender = Recorder()
+    await deliver_due_dispatches(store, now=T0 + 10, transport=sender, batch_size=2)
+    assert [d.deliver_to for d in sender.sent] == ["s1", "s2"]
+
+
 async def test_rows_not_yet_due_are_not_scanned(store: SQLiteStore, raw: RawDB) -> None:
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
     sender = Recorder()

@@ -38,7 +38,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    assert "(status, next_attempt_at)" in due and "pending" in due and "delivering" in due
+    assert "(status, next_attempt_at, created_at)" in due
+    assert "pending" in due and "delivering" in due
     checks = [r["def"] for r in raw.rows(
         "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
         "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'c'")]

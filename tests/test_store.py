@@ -13,7 +13,7 @@ import pytest
 
 from trio_dispatch import enqueue_dispatch, get_dispatch, open_store
 from trio_dispatch.store import SchemaError, SQLiteStore
-from trio_dispatch.store.schema import SCHEMA_VERSION
+from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 from .conftest import RawDB
 
@@ -58,7 +58,8 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE dedup_key IS NOT NULL" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    assert "(status, next_attempt_at)" in due
+    # ADR D1's (status, next_attempt_at), with created_at appended (schema v2).
+    assert "(status, next_attempt_at, created_at)" in due
     assert "WHERE status IN ('pending', 'delivering')" in due
     transitions = [c["name"] for c in raw.rows("PRAGMA table_info(status_transitions)")]
     assert transitions == [
@@ -186,6 +187,32 @@ async def test_a_database_of_the_source_design_is_adopted_without_losing_rows(
     assert raw.scalar("SELECT name FROM sessions WHERE id = 's1'") == "kept"
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 2
     assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION
+
+
+async def test_a_version_1_database_gets_the_due_index_with_created_at_and_keeps_its_rows(
+    db_path: Path, raw: RawDB
+) -> None:
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    conn.execute("CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, "
+                 "applied_at FLOAT NOT NULL)")
+    conn.execute("INSERT INTO trio_dispatch_schema VALUES (1, 0)")
+    conn.execute("INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, next_attempt_at, "
+                 "created_at) VALUES ('old1', 'k', 'seat', '{}', 1, 1)")
+    conn.close()
+    async with open_store(db_path) as db:
+        assert (await get_dispatch(db, "old1") or {})["status"] == "pending"
+    due = raw.scalar("SELECT sql FROM sqlite_master "
+                     "WHERE name = 'ix_dispatch_outbox_status_next_attempt'")
+    assert "(status, next_attempt_at, created_at)" in due
+    assert [r["version"] for r in raw.rows("SELECT version FROM trio_dispatch_schema "
+                                           "ORDER BY version")] == [1, 2]
+    plan = raw.rows(
+        "EXPLAIN QUERY PLAN SELECT id FROM dispatch_outbox "
+        "WHERE status IN ('pending', 'delivering') AND status = 'pending' "
+        "AND next_attempt_at <= 5 ORDER BY next_attempt_at, created_at LIMIT 10")
+    assert not any("TEMP B-TREE" in row["detail"] for row in plan), plan
 
 
 async def test_a_newer_schema_version_is_refused_and_left_untouched(

@@ -5,7 +5,9 @@ both partial indexes), the ``status_transitions`` history, and minimal
 ``sessions`` / ``schedule_runs`` tables for the provenance foreign keys. Every
 statement is idempotent (``IF NOT EXISTS``), so a database created by an
 earlier implementation of the same design is adopted without touching its
-rows.
+rows. Version 2 appends ``created_at`` to the ADR's partial due index, so
+the claim order comes from the index alone (the index still serves every
+query the ADR's two-column one does).
 """
 
 from __future__ import annotations
@@ -96,7 +98,21 @@ _V1: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1,)
+_V2: Final = (
+    # The due index of ADR D1, with ``created_at`` appended: the scan order
+    # of SPEC B5 (``next_attempt_at, created_at``) then comes straight from
+    # the index. Without it, rows sharing a due time (every row of one
+    # ``enqueue_many`` does) are sorted as one block on every claim, so a
+    # single claim behind a bulk enqueue of 20,000 rows cost 6 ms.
+    "DROP INDEX IF EXISTS ix_dispatch_outbox_status_next_attempt",
+    """
+    CREATE INDEX ix_dispatch_outbox_status_next_attempt
+        ON dispatch_outbox (status, next_attempt_at, created_at)
+        WHERE status IN ('pending', 'delivering')
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
