@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,25 @@ async def test_a_version_1_database_gets_the_due_index_with_created_at_and_keeps
         "WHERE status IN ('pending', 'delivering') AND status = 'pending' "
         "AND next_attempt_at <= 5 ORDER BY next_attempt_at, created_at LIMIT 10")
     assert not any("TEMP B-TREE" in row["detail"] for row in plan), plan
+
+
+def _writer_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("trio_dispatch writer")]
+
+
+async def test_the_writer_thread_ends_with_the_store_and_when_opening_fails(
+    db_path: Path, raw: RawDB
+) -> None:
+    before = _writer_threads()
+    async with open_store(db_path) as db:
+        await enqueue_dispatch(db, kind="k", deliver_to="seat")
+    assert _writer_threads() == before
+    raw.execute("INSERT INTO trio_dispatch_schema VALUES (99, 0)")
+    with pytest.raises(SchemaError):
+        async with open_store(db_path):
+            pass
+    assert _writer_threads() == before
+    assert raw.counts() == (1, 1)
 
 
 async def test_a_newer_schema_version_is_refused_and_left_untouched(

@@ -73,7 +73,11 @@ async def open_store(
         store = SQLiteStore(
             sqlite_path_from_target(raw), durability=durability, busy_timeout=busy_timeout
         )
-    await store._open()
+    try:
+        await store._open()
+    except BaseException:
+        store._stop_writer_thread()
+        raise
     try:
         yield store
     finally:

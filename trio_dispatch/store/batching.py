@@ -9,17 +9,32 @@ error, and the others run again in a new transaction -- one caller's error
 never fails or undoes another's write, and every result reported was
 committed. An engine supplies the connection and five synchronous
 primitives (begin, commit, rollback, in-transaction, close).
+
+Under trio, the writer's work runs on the store's own thread, started on
+first use and stopped by :meth:`BatchingStore.aclose`: a job handed to it and
+its result handed back cost about 100 us on a 2-core VM, against 150-170 us
+for ``to_thread.run_sync`` (which sets a thread name, copies the context and
+takes a limiter on every call) -- a third of a single enqueue's time after
+its fsync. Under asyncio it is ``anyio.to_thread.run_sync``. Either way a
+lock serialises every use of the writer connection, and the caller waits for
+the job to end even when cancelled (the cancellation is raised afterwards).
 """
 
 from __future__ import annotations
 
 import abc
 import enum
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
+import outcome
+import sniffio
+import trio
 
 from .base import Conn, ItemT, ResultT, Row, T
 
@@ -79,6 +94,44 @@ def _run_step(conn: Conn, step: list[_Unit]) -> None:
         unit.result = result
 
 
+class _WriterThread:
+    """The store's own writer thread, for callers running under trio: jobs
+    go in through a queue and results come back through the caller's
+    :class:`trio.lowlevel.TrioToken`. The caller's wait cannot be cancelled
+    (as with ``to_thread.run_sync``): the job always runs to its end."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[
+            tuple[Callable[[], Any], trio.lowlevel.TrioToken, trio.lowlevel.Task] | None
+        ] = queue.SimpleQueue()
+        # A daemon, so a store nobody closed cannot keep the interpreter alive.
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, token, task = job
+            result = outcome.capture(fn)
+            try:
+                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            except trio.RunFinishedError:  # pragma: no cover - the waiter cannot leave first
+                pass
+
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        self._jobs.put((fn, trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()))
+        # Rescheduled with the job's outcome: its value is returned, its
+        # exception raised here.
+        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+
+    def stop(self) -> None:
+        """End the thread once the jobs already queued have run."""
+        self._jobs.put(None)
+        self._thread.join()
+
+
 class BatchingStore(abc.ABC):
     """The engine-independent half of a store (see the module docstring)."""
 
@@ -87,6 +140,8 @@ class BatchingStore(abc.ABC):
     def __init__(self) -> None:
         self._writer_conn: Conn | None = None
         self._write_limiter = anyio.CapacityLimiter(1)
+        self._writer_lock = threading.Lock()
+        self._writer_thread: _WriterThread | None = None
         self._queue: list[_Unit] = []
         self._busy = False  # a batch or a caller's transaction holds the writer
         self._idle = anyio.Event()
@@ -131,7 +186,32 @@ class BatchingStore(abc.ABC):
             while self._busy:
                 await self._idle.wait()
             self._writer_conn = None
-            await anyio.to_thread.run_sync(self._close_connections, limiter=self._write_limiter)
+            try:
+                await self._in_writer(self._close_connections)
+            finally:
+                self._stop_writer_thread()
+
+    def _stop_writer_thread(self) -> None:
+        """End the writer's own thread, if it was started (its queue is
+        empty: nothing else uses the store by now)."""
+        if self._writer_thread is not None:
+            self._writer_thread.stop()
+            self._writer_thread = None
+
+    async def _in_writer(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` with the writer connection to itself, on the
+        writer's thread; wait for it to end even if cancelled meanwhile."""
+        job = partial(self._locked, fn, *args)
+        if sniffio.current_async_library() == "trio":
+            if self._writer_thread is None:
+                self._writer_thread = _WriterThread(f"trio_dispatch writer {self.url}")
+            result: T = await self._writer_thread.run(job)
+            return result
+        return await anyio.to_thread.run_sync(job, limiter=self._write_limiter)
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._writer_lock:
+            return fn(*args)
 
     # -- writes: group commit ------------------------------------------------
 
@@ -186,9 +266,7 @@ class BatchingStore(abc.ABC):
         self.stats["units"] += len(batch)
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(
-                    self._run_batch, batch, limiter=self._write_limiter
-                )
+                await self._in_writer(self._run_batch, batch)
         finally:
             for unit in batch:
                 unit.state = _State.DONE
@@ -258,15 +336,15 @@ class BatchingStore(abc.ABC):
         self._tx_owner = anyio.get_current_task().id
         tx = BatchingTransaction(self, conn)
         try:
-            await anyio.to_thread.run_sync(self._begin, limiter=self._write_limiter)
+            await self._in_writer(self._begin)
             try:
                 yield tx
             except BaseException:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._rollback, limiter=self._write_limiter)
+                    await self._in_writer(self._rollback)
                 raise
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(tx._finish, limiter=self._write_limiter)
+                await self._in_writer(tx._finish)
         finally:
             tx._closed = True
             self._tx_owner = None
@@ -313,9 +391,7 @@ class BatchingTransaction:
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._closed:
             raise RuntimeError("the transaction has ended")
-        return await anyio.to_thread.run_sync(
-            self._guarded, fn, limiter=self._store._write_limiter
-        )
+        return await self._store._in_writer(self._guarded, fn)
 
     def _guarded(self, fn: Callable[[], T]) -> T:
         # If the database rolled the transaction back by itself (disk full,

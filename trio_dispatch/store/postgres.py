@@ -143,7 +143,7 @@ class PostgresStore(BatchingStore):
             self._writer, self._readers = writer, readers
             self._writer_conn = PostgresConn(writer)
 
-        await anyio.to_thread.run_sync(open_all, limiter=self._write_limiter)
+        await self._in_writer(open_all)
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         from .sqlite import SchemaError

@@ -168,7 +168,7 @@ class SQLiteStore(BatchingStore):
             self._writer = writer
             self._writer_conn = SQLiteConn(writer)
 
-        await anyio.to_thread.run_sync(open_all, limiter=self._write_limiter)
+        await self._in_writer(open_all)
 
     # -- the engine primitives -------------------------------------------------
 
