@@ -403,27 +403,41 @@ def _insert_all(
                 raise
             raise ValueError(f"item {index}: {exc}") from None
 
-    plain = [new for new in batch
-             if new.dedup_key is None and new.session_id is None and new.schedule_run_id is None]
+    plain = [new for new in batch if _is_plain(new)]
     if len(plain) < 2:
         return [one(index, new) for index, new in enumerate(batch)]
+    done = {result.id: result for result in _insert_plain(conn, [(new, now) for new in plain])}
+    return [done[new.id] if new.id in done else one(index, new)
+            for index, new in enumerate(batch)]
+
+
+def _is_plain(new: _NewDispatch) -> bool:
+    """No dedup key and no provenance link: nothing to look up first."""
+    return new.dedup_key is None and new.session_id is None and new.schedule_run_id is None
+
+
+def _insert_plain(
+    conn: Conn, items: Sequence[tuple[_NewDispatch, float]]
+) -> list[EnqueueResult]:
+    """Insert plain dispatches (see :func:`_is_plain`), each at its own
+    ``now``, with two bulk statements; coalesced, this serves every
+    concurrent plain enqueue of a group commit at once."""
     conn.executemany(
         "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
         "max_attempts, next_attempt_at, ack_required, ack_token, created_at, expires_at, "
         "updated_at) VALUES (?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?, ?)",
         [(new.id, new.kind, new.deliver_to, new.payload, new.max_attempts, now,
-          int(new.ack_required), new.ack_token, now, new.expires_at, now) for new in plain],
+          int(new.ack_required), new.ack_token, now, new.expires_at, now)
+         for new, now in items],
     )
     conn.executemany(
         _INSERT_TRANSITION,
         [_transition(new.id, None, lc.PENDING, lc.ENQUEUED, f"enqueued kind={new.kind}",
                      source=lc.SOURCE_SYSTEM, actor=lc.ACTOR_ENQUEUE, now=now, metadata="{}")
-         for new in plain],
+         for new, now in items],
     )
     conn.announce_enqueue()
-    done = {new.id: EnqueueResult(new.id, False) for new in plain}
-    return [done[new.id] if new.id in done else one(index, new)
-            for index, new in enumerate(batch)]
+    return [EnqueueResult(new.id, False) for new, _ in items]
 
 
 def _select_due(
@@ -668,6 +682,11 @@ async def enqueue_dispatch(
         session_id=session_id,
         schedule_run_id=schedule_run_id,
     )
+    if _is_plain(new):
+        # Coalesced with the other plain enqueues of the same group commit.
+        result: EnqueueResult = await db.write_many(_insert_plain, (new, _clock(now)()))
+        db.notify_enqueued()
+        return result.id
     return (await _commit_new(db, [new], _clock(now)))[0].id
 
 
