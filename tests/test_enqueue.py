@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import os
 import re
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from trio_dispatch import (
     get_dispatch,
     open_store,
 )
+from trio_dispatch.signal import uuid4_bytes
 from trio_dispatch.store import SQLiteStore
 
 from .conftest import RawDB
@@ -45,6 +48,41 @@ async def test_ids_are_uuid4_hex_and_token_exists_only_when_ack_required(
     assert uuid.UUID(hex=token).version == 4
     assert raw.row(acked)["ack_required"] == 1
     assert json.loads(str(raw.row(acked)["payload"]))["ack_token"] == token
+
+
+def _ids_in_child(conn: Any) -> None:
+    conn.send([uuid4_bytes().hex() for _ in range(64)])
+    conn.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_reuses_its_parents_random_ids() -> None:
+    uuid4_bytes()  # the parent's pool now holds bytes a child would inherit
+    parent_end, child_end = multiprocessing.get_context("fork").Pipe()
+    child = multiprocessing.get_context("fork").Process(target=_ids_in_child, args=(child_end,))
+    child.start()
+    in_child = set(parent_end.recv())
+    child.join(timeout=30)
+    in_parent = {uuid4_bytes().hex() for _ in range(64)}
+    assert len(in_child) == len(in_parent) == 64
+    assert not in_child & in_parent
+
+
+def test_ids_drawn_on_many_threads_are_all_distinct_uuid4() -> None:
+    found: list[str] = []
+
+    def draw() -> None:
+        found.extend(uuid4_bytes().hex() for _ in range(2000))
+
+    threads = [threading.Thread(target=draw) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(found)) == len(found) == 16000
+    assert {(uuid.UUID(hex=v).version, uuid.UUID(hex=v).variant) for v in found} == {
+        (4, uuid.RFC_4122)
+    }
 
 
 @pytest.mark.parametrize("body", [None, {}])
