@@ -247,6 +247,21 @@ async def test_a_newer_schema_version_is_refused_and_left_untouched(
     assert raw.counts() == (1, 1)
 
 
+async def test_a_cancelled_caller_runs_nothing_in_its_transaction(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with store.transaction() as tx:
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await enqueue_dispatch(tx, kind="k", deliver_to="seat")
+        assert scope.cancelled_caught
+        with anyio.move_on_after(0.05) as loop_scope:
+            for _ in range(100_000):
+                await tx.query("SELECT COUNT(*) AS n FROM dispatch_outbox")
+        assert loop_scope.cancelled_caught
+    assert raw.counts() == (0, 0)
+
+
 async def test_transaction_commits_caller_sql_and_dispatch_together(
     store: SQLiteStore, raw: RawDB
 ) -> None:

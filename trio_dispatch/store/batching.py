@@ -13,16 +13,18 @@ primitives (begin, commit, rollback, in-transaction, close).
 Under trio, the writer's work runs on the store's own thread, started on
 first use and stopped by :meth:`BatchingStore.aclose`: a job handed to it and
 its result handed back cost about 100 us on a 2-core VM, against 150-170 us
-for ``to_thread.run_sync`` (which sets a thread name, copies the context and
-takes a limiter on every call) -- a third of a single enqueue's time after
+for ``to_thread.run_sync`` (which also names the thread and takes a limiter
+on every call) -- a third of a single enqueue's time after
 its fsync. Under asyncio it is ``anyio.to_thread.run_sync``. Either way a
-lock serialises every use of the writer connection, and the caller waits for
-the job to end even when cancelled (the cancellation is raised afterwards).
+lock serialises every use of the writer connection; a caller cancelled
+before its job is queued runs nothing, and one cancelled later waits for
+the job to end (the cancellation is raised afterwards).
 """
 
 from __future__ import annotations
 
 import abc
+import contextvars
 import enum
 import queue
 import threading
@@ -97,8 +99,9 @@ def _run_step(conn: Conn, step: list[_Unit]) -> None:
 class _WriterThread:
     """The store's own writer thread, for callers running under trio: jobs
     go in through a queue and results come back through the caller's
-    :class:`trio.lowlevel.TrioToken`. The caller's wait cannot be cancelled
-    (as with ``to_thread.run_sync``): the job always runs to its end."""
+    :class:`trio.lowlevel.TrioToken`. As with ``to_thread.run_sync``, a
+    caller already cancelled raises at once and runs nothing; once queued,
+    its job runs to its end and the wait cannot be cancelled."""
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[
@@ -119,9 +122,16 @@ class _WriterThread:
                 token.run_sync_soon(trio.lowlevel.reschedule, task, result)
             except trio.RunFinishedError:  # pragma: no cover - the waiter cannot leave first
                 pass
+            # Hold nothing between jobs: an unclosed store stays collectable.
+            del job, fn, token, task, result
 
+    # KI-protected: a KeyboardInterrupt between queuing the job and parking
+    # would leave the thread to reschedule a task that is not waiting.
+    @trio.lowlevel.enable_ki_protection
     async def run(self, fn: Callable[[], Any]) -> Any:
-        self._jobs.put((fn, trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        job = partial(contextvars.copy_context().run, fn)
+        self._jobs.put((job, trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()))
         # Rescheduled with the job's outcome: its value is returned, its
         # exception raised here.
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
@@ -204,7 +214,8 @@ class BatchingStore(abc.ABC):
         job = partial(self._locked, fn, *args)
         if sniffio.current_async_library() == "trio":
             if self._writer_thread is None:
-                self._writer_thread = _WriterThread(f"trio_dispatch writer {self.url}")
+                # Not the URL: it may hold a password.
+                self._writer_thread = _WriterThread(f"trio_dispatch writer {id(self):#x}")
             result: T = await self._writer_thread.run(job)
             return result
         return await anyio.to_thread.run_sync(job, limiter=self._write_limiter)
