@@ -49,23 +49,52 @@ PAYLOAD = json.dumps({"id": str(uuid.uuid4()), "created_at": time.time(),
 
 @dataclass
 class Figure:
+    """One figure: ``values`` of ours and ``baselines`` measured beside them,
+    pair by pair (one pair per round). ``meets`` judges the figure."""
+
     name: str
-    value: float
+    values: list[float]
     unit: str
-    baseline: float
+    baselines: list[float]
     baseline_name: str
     target: str
-    meets: Callable[[float, float], bool]
+    meets: Callable[[Figure], bool]
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def baseline(self) -> float:
+        return statistics.median(self.baselines)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [v / b if b else float("nan") for v, b in zip(self.values, self.baselines,
+                                                            strict=True)]
 
     @property
     def ratio(self) -> float:
-        return self.value / self.baseline if self.baseline else float("nan")
+        """The median of the rounds' own ratios: each ratio compares two runs
+        made one right after the other, so the machine's drift between
+        rounds cancels out."""
+        return statistics.median(self.ratios)
 
     def row(self) -> dict[str, Any]:
         return {"figure": self.name, "value": round(self.value, 3), "unit": self.unit,
                 "baseline": round(self.baseline, 3), "baseline_name": self.baseline_name,
-                "ratio": round(self.ratio, 3), "target": self.target,
-                "meets_target": self.meets(self.value, self.baseline)}
+                "ratio": round(self.ratio, 3), "ratios": [round(r, 3) for r in self.ratios],
+                "values": [round(v, 3) for v in self.values],
+                "baselines": [round(b, 3) for b in self.baselines],
+                "target": self.target, "meets_target": self.meets(self)}
+
+
+def at_least(times: float) -> Callable[[Figure], bool]:
+    return lambda figure: figure.ratio >= times
+
+
+def at_most(limit: float) -> Callable[[Figure], bool]:
+    return lambda figure: figure.value <= limit
 
 
 # -- raw baselines (plain sqlite3, same disk, same pragmas) ----------------------
@@ -451,7 +480,7 @@ def engines(quick: bool, backend: str, tmp: Path) -> list[dict[str, Any]]:
 # -- the report ------------------------------------------------------------------
 
 
-def run(quick: bool, backend: str) -> list[Figure]:
+def run(quick: bool, backend: str, rounds: int) -> list[Figure]:
     scale = 1 if quick else 3
     figures: list[Figure] = []
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
@@ -463,52 +492,56 @@ def run(quick: bool, backend: str) -> list[Figure]:
         def go(fn: Any, *args: Any) -> Any:
             return anyio.run(fn, *args, backend=backend)
 
-        n = 1500 * scale
-        raw1 = raw_single_inserts(at("raw1"), n)
-        ours1 = go(ours_single_enqueue, at("e1"), n)
-        figures.append(Figure("enqueue, 1 producer, full", ours1, "/s", raw1,
-                              "raw single-row INSERT tx/s (FULL)", ">= 0.60x",
-                              lambda v, b: v >= 0.6 * b))
-        ours64 = go(ours_concurrent_enqueue, at("e64"), 6400 * scale, 64)
-        figures.append(Figure("enqueue, 64 producer tasks, full", ours64, "/s", raw1,
-                              "raw single-row INSERT tx/s (FULL)", ">= 3x",
-                              lambda v, b: v >= 3 * b))
-        m = 20000 * scale
-        raw_many = raw_executemany(at("rawm"), m)
-        ours_many = go(ours_enqueue_many, at("em"), m)
-        figures.append(Figure("enqueue_many, 1,000 per call", ours_many, "rows/s", raw_many,
-                              "raw executemany rows/s", ">= 0.40x", lambda v, b: v >= 0.4 * b))
-        k = 5000 * scale
-        raw_del = raw_delivery_writes(at("rawd"), k)
-
         async def noop(delivery: Delivery) -> None:
             pass
 
-        ours_del = go(ours_deliveries, at("dn"), k, noop, 64)
-        figures.append(Figure("deliveries, no-op callable, 1 worker", ours_del, "/s", raw_del,
-                              "raw 4 writes/delivery, 100/tx", ">= 0.35x",
-                              lambda v, b: v >= 0.35 * b))
-        s = 400 * scale
-        raw_sp = go(raw_spawns, s, 8)
-        ours_sp = go(ours_command_deliveries, at("dt"), s, 8)
-        figures.append(Figure("deliveries, /bin/true, concurrency 8", ours_sp, "/s", raw_sp,
-                              "raw spawns/s at concurrency 8", ">= 0.80x",
-                              lambda v, b: v >= 0.8 * b))
+        # The throughput figures run in paired rounds: raw, then ours, again
+        # and again; each figure reports the median of its rounds' ratios.
+        n, m, k, s = 1500 * scale, 20000 * scale, 5000 * scale, 400 * scale
+        pairs: dict[str, tuple[list[float], list[float]]] = {
+            name: ([], []) for name in ("e1", "e64", "many", "noop", "true")}
+
+        def pair(name: str, raw: float, ours: float) -> None:
+            pairs[name][0].append(ours)
+            pairs[name][1].append(raw)
+
+        for _ in range(rounds):
+            raw1 = raw_single_inserts(at("raw1"), n)
+            pair("e1", raw1, go(ours_single_enqueue, at("e1"), n))
+            pair("e64", raw1, go(ours_concurrent_enqueue, at("e64"), 6400 * scale, 64))
+            pair("many", raw_executemany(at("rawm"), m), go(ours_enqueue_many, at("em"), m))
+            pair("noop", raw_delivery_writes(at("rawd"), k),
+                 go(ours_deliveries, at("dn"), k, noop, 64))
+            pair("true", go(raw_spawns, s, 8), go(ours_command_deliveries, at("dt"), s, 8))
+        for key, name, unit, baseline_name, target, meets in (
+            ("e1", "enqueue, 1 producer, full", "/s", "raw single-row INSERT tx/s (FULL)",
+             ">= 0.60x", at_least(0.6)),
+            ("e64", "enqueue, 64 producer tasks, full", "/s",
+             "raw single-row INSERT tx/s (FULL)", ">= 3x", at_least(3)),
+            ("many", "enqueue_many, 1,000 per call", "rows/s", "raw executemany rows/s",
+             ">= 0.40x", at_least(0.4)),
+            ("noop", "deliveries, no-op callable, 1 worker", "/s",
+             "raw 4 writes/delivery, 100/tx", ">= 0.35x", at_least(0.35)),
+            ("true", "deliveries, /bin/true, concurrency 8", "/s",
+             "raw spawns/s at concurrency 8", ">= 0.80x", at_least(0.8)),
+        ):
+            values, baselines = pairs[key]
+            figures.append(Figure(name, values, unit, baselines, baseline_name, target, meets))
 
         async def sleepy(delivery: Delivery) -> None:
             await anyio.sleep(0.5)
 
         ours_sl = go(ours_deliveries, at("ds"), 640 * scale, sleepy, 64, 64)
-        figures.append(Figure("deliveries, 0.5 s transport, concurrency 64", ours_sl, "/s",
-                              128.0, "ideal 64 / 0.5 s", ">= 0.90x", lambda v, b: v >= 0.9 * b))
+        figures.append(Figure("deliveries, 0.5 s transport, concurrency 64", [ours_sl], "/s",
+                              [128.0], "ideal 64 / 0.5 s", ">= 0.90x", at_least(0.9)))
         lat = go(ours_wake_latency, at("lat"), 300 * scale)
         p50 = statistics.median(lat) * 1000
         p99 = sorted(lat)[int(0.99 * (len(lat) - 1))] * 1000
-        raw_lat = 1000 / raw1
-        figures.append(Figure("enqueue -> transport start p50", p50, "ms", raw_lat,
-                              "raw single-row tx latency", "<= 5 ms", lambda v, b: v <= 5))
-        figures.append(Figure("enqueue -> transport start p99", p99, "ms", raw_lat,
-                              "raw single-row tx latency", "<= 25 ms", lambda v, b: v <= 25))
+        raw_lat = 1000 / statistics.median(pairs["e1"][1])
+        figures.append(Figure("enqueue -> transport start p50", [p50], "ms", [raw_lat],
+                              "raw single-row tx latency", "<= 5 ms", at_most(5)))
+        figures.append(Figure("enqueue -> transport start p99", [p99], "ms", [raw_lat],
+                              "raw single-row tx latency", "<= 25 ms", at_most(25)))
         big_n = 200_000 if quick else 1_000_000
         small, big = at("small"), at("big")
         build_table(small, 1000, 1000)
@@ -522,17 +555,21 @@ def run(quick: bool, backend: str) -> list[Figure]:
                 ticks[table].append(timed_tick(table, go))
         tick_small, tick_big = min(ticks[small]), min(ticks[big])
         figures.append(Figure(f"tick claiming 1,000 due among {big_n:,} finished",
-                              tick_big * 1000, "ms", tick_small * 1000,
+                              [tick_big * 1000], "ms", [tick_small * 1000],
                               "same tick among 1,000 finished", "<= 1.2x",
-                              lambda v, b: v <= 1.2 * b))
+                              lambda figure: figure.ratio <= 1.2))
         rss_big = at("rss")
         build_table(rss_big, big_n, 1000)
         rss = peak_rss_mb(rss_big, 1000)
         rss_base = peak_rss_mb(None, 0)
-        figures.append(Figure(f"worker peak RSS, {big_n:,} rows in the table", rss, "MB",
-                              rss_base, "same worker, empty in-memory store", "<= 80 MB",
-                              lambda v, b: v <= 80))
+        figures.append(Figure(f"worker peak RSS, {big_n:,} rows in the table", [rss], "MB",
+                              [rss_base], "same worker, empty in-memory store", "<= 80 MB",
+                              at_most(80)))
     return figures
+
+
+def _loads(loads: tuple[float, float, float]) -> str:
+    return " ".join(f"{load:.2f}" for load in loads)
 
 
 def main() -> None:
@@ -541,17 +578,27 @@ def main() -> None:
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
     parser.add_argument("--json", metavar="FILE", default=None,
                         help="write the figures as JSON (default bench-results.json)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="paired raw/ours rounds of the throughput figures "
+                             "(default 3, 1 with --quick)")
     args = parser.parse_args()
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    if rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {rounds}")
     started = time.perf_counter()
-    figures = run(args.quick, args.backend)
+    load_before = os.getloadavg()
+    figures = run(args.quick, args.backend, rounds)
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         by_engine = engines(args.quick, args.backend, Path(tmp))
+    load_after = os.getloadavg()
     width = max(len(f.name) for f in figures)
-    print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  target     ok")
+    print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  "
+          f"{'rounds':>11}  target     ok")
     for f in figures:
-        ok = "yes" if f.meets(f.value, f.baseline) else "NO"
+        ok = "yes" if f.meets(f) else "NO"
+        spread = (f"{min(f.ratios):.2f}-{max(f.ratios):.2f}" if len(f.ratios) > 1 else "")
         print(f"{f.name:<{width}}  {f.value:>10.1f}{f.unit:>2}  {f.baseline:>12.1f}  "
-              f"{f.ratio:>7.2f}  {f.target:<9}  {ok}")
+              f"{f.ratio:>7.2f}  {spread:>11}  {f.target:<9}  {ok}")
     for f in figures:
         print(f"  baseline of '{f.name}': {f.baseline_name}")
     print()
@@ -562,9 +609,12 @@ def main() -> None:
         print(f"{row['engine']:<12}" + "".join(f"{row[k]:>30.0f}" for k in keys))
     if len(by_engine) == 1:
         print("(no PostgreSQL server answered: SQLite only)")
+    print(f"load average (1, 5, 15 min): before {_loads(load_before)}, "
+          f"after {_loads(load_after)}; {os.cpu_count()} CPUs; {rounds} round(s)")
     report = {"backend": args.backend, "quick": args.quick, "python": platform.python_version(),
               "sqlite": sqlite3.sqlite_version, "cpus": os.cpu_count(),
-              "seconds": round(time.perf_counter() - started, 1),
+              "seconds": round(time.perf_counter() - started, 1), "rounds": rounds,
+              "load_before": list(load_before), "load_after": list(load_after),
               "figures": [f.row() for f in figures], "engines": by_engine}
     Path(args.json or ROOT / "bench-results.json").write_text(json.dumps(report, indent=2))
     print(f"({report['seconds']} s; JSON in {args.json or 'bench-results.json'})")
