@@ -757,7 +757,8 @@ def _claim_batch(
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     rows = _select_due(
         conn, at, limit,
-        "id, status, attempt, max_attempts, expires_at, next_attempt_at, created_at",
+        f"id, {conn.row_key} AS row_key, status, attempt, max_attempts, expires_at, "
+        "next_attempt_at, created_at",
         lock=True,
     )
     counts["attempted"] = len(rows)
@@ -779,12 +780,14 @@ def _claim_batch(
         lc.check_edge(group[0]["id"], previous, lc.DELIVERING, source=lc.SOURCE_SCHEDULER)
         marks = ", ".join("?" * len(group))
         # Selected in this same write transaction, so (status, attempt) are
-        # still what was read; the status guard restates it for the record.
+        # still what was read, and the row key still names the same row; the
+        # status guard restates it for the record.
         won = conn.query(
             "UPDATE dispatch_outbox SET status = 'delivering', attempt = attempt + 1, "
-            f"next_attempt_at = ?, updated_at = ? WHERE id IN ({marks}) AND status = ? "
+            f"next_attempt_at = ?, updated_at = ? WHERE {conn.row_key} IN ({marks}) "
+            "AND status = ? "
             "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required",
-            (lease_until, at, *(row["id"] for row in group), previous),
+            (lease_until, at, *(row["row_key"] for row in group), previous),
         )
         recovered = "lease expired; " if previous == lc.DELIVERING else ""
         for row in won:

@@ -34,6 +34,13 @@ class Conn(Protocol):
         ``" FOR UPDATE SKIP LOCKED"`` where rows lock (PostgreSQL), empty
         where the write transaction already excludes other writers (SQLite)."""
 
+    @property
+    def row_key(self) -> str:
+        """The cheapest way to address a ``dispatch_outbox`` row selected
+        earlier in the same write transaction: ``rowid`` on SQLite (the
+        table's own b-tree, no probe of the random-uuid primary key index),
+        ``id`` on PostgreSQL."""
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed."""
 

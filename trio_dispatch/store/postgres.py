@@ -57,6 +57,7 @@ class PostgresConn:
     """A :class:`~trio_dispatch.store.base.Conn` over one psycopg connection."""
 
     lock_clause = " FOR UPDATE SKIP LOCKED"
+    row_key = "id"
 
     __slots__ = ("_conn",)
 

@@ -32,6 +32,7 @@ class SQLiteConn:
     __slots__ = ("_conn", "_db")
 
     lock_clause = ""  # BEGIN IMMEDIATE already excludes other writers
+    row_key = "rowid"
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
