@@ -1,0 +1,195 @@
+"""Keeping secrets and hostile text out of what we print (SPEC section 12).
+
+- :func:`mask_url` hides the password of a URL (``postgresql://user:***@host/db``);
+  :func:`scrub` does it for every URL inside a text and removes known secret
+  values wherever they appear (a driver's error may quote a connection
+  string). Every log line, error, CLI output and ``--json`` document that
+  shows a store goes through them.
+- :func:`visible` makes control and escape characters of outside text (a
+  kind, a route, a destination's stderr, a payload) visible as escapes, so
+  they can neither forge a log line nor reach the operator's terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Iterable
+from typing import Final
+from urllib.parse import unquote
+
+MASK: Final = "***"
+
+_URL_START: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://")
+# ...?password=...  /  password=... (libpq key/value and URL query forms)
+_PASSWORD_PARAM: Final = re.compile(
+    r"(?P<head>\b(?:password|passwd|pwd|secret|token)\s*=\s*)(?P<value>'[^']*'|[^\s&;']+)",
+    re.IGNORECASE,
+)
+MIN_SCRUBBED_LENGTH: Final = 3
+"""Known secrets shorter than this are not searched for in free text (they
+would mangle every message); URL and ``password=`` forms are masked anyway."""
+
+
+def _password_span(text: str, start: int) -> tuple[int, int] | None:
+    """Where the password of the URL whose authority starts at ``start``
+    lies in ``text``, or None. A password may hold ``@`` or ``/`` unescaped
+    (people write them so): the userinfo ends at the last ``@`` of the
+    authority, else -- when the authority reads ``user:something`` that is
+    not a port -- at the next ``@``. When in doubt, more is masked."""
+    stop = len(text)
+    for index in range(start, len(text)):
+        if text[index].isspace():
+            stop = index
+            break
+    end = stop
+    for sep in "/?#":
+        found = text.find(sep, start, stop)
+        if found >= 0:
+            end = min(end, found)
+    authority = text[start:end]
+    if "@" in authority:
+        at = start + authority.rfind("@")
+    else:
+        colon = authority.find(":")
+        after = authority[colon + 1:] if colon >= 0 else ""
+        if colon < 0 or not after or after.isdigit():
+            return None
+        at = text.find("@", end, stop)
+        if at < 0:
+            return None
+    colon = text.find(":", start, at)
+    if colon < 0:
+        return None
+    return colon + 1, at
+
+
+def _password_spans(text: str) -> list[tuple[int, int]]:
+    spans: list[tuple[int, int]] = []
+    for match in _URL_START.finditer(text):
+        span = _password_span(text, match.end())
+        if span is not None and (not spans or span[0] >= spans[-1][1]):
+            spans.append(span)
+    return spans
+
+
+def mask_url(url: str) -> str:
+    """``url`` -- or every URL in a text -- with its password (and any
+    ``password=`` parameter) replaced by ``***``; text without one is
+    returned unchanged. Never raises."""
+    pieces: list[str] = []
+    last = 0
+    for begin, end in _password_spans(url):
+        pieces += [url[last:begin], MASK]
+        last = end
+    masked = "".join(pieces) + url[last:]
+    return _PASSWORD_PARAM.sub(lambda m: f"{m['head']}{MASK}", masked)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret values a URL holds (its password, as written and decoded,
+    and ``password=`` parameters): what :func:`scrub` must also find when a
+    driver quotes the URL in pieces."""
+    found = [url[begin:end] for begin, end in _password_spans(url)]
+    found += [match["value"].strip("'") for match in _PASSWORD_PARAM.finditer(url)]
+    decoded = [unquote(value) for value in found]
+    return [value for value in dict.fromkeys(found + decoded) if value]
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every URL password masked and every known secret value
+    (at least :data:`MIN_SCRUBBED_LENGTH` characters long) replaced by
+    ``***``. Never raises."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SCRUBBED_LENGTH}, key=len,
+                         reverse=True):
+        text = text.replace(secret, MASK)
+    return mask_url(text)
+
+
+_NAMED: Final = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Control (Cc), format (Cf: bidi overrides, zero-width), line and paragraph
+# separators, surrogates (undecodable input) and unassigned code points.
+_HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def visible(text: object) -> str:
+    """``str(text)`` with every control, format, separator and surrogate
+    character written as an escape (``\\n``, ``\\x1b``, ``\\u202e``):
+    one line, nothing a terminal interprets. Printable text, non-ASCII
+    letters included, is unchanged."""
+    value = text if isinstance(text, str) else str(text)
+    if value.isprintable():  # the common case: nothing to escape
+        return value
+    return "".join(
+        _escape(char)
+        if char != " " and unicodedata.category(char) in _HIDDEN_CATEGORIES
+        else char
+        for char in value
+    )
+
+
+def one_line(text: object, secrets: Iterable[str] = ()) -> str:
+    """An error message fit for one line on stderr: secrets scrubbed,
+    whitespace runs folded, escapes made visible."""
+    return visible(" ".join(scrub(str(text), secrets).split()))
+
+
+_known: set[str] = set()
+_known_lock = threading.Lock()
+
+
+def register_secrets(values: Iterable[str]) -> None:
+    """Remember secret values of this process (a store URL's password, a
+    webhook secret) so that :class:`SecretFilter` scrubs them from every log
+    record of ours, whatever text carries them."""
+    with _known_lock:
+        _known.update(value for value in values if value)
+
+
+def known_secrets() -> list[str]:
+    with _known_lock:
+        return list(_known)
+
+
+class SecretFilter(logging.Filter):
+    """Scrubs URL passwords and registered secrets from a record's message
+    and traceback text before any handler sees it (defence in depth: the
+    messages we write are masked already, but a driver's exception text may
+    quote a connection string)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = known_secrets()
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken %-format: leave it to the handler
+            return True
+        cleaned = scrub(message, secrets)
+        if cleaned != message or record.args:
+            record.msg, record.args = cleaned, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text, secrets)
+        return True
+
+
+def scrubbed_logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)`` with a :class:`SecretFilter` attached
+    (once): every logger of the package is made this way."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, SecretFilter) for f in logger.filters):
+        logger.addFilter(SecretFilter())
+    return logger
