@@ -23,16 +23,18 @@ import functools
 import inspect
 import math
 import os
+import re
 import signal
-import subprocess
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeGuard
 
 import anyio
 import sniffio
 import trio_asyncio
-from anyio.abc import ByteReceiveStream, ByteSendStream, Process
+
+from .process import Child, is_too_big, spawn
+from .redact import url_secrets
 
 __all__ = [
     "DEFAULT_KILL_GRACE_SECONDS",
@@ -40,6 +42,7 @@ __all__ = [
     "LAST_ERROR_LIMIT",
     "NOTIFY_TIMEOUT_SECONDS",
     "CallableTransport",
+    "ChildEnvironment",
     "CommandTransport",
     "Delivery",
     "Transport",
@@ -64,12 +67,6 @@ NOT_CONFIGURED_ERROR: Final = "notify_template is not configured"
 
 _GROUP_POLL_SECONDS: Final = 0.02
 _READ_CHUNK: Final = 64 * 1024
-_STDIN_CLOSED_ERRORS: Final = (
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    BrokenPipeError,
-    ConnectionResetError,
-)
 
 
 @dataclass(frozen=True)
@@ -85,24 +82,117 @@ class Delivery:
     """The stored JSON envelope text, sent as is."""
 
 
+def clean_error(text: str) -> str:
+    """A failure text fit to store on every engine: NUL characters (which
+    PostgreSQL text cannot hold) replaced by U+FFFD, cut to
+    :data:`LAST_ERROR_LIMIT` characters."""
+    return text.replace("\x00", "\ufffd")[:LAST_ERROR_LIMIT]
+
+
 @dataclass(frozen=True)
 class TransportResult:
     """The outcome of one attempt. ``error`` is the text to store as
-    ``last_error`` for a failure, already cut to :data:`LAST_ERROR_LIMIT`."""
+    ``last_error`` for a failure: NUL characters replaced and cut to
+    :data:`LAST_ERROR_LIMIT` characters, however the result was built.
+    ``permanent`` marks a failure no retry can fix (the OS refusing the
+    argv as too large): the dispatch is dead-lettered at once."""
 
     ok: bool
     error: str | None = None
+    permanent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            object.__setattr__(self, "error", clean_error(str(self.error)))
 
     @classmethod
     def success(cls) -> TransportResult:
         return cls(ok=True)
 
     @classmethod
-    def failure(cls, message: str) -> TransportResult:
+    def failure(cls, message: str, *, permanent: bool = False) -> TransportResult:
         """A failure whose message is stripped and cut to the first
         :data:`LAST_ERROR_LIMIT` characters (never empty)."""
-        text = message.strip()[:LAST_ERROR_LIMIT]
-        return cls(ok=False, error=text or "transport failed without a message")
+        text = clean_error(message.strip())
+        return cls(ok=False, error=text or "transport failed without a message",
+                   permanent=permanent)
+
+
+_SECRET_NAME: Final = re.compile(
+    r"SECRET|PASSW(OR)?D|PASSPHRASE|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH(?!OR)"
+    r"|COOKIE|SESSION_?KEY|SIGNING|(^|_)DSN$|(_|^)(KEY|PASS|PWD|PW)$|^DATABASE_URL$",
+)
+_NOT_SECRET: Final = frozenset({"PWD", "OLDPWD"})  # the shell's directories
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """Whether an environment variable looks like it holds a secret: its
+    name says so (``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``, ``*_KEY``,
+    ``*AUTH*``, ``DATABASE_URL``, ...) or its value holds a URL password or
+    a ``password=`` parameter."""
+    if name in _NOT_SECRET:
+        return False
+    return bool(_SECRET_NAME.search(name.upper()) or url_secrets(value))
+
+
+@dataclass(frozen=True)
+class ChildEnvironment:
+    """Which of the worker's environment variables a command's child gets
+    (SPEC section 12; configuration ``dispatch.env``).
+
+    - default: all of them except those that :func:`looks_secret`;
+    - ``allow``: exactly these names (secret-looking or not), nothing else;
+    - ``inherit=True``: all of them, secrets included (the explicit opt-out).
+
+    The ``TRIO_DISPATCH_*`` variables of the attempt are always set on top.
+    """
+
+    allow: tuple[str, ...] | None = None
+    inherit: bool = False
+    drop: frozenset[str] = field(default_factory=frozenset)
+    """Names dropped in the default mode whatever they look like (e.g. the
+    variables webhook secrets are read from)."""
+
+    def __post_init__(self) -> None:
+        if self.allow is not None and self.inherit:
+            raise ValueError("dispatch.env: give either allow (a list of names) or "
+                             "inherit: true, not both")
+
+    def build(self, base: Mapping[str, str]) -> dict[str, str]:
+        if self.inherit:
+            return dict(base)
+        if self.allow is not None:
+            return {name: base[name] for name in self.allow if name in base}
+        return {
+            name: value for name, value in base.items()
+            if name not in self.drop and not looks_secret(name, value)
+        }
+
+
+def template_warnings(template: Sequence[str] | None) -> list[str]:
+    """What in an argv template could let a dispatch's data change the
+    command's meaning or leak: a placeholder not after a ``--`` element (a
+    route such as ``--help`` would be read as an option) and ``{payload}``
+    in argv (readable by any local user in ``/proc/<pid>/cmdline``, ack
+    token included). Empty for a safe template."""
+    if not template:
+        return []
+    warnings = []
+    separated = False
+    for index, element in enumerate(template):
+        if index > 0 and element == "--":
+            separated = True
+        elif element in (PAYLOAD_PLACEHOLDER, DELIVER_TO_PLACEHOLDER) and not separated:
+            warnings.append(
+                f"notify_template[{index}] {element} can be read as an option by the command "
+                "(a value starting with '-'): put '--' before it"
+            )
+    if PAYLOAD_PLACEHOLDER in template:
+        warnings.append(
+            "notify_template puts {payload} in argv, where any local user can read it (ack "
+            "token included) in /proc/<pid>/cmdline: leave it out to send the payload on stdin"
+        )
+    return warnings
 
 
 class Transport(Protocol):
@@ -160,55 +250,39 @@ def _check_timeout(name: str, value: float, *, allow_zero: bool) -> float:
     return value
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    # The group may already be empty, or hold a member we may not signal;
-    # either way there is nothing more this process can do about it.
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_exists(pgid: int) -> bool:
-    # Zombie members count until someone reaps them, so under an init that
-    # does not reap this stays true until the grace runs out (bounded).
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def _read_bounded(stream: ByteReceiveStream, limit: int, sink: bytearray) -> None:
-    """Read ``stream`` to EOF, keeping the first ``limit`` bytes in ``sink``.
-
-    The rest is read and dropped so a chatty child never blocks on a full
-    pipe and memory stays bounded.
-    """
-    try:
-        async for chunk in stream:
-            room = limit - len(sink)
-            if room > 0:
-                sink += chunk[:room]
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-        pass
-
-
-async def _feed_stdin(stream: ByteSendStream, data: bytes) -> None:
-    """Write ``data`` then close the stream. A child that does not read its
-    stdin (or exits first) is its own business, not a failure."""
-    try:
-        if data:
-            await stream.send(data)
-    except _STDIN_CLOSED_ERRORS:
-        pass
-    finally:
+async def _read_bounded(fd: int, limit: int, sink: bytearray) -> None:
+    """Read the pipe ``fd`` to EOF, keeping the first ``limit`` bytes in
+    ``sink``. The rest is read and dropped so a chatty child never blocks on
+    a full pipe and memory stays bounded."""
+    while True:
         try:
-            await stream.aclose()
-        except _STDIN_CLOSED_ERRORS:
-            pass
+            chunk = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        except OSError:
+            return
+        if not chunk:
+            return
+        room = limit - len(sink)
+        if room > 0:
+            sink += chunk[:room]
+
+
+async def _feed_stdin(fd: int, data: bytes) -> None:
+    """Write ``data`` to the pipe ``fd``. A child that does not read its
+    stdin (or exits first) is its own business, not a failure; the caller
+    closes the pipe."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            await anyio.wait_writable(fd)
+            continue
+        except OSError:  # EPIPE: the child closed its end
+            return
+        view = view[written:]
 
 
 class CommandTransport:
@@ -216,9 +290,12 @@ class CommandTransport:
 
     The payload goes in argv where an element is ``"{payload}"``, else on
     stdin; the route goes where an element is ``"{deliver_to}"``. The child
-    gets ``env`` (default: ``os.environ`` at call time) plus
-    ``TRIO_DISPATCH_ID``, ``TRIO_DISPATCH_ATTEMPT``, ``TRIO_DISPATCH_KIND``
-    and ``TRIO_DISPATCH_DELIVER_TO`` (SPEC B7).
+    gets the environment :class:`ChildEnvironment` builds from ``env``
+    (default: ``os.environ`` at call time) -- by default without variables
+    that look like secrets -- plus ``TRIO_DISPATCH_ID``,
+    ``TRIO_DISPATCH_ATTEMPT``, ``TRIO_DISPATCH_KIND`` and
+    ``TRIO_DISPATCH_DELIVER_TO`` (SPEC B7). It never outlives the worker
+    process (see :mod:`trio_dispatch.process`).
 
     An absent or invalid template (anything :func:`is_valid_template`
     rejects) is accepted here and reported as a failure on every call (ADR
@@ -237,6 +314,7 @@ class CommandTransport:
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         env: Mapping[str, str] | None = None,
+        child_env: ChildEnvironment | None = None,
     ) -> None:
         candidate: object = list(template) if isinstance(template, tuple) else template
         self.template: list[str] | None = list(candidate) if is_valid_template(candidate) else None
@@ -246,12 +324,13 @@ class CommandTransport:
             raise ValueError(f"output_limit must be an int >= 0, got {output_limit!r}")
         self.output_limit = output_limit
         self.env: dict[str, str] | None = None if env is None else dict(env)
+        self.child_env = child_env or ChildEnvironment()
 
     def __repr__(self) -> str:
         return f"CommandTransport({self.template!r}, timeout={self.timeout!r})"
 
     def _child_env(self, delivery: Delivery) -> dict[str, str]:
-        env = dict(os.environ if self.env is None else self.env)
+        env = self.child_env.build(os.environ if self.env is None else self.env)
         env["TRIO_DISPATCH_ID"] = delivery.dispatch_id
         env["TRIO_DISPATCH_ATTEMPT"] = str(delivery.attempt)
         env["TRIO_DISPATCH_KIND"] = delivery.kind
@@ -265,7 +344,9 @@ class CommandTransport:
         stderr (UTF-8, undecodable bytes replaced), or ``exit <code>`` when
         stderr is empty; a child killed by a signal reports ``exit -<signo>``.
         A missing template, an executable that cannot be run, or a NUL
-        character in an argument or environment value is a failure too.
+        character in an argument or environment value is a failure too. An
+        argv or environment the OS refuses as too large (E2BIG) is a
+        *permanent* failure: the same attempt can never succeed.
 
         The child runs in its own process group. After it exits, anything it
         left running in that group is SIGKILLed, so nothing outlives the
@@ -290,19 +371,21 @@ class CommandTransport:
             return TransportResult.failure(
                 "cannot execute: an environment value contains a NUL character"
             )
-
         try:
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                env=env,
-            )
+            child = await spawn(argv, env, stdin=stdin_data is not None)
         except OSError as exc:
+            if is_too_big(exc):
+                size = sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in argv) + sum(
+                    len(k) + len(v.encode("utf-8", "surrogateescape")) + 2
+                    for k, v in env.items()
+                )
+                return TransportResult.failure(
+                    f"cannot execute {argv[0]!r}: the OS refuses an argv and environment of "
+                    f"{size:,} bytes as too large (E2BIG); no retry can succeed",
+                    permanent=True,
+                )
             return TransportResult.failure(f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
-        except ValueError as exc:  # e.g. an environment name holding "="
+        except (ValueError, UnicodeEncodeError) as exc:  # "=" in a name, a lone surrogate
             return TransportResult.failure(f"cannot execute {argv[0]!r}: {exc}")
 
         group_stopped = False
@@ -312,24 +395,24 @@ class CommandTransport:
             returncode: int | None = None
             timed_out = False
             async with anyio.create_task_group() as tg:
-                assert process.stdout is not None and process.stderr is not None
-                tg.start_soon(_read_bounded, process.stdout, self.output_limit, stdout)
-                tg.start_soon(_read_bounded, process.stderr, self.output_limit, stderr)
+                assert child.stdout is not None and child.stderr is not None
+                tg.start_soon(_read_bounded, child.stdout, self.output_limit, stdout)
+                tg.start_soon(_read_bounded, child.stderr, self.output_limit, stderr)
                 if stdin_data is not None:
-                    assert process.stdin is not None
-                    tg.start_soon(_feed_stdin, process.stdin, stdin_data)
+                    assert child.stdin is not None
+                    tg.start_soon(_feed_stdin_and_close, child, stdin_data)
 
                 with anyio.move_on_after(self.timeout):
-                    returncode = await process.wait()
+                    returncode = await child.wait()
                 if returncode is None:
                     timed_out = True
                     # Readers keep draining meanwhile, so a child writing on
                     # its way out is not stuck on a full pipe during the grace.
-                    await self._stop_process_group(process)
+                    await self._stop_process_group(child)
                 else:
                     # Whatever the child left behind in its group would hold
                     # our pipes open and outlive the attempt.
-                    _signal_group(process.pid, signal.SIGKILL)
+                    child.signal_group(signal.SIGKILL)
                 group_stopped = True
                 # Pipes reach EOF now, unless something escaped the group
                 # (its own setsid) still holds them: stop reading after a grace.
@@ -339,8 +422,8 @@ class CommandTransport:
         finally:
             if not group_stopped:
                 with anyio.CancelScope(shield=True):
-                    await self._stop_process_group(process)
-            await self._close_process(process)
+                    await self._stop_process_group(child)
+            child.close()
 
         if timed_out:
             return TransportResult.failure(_timeout_message(self.timeout))
@@ -349,40 +432,54 @@ class CommandTransport:
         text = stderr.decode("utf-8", errors="replace").strip()
         return TransportResult.failure(text or f"exit {returncode}")
 
-    async def _stop_process_group(self, process: Process) -> None:
+    async def _stop_process_group(self, child: Child) -> None:
         """SIGTERM the child's group, give it ``kill_grace`` to leave, then
         SIGKILL whatever is left and reap the child. Bounded by
         ``kill_grace + 1`` seconds even for a child that cannot be killed."""
-        pgid = process.pid
         with anyio.move_on_after(self.kill_grace + 1.0):
-            _signal_group(pgid, signal.SIGTERM)
+            child.signal_group(signal.SIGTERM)
             with anyio.move_on_after(self.kill_grace):
-                await process.wait()
+                await child.wait()
                 # Nothing signals "the group is empty", so poll.
-                while _group_exists(pgid):  # noqa: ASYNC110
+                while child.group_exists():  # noqa: ASYNC110
                     await anyio.sleep(_GROUP_POLL_SECONDS)
-            _signal_group(pgid, signal.SIGKILL)
-            await process.wait()
+            child.signal_group(signal.SIGKILL)
+            await child.wait()
 
-    @staticmethod
-    async def _close_process(process: Process) -> None:
-        # Process.aclose() waits for the child; only call it once the child
-        # is reaped, so closing can never hang on a process we failed to kill.
-        with anyio.CancelScope(shield=True):
-            if process.returncode is not None:
-                await process.aclose()
-                return
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream is not None:
-                    await stream.aclose()
+
+async def _feed_stdin_and_close(child: Child, data: bytes) -> None:
+    assert child.stdin is not None and child.popen.stdin is not None
+    try:
+        await _feed_stdin(child.stdin, data)
+    finally:
+        try:
+            child.popen.stdin.close()  # EOF for the child
+        except OSError:
+            pass
 
 
 TransportCallable = Callable[[Delivery], Awaitable[object]]
 
 
-def _describe(exc: Exception) -> str:
-    text = str(exc)
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` (or just ``Type``) for a failure text."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not fail the attempt twice
+        text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def must_propagate(exc: BaseException) -> bool:
+    """Whether an exception out of a transport is the caller's business
+    rather than a failed attempt: a cancellation of this event loop or a
+    KeyboardInterrupt, alone or inside an exception group. Everything else
+    -- ``SystemExit`` and ``GeneratorExit`` included -- fails the attempt
+    only (SPEC section 12)."""
+    stop = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None
+    return isinstance(exc, stop)
 
 
 class CallableTransport:
@@ -411,8 +508,10 @@ class CallableTransport:
         with anyio.move_on_after(self.timeout) as scope:
             try:
                 outcome = await self._invoke(delivery)
-            except Exception as exc:
-                return TransportResult.failure(_describe(exc))
+            except BaseException as exc:
+                if must_propagate(exc):
+                    raise
+                return TransportResult.failure(describe_exception(exc))
         if scope.cancelled_caught:
             return TransportResult.failure(_timeout_message(self.timeout))
         if outcome is False:
