@@ -185,7 +185,9 @@ class PostgresRaw(RawDB):
 
     @staticmethod
     def _sql(sql: str) -> str:
-        return sql.replace("%", "%%").replace("?", "%s")
+        from trio_dispatch.store.postgres import _placeholders
+
+        return _placeholders(sql)
 
     def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row

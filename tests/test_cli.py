@@ -310,7 +310,8 @@ def test_check_config_accepts_the_example_file() -> None:
     assert done.returncode == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["valid"] is True
-    assert document["notify_template"][1] == "scripts/demo_transport.py"
+    assert document["notify_template"][1:3] == ["scripts/demo_transport.py", "--"]
+    assert document["warnings"] == []
 
 
 def test_piping_into_a_closed_reader_is_not_an_error(db_path: Path,

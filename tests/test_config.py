@@ -23,7 +23,7 @@ from trio_dispatch.config import (
 )
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
-TEMPLATE = ["python3", "scripts/demo_transport.py", "{deliver_to}", "{payload}"]
+TEMPLATE = ["python3", "scripts/demo_transport.py", "--", "{deliver_to}"]
 
 
 def write(directory: Path, text: str, name: str = "config.yaml") -> Path:

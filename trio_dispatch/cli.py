@@ -1,10 +1,13 @@
 """The ``trio-dispatch`` command: the worker, and operator tools that work
-directly on the store with no worker running (SPEC section 6).
+directly on the store with no worker running (SPEC sections 6 and 12).
 
 Exit codes: 0 applied or found, 1 not applied (conflict) or not found, 2 bad
-usage or configuration. Every error is one line on stderr naming the bad
-value; a user error never prints a traceback. There is no enqueue command:
-producers enqueue through the library.
+usage, configuration or an unusable store. Every error is one line on
+stderr naming the bad value, with passwords masked and control characters
+made visible; no input prints a traceback. Read commands (``ls``, ``show``,
+``history``, ``stats``) open the store read-only and never create, migrate
+or change it; only ``migrate`` and ``worker`` create or migrate the schema.
+There is no enqueue command: producers enqueue through the library.
 """
 
 from __future__ import annotations
@@ -47,9 +50,26 @@ from .outbox import (
     purge_dispatch,
     retry_dispatch,
 )
+from .redact import (
+    known_secrets,
+    mask_url,
+    one_line,
+    register_secrets,
+    scrubbed_logger,
+    url_secrets,
+    visible,
+)
 from .store import open_store
-from .store.base import Store
-from .store.sqlite import sqlite_path_from_target
+from .store.base import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    Store,
+    StoreError,
+    check_busy_timeout,
+    parse_target,
+)
+from .store.schema import SCHEMA_VERSION
+from .transport import template_warnings
+from .validate import INT_MAX
 from .worker import DispatchWorker
 
 EXIT_OK = 0
@@ -58,8 +78,10 @@ EXIT_USAGE = 2
 
 MASK = "<hidden: use --show-token>"
 
-log = logging.getLogger("trio_dispatch")
+READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
+"""Commands that open the store read-only."""
 
+log = scrubbed_logger("trio_dispatch")
 
 class UsageError(Exception):
     """Bad usage or configuration: one line on stderr, exit 2."""
@@ -80,31 +102,63 @@ def load_cli_config(explicit: str | None) -> Config:
     return parse_config(None) if path is None else load_config(path)
 
 
-def resolve_store(db: str | None, config: str | None) -> str:
+@dataclasses.dataclass(frozen=True)
+class StoreChoice:
+    """The store an operator command works on, and how to open it."""
+
+    target: str
+    busy_timeout: float
+    durability: str = "full"
+    max_body_bytes: int | None = None
+
+
+def resolve_store(
+    db: str | None, config: str | None, busy_timeout: float | None = None, *,
+    must_exist: bool = True,
+) -> StoreChoice:
     """The store an operator command works on: ``--db``, else the ``store``
-    of the configuration found by SPEC order. The store must already exist:
-    a read must never create an empty database. Raises :class:`UsageError`
-    naming what was tried."""
-    if db:
-        target, origin = db, "--db"
-    else:
+    of the configuration found by SPEC order; ``busy_timeout`` is
+    ``--busy-timeout``, else the configuration's ``busy_timeout_seconds``
+    (with ``--db``, the one of ``--config`` when given). A SQLite store must
+    already exist unless ``must_exist`` is False (``migrate``): a read must
+    never create an empty database. Raises :class:`UsageError` naming what
+    was tried."""
+    loaded: Config | None = None
+    if config is not None or not db:
         path = find_config_path(config)
-        if path is None:
+        if path is None and not db:
             env = os.environ.get(CONFIG_ENV_VAR)
             raise UsageError(
                 "no store to work on: tried --db (not given), --config (not given), "
                 f"${CONFIG_ENV_VAR} ({'empty' if env == '' else 'not set'}), "
                 f"./{DEFAULT_CONFIG_NAME} (not found)"
             )
-        target, origin = load_config(path).store_target(), f"store of {path}"
-    if "://" in target and not target.startswith("sqlite://"):
-        return target
-    file = sqlite_path_from_target(target)
-    if file == ":memory:":
+        if path is not None:
+            loaded = load_config(path)
+    if db:
+        target, origin = db, "--db"
+    else:
+        assert loaded is not None and loaded.path is not None
+        target, origin = loaded.store_target(), f"store of {loaded.path}"
+    register_secrets(url_secrets(target))
+    try:
+        engine, location = parse_target(target)
+    except ValueError as exc:
+        raise UsageError(f"{origin}: {exc}") from None
+    wait = busy_timeout if busy_timeout is not None else (
+        loaded.busy_timeout_seconds if loaded is not None else DEFAULT_BUSY_TIMEOUT_SECONDS)
+    choice = StoreChoice(
+        target, wait,
+        durability=loaded.durability if loaded is not None else "full",
+        max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
+    )
+    if engine == "postgres":
+        return choice
+    if location == ":memory:":
         raise UsageError(f"{origin} is ':memory:': an operator command needs a database file")
-    if not Path(file).is_file():
-        raise UsageError(f"store {file!r} ({origin}) does not exist")
-    return target
+    if must_exist and not Path(location).is_file():
+        raise UsageError(f"store {location!r} ({origin}) does not exist")
+    return choice
 
 
 def configure_logging(level: str) -> None:
@@ -129,8 +183,11 @@ async def serve(
         config.store_target(),
         durability=config.durability,
         busy_timeout=config.busy_timeout_seconds,
+        max_body_bytes=config.dispatch.max_body_bytes,
     ) as db:
         worker = DispatchWorker.from_config(db, config)
+        for warning in template_warnings(config.dispatch.notify_template):
+            log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 await tg.start(worker.run)
@@ -152,6 +209,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     if args.db:
         store = args.db if "://" in args.db else os.path.abspath(args.db)
         config = dataclasses.replace(config, store=store)
+    if args.busy_timeout is not None:
+        config = dataclasses.replace(config, busy_timeout_seconds=args.busy_timeout)
+    register_secrets(url_secrets(config.store_target()))
+    try:
+        parse_target(config.store_target())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     configure_logging(config.log_level)
     anyio.run(serve, config, backend="trio")
     return EXIT_OK
@@ -245,7 +309,8 @@ def parse_duration(text: str) -> float:
 def _status_arg(text: str) -> str:
     if text not in lc.STATUSES:
         allowed = ", ".join(sorted(lc.STATUSES))
-        raise argparse.ArgumentTypeError(f"invalid status {text!r} (choose from {allowed})")
+        raise argparse.ArgumentTypeError(
+            f"invalid status {visible(repr(text))} (choose from {allowed})")
     return text
 
 
@@ -264,11 +329,11 @@ async def _ls(db: Store, args: argparse.Namespace) -> int:
     now = time.time()
     table = [
         [
-            str(r["id"]), str(r["kind"]), str(r["deliver_to"]), str(r["status"]),
-            f"{r['attempt']}/{r['max_attempts']}",
+            visible(r["id"]), visible(r["kind"]), visible(r["deliver_to"]),
+            visible(r["status"]), f"{r['attempt']}/{r['max_attempts']}",
             relative_time(r["next_attempt_at"], now)
             if r["status"] in lc.DUE_STATUSES else "-",
-            str(r["last_error"] or ""),
+            visible(r["last_error"] or ""),
         ]
         for r in rows
     ]
@@ -292,9 +357,12 @@ async def _show(db: Store, args: argparse.Namespace) -> int:
         extra = ""
         if key in ("next_attempt_at", "created_at", "updated_at", "expires_at") and value:
             extra = f"  ({relative_time(float(value), now)})"
-        print(f"{key:<16}{'-' if value is None else value}{extra}")
+        print(f"{key:<16}{'-' if value is None else visible(value)}{extra}")
     print("payload:")
-    print(json.dumps(shown["payload"], indent=2, sort_keys=False))
+    # JSON escapes C0 controls itself; the rest (C1, bidi, separators) is made
+    # visible line by line ("\n" only: a string may hold U+2028).
+    for line in json.dumps(shown["payload"], indent=2, ensure_ascii=False).split("\n"):
+        print(visible(line))
     return EXIT_OK
 
 
@@ -308,8 +376,9 @@ async def _history(db: Store, args: argparse.Namespace) -> int:
     rows = [
         [
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t["created_at"]))),
-            f"{t['previous_status'] or '-'} -> {t['status']}",
-            str(t["reason_code"]), f"{t['source']}/{t['actor']}", str(t["reason_summary"]),
+            visible(f"{t['previous_status'] or '-'} -> {t['status']}"),
+            visible(t["reason_code"]), visible(f"{t['source']}/{t['actor']}"),
+            visible(t["reason_summary"]),
         ]
         for t in transitions
     ]
@@ -336,9 +405,9 @@ async def _apply(
         _emit_json({"id": args.id, "applied": applied, "error": error,
                     "status": None if row is None else row["status"]})
     elif applied:
-        print(f"{verb} {args.id}" + ("" if row is None else f": now {row['status']}"))
+        print(f"{verb} {visible(args.id)}" + ("" if row is None else f": now {row['status']}"))
     if error is not None:
-        print(f"trio-dispatch: {error}", file=sys.stderr)
+        print(f"trio-dispatch: {one_line(error, known_secrets())}", file=sys.stderr)
     return EXIT_OK if applied else EXIT_NOT_APPLIED
 
 
@@ -402,34 +471,69 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         )
     config = load_config(path)
     template = config.dispatch.notify_template
+    warnings = template_warnings(template)
+    store = mask_url(config.store_target())
+    env = config.dispatch.env
+    env_shown: dict[str, Any] = (
+        {"inherit": True} if env.inherit
+        else {"allow": list(env.allow)} if env.allow is not None
+        else {"default": "all but secret-looking variables"}
+    )
     if args.json:
         _emit_json({
-            "path": str(path), "valid": True, "store": config.store_target(),
+            "path": str(path), "valid": True, "store": store,
             "durability": config.durability,
+            "busy_timeout_seconds": config.busy_timeout_seconds,
             "notify_template": None if template is None else list(template),
             "timeout_seconds": config.dispatch.timeout_seconds,
+            "max_body_bytes": config.dispatch.max_body_bytes,
+            "env": env_shown,
             "worker": dataclasses.asdict(config.worker),
             "log_level": config.log_level,
+            "warnings": warnings,
         })
-        return EXIT_OK
-    print(f"{path}: ok")
-    print(f"  store: {config.store_target()} (durability {config.durability})")
-    print(f"  notify_template: {list(template) if template else 'not configured'}")
+    else:
+        print(f"{visible(path)}: ok")
+        print(f"  store: {visible(store)} (durability {config.durability})")
+        print(f"  notify_template: "
+              f"{visible(list(template)) if template else 'not configured'}")
+    for warning in warnings:
+        print(f"trio-dispatch: warning: {visible(warning)}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _migrate(db: Store, args: argparse.Namespace) -> int:
+    found = getattr(db, "found_schema_version", None)
+    version = SCHEMA_VERSION
+    if args.json:
+        _emit_json({"store": db.url, "from_version": found, "version": version,
+                    "changed": found != version})
+    elif found is None:
+        print(f"created the trio_dispatch schema (version {version}) in {visible(db.url)}")
+    elif found != version:
+        print(f"migrated {visible(db.url)} from schema version {found} to {version}")
+    else:
+        print(f"{visible(db.url)} is at schema version {version}: nothing to do")
     return EXIT_OK
 
 
 _STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]] = {
     "ls": _ls, "show": _show, "history": _history, "ack": _ack, "retry": _retry,
-    "purge": _purge, "prune": _prune, "stats": _stats,
+    "purge": _purge, "prune": _prune, "stats": _stats, "migrate": _migrate,
 }
 
 
 def _cmd_store(args: argparse.Namespace) -> int:
-    target = resolve_store(args.db, args.config)
+    migrating = args.command == "migrate"
+    choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = _STORE_COMMANDS[args.command]
 
     async def run() -> int:
-        async with open_store(target) as db:
+        async with open_store(
+            choice.target, busy_timeout=choice.busy_timeout,
+            read_only=args.command in READ_COMMANDS, migrate=migrating,
+            snapshot=args.command in READ_COMMANDS,
+        ) as db:
             return await command(db, args)
 
     return anyio.run(run, backend="trio")
@@ -451,11 +555,16 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 applied/found, 1 not applied or not found, 2 bad usage "
         "or configuration.",
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--db", metavar="PATH", help="the store (SQLite file or sqlite:/// URL)")
-    where.add_argument("--config", metavar="FILE",
-                       help=f"configuration file (default ${CONFIG_ENV_VAR}, "
-                            f"then ./{DEFAULT_CONFIG_NAME})")
+    parser.add_argument("--db", metavar="PATH",
+                        help="the store (SQLite file, sqlite:/// or postgresql:// URL); "
+                             "overrides the configuration's")
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"configuration file (default ${CONFIG_ENV_VAR}, "
+                             f"then ./{DEFAULT_CONFIG_NAME})")
+    parser.add_argument("--busy-timeout", type=_busy_timeout, metavar="SECONDS",
+                        help="how long to wait for another process's lock (default: the "
+                             f"configuration's busy_timeout_seconds, else "
+                             f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                      parser_class=_Parser)
 
@@ -488,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only these finished statuses (repeatable)")
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     command("stats", "counts per status, oldest due pending, recent dead letters")
+    command("migrate", "create the outbox schema, or bring it forward to this version")
     check = command("check-config", "validate a configuration file")
     check.add_argument("file", nargs="?", metavar="FILE")
     check.set_defaults(handler=_cmd_check_config)
@@ -501,35 +611,71 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid limit {text!r}: must be an integer >= 1")
+    if not 1 <= value <= INT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"invalid limit {visible(repr(text))}: must be an integer from 1 to {INT_MAX}")
     return value
 
 
+def _busy_timeout(text: str) -> float:
+    try:
+        return check_busy_timeout(float(text), "--busy-timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
 def _status_list(text: str) -> list[str]:
-    return [_status_arg(part.strip()) for part in text.split(",") if part.strip()]
+    statuses = [_status_arg(part.strip()) for part in text.split(",") if part.strip()]
+    if not statuses:
+        raise argparse.ArgumentTypeError(
+            f"invalid status list {visible(repr(text))}: name at least one status")
+    return statuses
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _fail(message: object, code: int = EXIT_USAGE) -> int:
+    print(f"trio-dispatch: {one_line(message, known_secrets())}", file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        code: int = args.handler(args)
+    except BaseExceptionGroup as group:  # from a task group: report what is inside
+        leaves = _leaves(group)
+        if len(leaves) == 1 and isinstance(leaves[0], Exception):
+            raise leaves[0] from None
+        raise
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code."""
+    """Run the command line; return the exit code. Every error is one line
+    on stderr (exit 1 or 2), never a traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code: int = args.handler(args)
-    except (ConfigError, UsageError) as exc:
-        print(f"trio-dispatch: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _run(args)
     except NotApplied as exc:
         if getattr(args, "json", False):
-            _emit_json({"error": str(exc)})
-        print(f"trio-dispatch: {exc}", file=sys.stderr)
-        return EXIT_NOT_APPLIED
+            _emit_json({"error": one_line(exc, known_secrets())})
+        return _fail(exc, EXIT_NOT_APPLIED)
+    except (ConfigError, UsageError, StoreError) as exc:
+        return _fail(exc)
     except KeyboardInterrupt:  # Ctrl-C outside the worker's own signal handling
         return 130
     except BrokenPipeError:  # e.g. `trio-dispatch ls | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    return code
+    except (ValueError, TypeError) as exc:  # a value the library refused
+        return _fail(exc)
+    except Exception as exc:  # a database or OS error: still one line, never a traceback
+        return _fail(f"{type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

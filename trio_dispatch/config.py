@@ -11,9 +11,10 @@ failure, not a crash (ADR D3).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,23 @@ from typing import Any, Final, Literal
 
 import yaml
 
-from .store.sqlite import DURABILITIES
-from .transport import NOTIFY_TIMEOUT_SECONDS, is_valid_template
+from .redact import mask_url
+from .settings import SETTING_CHECKS, WorkerSettings
+from .store.base import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DURABILITIES,
+    check_busy_timeout,
+    parse_target,
+)
+from .transport import ChildEnvironment, is_valid_template
+from .validate import require_bool, require_int
 from .values import show
 
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+"""A configuration file larger than this is refused unread."""
 
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -43,6 +55,8 @@ class ConfigError(ValueError):
 class DispatchConfig:
     notify_template: tuple[str, ...] | None
     timeout_seconds: float
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    env: ChildEnvironment = dataclasses.field(default_factory=ChildEnvironment)
 
 
 @dataclass(frozen=True)
@@ -82,84 +96,127 @@ class Config:
             target = self.path.parent / target
         return str(target)
 
+    def worker_settings(self) -> WorkerSettings:
+        """The worker's settings from this file (already checked)."""
+        return WorkerSettings(
+            concurrency=self.worker.concurrency,
+            batch_size=self.worker.batch_size,
+            tick_seconds=self.worker.tick_seconds,
+            timeout_seconds=self.dispatch.timeout_seconds,
+            grace_seconds=self.worker.grace_seconds,
+            retry_jitter=self.worker.retry_jitter,
+            listen=self.worker.listen,
+        )
+
 
 # --- validation table -------------------------------------------------------
 
 _URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-
 @dataclass(frozen=True)
 class _Rule:
-    expected: str  # completes "<key> must be ..."
-    accepts: Callable[[Any], bool]
+    check: Callable[[str, Any], object]
+    """``check(dotted_key, value)``: the value to use, or TypeError/ValueError
+    whose message starts with the key."""
     default: object
-    convert: Callable[[Any], object] = lambda value: value
 
 
-def _is_number(value: object) -> bool:
-    # bool is an int subclass; "concurrency: yes" must not read as 1.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
+def _setting(name: str, default: object) -> _Rule:
+    # The worker's own check (settings.py): the file accepts what it accepts.
+    return _Rule(SETTING_CHECKS[name], default)
+
+
+def _check_store(key: str, value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key} must be a non-empty string, got {show(value)}")
     try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+        engine, _ = parse_target(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+    if engine == "postgres":
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                f"{key} {mask_url(value)} needs psycopg: install trio_dispatch[postgres]"
+            ) from None
+    return value
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+def _check_durability(key: str, value: object) -> str:
+    if not isinstance(value, str) or value not in DURABILITIES:
+        raise ValueError(f"{key} must be one of {', '.join(DURABILITIES)}, got {show(value)}")
+    return value
 
 
-def _positive(default: float) -> _Rule:
-    return _Rule("a finite number > 0", lambda v: _is_number(v) and v > 0, default, float)
+def _check_template(key: str, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not is_valid_template(value):
+        raise ValueError(f"{key} must be a non-empty list of strings or null, got {show(value)}")
+    return tuple(value)
 
 
-def _count(default: int) -> _Rule:
-    return _Rule("an integer >= 1", _is_count, default)
+def _check_log_level(key: str, value: object) -> str:
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        raise ValueError(
+            f"{key} must be one of {', '.join(LOG_LEVELS)} (any case), got {show(value)}"
+        )
+    return value.upper()
+
+
+_ENV_NAME: Final = re.compile(r"^[^=\x00]+$")
+
+
+def _check_env(key: str, value: object) -> ChildEnvironment:
+    if value is None:
+        return ChildEnvironment()
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} must be a mapping (allow: [NAME, ...] or inherit: true), "
+                         f"got {show(value)}")
+    unknown = [str(name) for name in value if name not in ("allow", "inherit")]
+    if unknown:
+        raise ValueError(f"unknown key {show(key + '.' + unknown[0])} (allowed: allow, inherit)")
+    allow = value.get("allow")
+    inherit = require_bool(f"{key}.inherit", value.get("inherit", False))
+    if allow is not None:
+        if not isinstance(allow, list) or not all(
+            isinstance(name, str) and _ENV_NAME.match(name) for name in allow
+        ):
+            raise ValueError(
+                f"{key}.allow must be a list of environment variable names, got {show(allow)}"
+            )
+        if inherit:
+            raise ValueError(f"{key}: give either allow (a list of names) or inherit: true, "
+                             "not both")
+        return ChildEnvironment(allow=tuple(allow))
+    return ChildEnvironment(inherit=inherit)
 
 
 _Schema = Mapping[str, "_Rule | _Schema"]
 
 _SCHEMA: Final[_Schema] = {
-    "store": _Rule(
-        "a non-empty string", lambda v: isinstance(v, str) and v.strip() != "", "outbox.db"
-    ),
-    "durability": _Rule(
-        f"one of {', '.join(DURABILITIES)}",
-        lambda v: isinstance(v, str) and v in DURABILITIES,
-        "full",
-    ),
-    "busy_timeout_seconds": _Rule(
-        "a finite number >= 0", lambda v: _is_number(v) and v >= 0, 10.0, float
-    ),
+    "store": _Rule(_check_store, "outbox.db"),
+    "durability": _Rule(_check_durability, "full"),
+    "busy_timeout_seconds": _Rule(lambda key, value: check_busy_timeout(value, key),
+                                  DEFAULT_BUSY_TIMEOUT_SECONDS),
     "dispatch": {
-        "notify_template": _Rule(
-            "a non-empty list of strings or null",
-            lambda v: v is None or is_valid_template(v),
-            None,
-            lambda v: None if v is None else tuple(v),
-        ),
-        "timeout_seconds": _positive(NOTIFY_TIMEOUT_SECONDS),
+        "notify_template": _Rule(_check_template, None),
+        "timeout_seconds": _setting("timeout_seconds", WorkerSettings.timeout_seconds),
+        "max_body_bytes": _Rule(lambda key, value: require_int(key, value, minimum=1),
+                                DEFAULT_MAX_BODY_BYTES),
+        "env": _Rule(_check_env, None),
     },
     "worker": {
-        "tick_seconds": _positive(30.0),
-        "concurrency": _count(16),
-        "batch_size": _count(100),
-        "grace_seconds": _Rule(
-            "a finite number >= 0", lambda v: _is_number(v) and v >= 0, 5.0, float
-        ),
-        "retry_jitter": _Rule(
-            "a number between 0 and 1", lambda v: _is_number(v) and 0 <= v <= 1, 0.0, float
-        ),
-        "listen": _Rule("true or false", lambda v: isinstance(v, bool), True),
+        "tick_seconds": _setting("tick_seconds", WorkerSettings.tick_seconds),
+        "concurrency": _setting("concurrency", WorkerSettings.concurrency),
+        "batch_size": _setting("batch_size", WorkerSettings.batch_size),
+        "grace_seconds": _setting("grace_seconds", WorkerSettings.grace_seconds),
+        "retry_jitter": _setting("retry_jitter", WorkerSettings.retry_jitter),
+        "listen": _setting("listen", WorkerSettings.listen),
     },
-    "log_level": _Rule(
-        f"one of {', '.join(LOG_LEVELS)} (any case)",
-        lambda v: isinstance(v, str) and v.upper() in LOG_LEVELS,
-        "INFO",
-        str.upper,
-    ),
+    "log_level": _Rule(_check_log_level, "INFO"),
 }
 
 
@@ -184,13 +241,12 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
         if not isinstance(rule, _Rule):
             values[name] = _check_section(data.get(name), rule, prefix=key + ".", source=source)
         elif name not in data:
-            values[name] = rule.default
-        elif rule.accepts(data[name]):
-            values[name] = rule.convert(data[name])
+            values[name] = rule.check(key, rule.default)  # defaults pass their own check
         else:
-            raise ConfigError(
-                f"{source}: {key} must be {rule.expected}, got {show(data[name])}"
-            )
+            try:
+                values[name] = rule.check(key, data[name])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{source}: {exc}") from None
     return values
 
 
@@ -226,14 +282,39 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """The safe loader, refusing a mapping that repeats a key: YAML would
+    keep the last value silently, and one of the two is a mistake."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {show(key)} (first at line {first.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
 def _safe_load(text: bytes, source: str) -> object:
-    """``yaml.safe_load`` with every failure turned into a one-line ConfigError."""
+    """A safe YAML load (duplicate keys refused) with every failure turned
+    into a one-line ConfigError."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         reason = _one_line(exc.problem or exc.context or "syntax error")
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        if isinstance(exc, yaml.constructor.ConstructorError) and "duplicate key" in reason:
+            raise ConfigError(f"{source}: {reason}{where}") from None
         if isinstance(exc, yaml.constructor.ConstructorError):
             raise ConfigError(
                 f"{source}: unsupported YAML{where}: {reason} "
@@ -262,13 +343,21 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     source = os.fspath(path)
     file = Path(path)
     try:
-        text = file.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; the check
+        # below refuses it (and a device such as /dev/zero) unread.
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"{source}: not a regular file")
+            text = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found") from None
     except OSError as exc:
         raise ConfigError(
             f"{source}: cannot read config file: {_one_line(exc.strerror or exc)}"
         ) from None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES:,} bytes: not a config file")
     return _build(_safe_load(text, source), source=source, path=file.absolute())
 
 

@@ -19,9 +19,7 @@ import dataclasses
 import enum
 import hmac
 import json
-import math
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, NamedTuple
@@ -30,8 +28,10 @@ import anyio
 
 from . import lifecycle as lc
 from .backoff import jittered_backoff
+from .redact import MASK
+from .settings import CLAIM_LEASE_MARGIN_SECONDS, DEFAULT_BATCH_SIZE
 from .signal import dispatch_envelope_json, uuid4_bytes
-from .store.base import Conn, Database, Row
+from .store.base import DEFAULT_MAX_BODY_BYTES, Conn, Database, Row
 from .store.schema import FINISHED_STATUSES_SQL
 from .transport import (
     LAST_ERROR_LIMIT,
@@ -41,13 +41,24 @@ from .transport import (
     Transport,
     TransportResult,
     as_transport,
+    describe_exception,
+    must_propagate,
+)
+from .validate import (
+    findable,
+    require_body,
+    require_bool,
+    require_dispatch_id,
+    require_int,
+    require_non_empty,
+    require_number,
+    require_optional_id,
+    require_route,
+    require_text,
 )
 from .values import show
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
-CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0
-"""A claim's lease is the transport timeout plus this margin (10 + 5 = 15 s)."""
-DEFAULT_BATCH_SIZE: Final = 100
 DEFAULT_LIST_LIMIT: Final = 50
 PRUNE_CHUNK: Final = 500
 DEFAULT_RETENTION_SECONDS: Final[Mapping[str, float]] = {
@@ -93,6 +104,9 @@ class Claim:
     max_attempts: int
     ack_required: bool
     lease_until: float
+    ack_token: str | None = dataclasses.field(default=None, repr=False)
+    """Kept to mask it in failure texts: a destination that echoes its input
+    must not put the token into ``last_error``, history or a log line."""
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -116,104 +130,6 @@ class Outcome(enum.Enum):
     """Worker shutdown interrupted the attempt: back to pending, due now."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""
-
-
-# -- validation (SPEC B2): before anything is written -------------------------
-
-
-_show = show
-
-
-def _require_text(name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__} {_show(value)}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{name} is not valid Unicode text: {_show(value)}") from None
-    return value
-
-
-def _require_non_empty(name: str, value: object) -> str:
-    text = _require_text(name, value)
-    if not text.strip():
-        raise ValueError(f"{name} must be a non-empty string, got {_show(value)}")
-    if "\x00" in text:
-        raise ValueError(f"{name} must not contain NUL characters, got {_show(value)}")
-    return text
-
-
-def _require_route(value: object) -> str:
-    text = _require_non_empty("deliver_to", value)
-    for char in text:
-        if unicodedata.category(char) == "Cc":
-            raise ValueError(
-                f"deliver_to must not contain control characters "
-                f"(found {char!r}), got {_show(value)}"
-            )
-    return text
-
-
-def _require_optional_id(name: str, value: object) -> str | None:
-    if value is None:
-        return None
-    return _require_non_empty(name, value)
-
-
-INT_MAX: Final = 2**31 - 1
-"""The largest value an INTEGER column holds on every engine."""
-
-
-def _require_int(name: str, value: object, *, minimum: int, maximum: int = INT_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {_show(value)}")
-    if not minimum <= value <= maximum:
-        raise ValueError(
-            f"{name} must be an int from {minimum} to {maximum}, got {_show(value)}"
-        )
-    return value
-
-
-def _require_number(name: str, value: object, *, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a finite number, got {_show(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {_show(value)}")
-    if minimum is not None and number < minimum:
-        raise ValueError(f"{name} must be a number >= {minimum}, got {_show(value)}")
-    return number
-
-
-def _require_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {_show(value)}")
-    return value
-
-
-def _require_body(body: object) -> str:
-    """The JSON text of a JSON-serialisable dict (None means ``{}``). It is
-    stored as JSON, so tuples read back as lists and non-str keys as
-    strings."""
-    if body is None or body == {}:
-        return "{}"
-    if not isinstance(body, dict):
-        raise TypeError(f"body must be a dict or None, got {type(body).__name__} {_show(body)}")
-    try:
-        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"body is not JSON-serialisable ({exc}): {_show(body)}") from None
-    return text
-
-
-def _require_dispatch_id(value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"dispatch_id must be a str, got {_show(value)}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,18 +158,19 @@ def _prepare(
     expires_at: object = None,
     session_id: object = None,
     schedule_run_id: object = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> _NewDispatch:
     """Validate one enqueue's arguments and build its row (id, token and
     serialised envelope), all before any transaction."""
-    kind_ = _require_non_empty("kind", kind)
-    route = _require_route(deliver_to)
-    body_json = _require_body(body)
-    key = None if dedup_key is None else _require_non_empty("dedup_key", dedup_key)
-    ack = _require_bool("ack_required", ack_required)
-    bound = _require_int("max_attempts", max_attempts, minimum=1)
-    expiry = None if expires_at is None else _require_number("expires_at", expires_at)
-    session = _require_optional_id("session_id", session_id)
-    run = _require_optional_id("schedule_run_id", schedule_run_id)
+    kind_ = require_non_empty("kind", kind)
+    route = require_route(deliver_to)
+    body_json = require_body(body, max_body_bytes)
+    key = None if dedup_key is None else require_non_empty("dedup_key", dedup_key)
+    ack = require_bool("ack_required", ack_required)
+    bound = require_int("max_attempts", max_attempts, minimum=1)
+    expiry = None if expires_at is None else require_number("expires_at", expires_at)
+    session = require_optional_id("session_id", session_id)
+    run = require_optional_id("schedule_run_id", schedule_run_id)
     dispatch_id = uuid4_bytes().hex()
     token = uuid4_bytes().hex() if ack else None
     return _NewDispatch(
@@ -548,6 +465,7 @@ def _claim(conn: Conn, row: Row, now: float, lease: float, actor: str) -> Claim 
         max_attempts=row["max_attempts"],
         ack_required=bool(row["ack_required"]),
         lease_until=lease_until,
+        ack_token=row["ack_token"],
     )
 
 
@@ -577,6 +495,12 @@ def _plan_end(end: _AttemptEnd) -> tuple[Outcome, str, str, str, str | None]:
         return (Outcome.ACK_TIMEOUT, lc.DEAD_LETTER, lc.ACK_TIMEOUT,
                 f"sent {claim.attempt} of {claim.max_attempts} times without an ack", None)
     error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+    if result.permanent:
+        # A failure no retry can fix (the OS refusing the argv as too
+        # large): retrying would fail the same way for hours.
+        return (Outcome.DEAD_LETTER, lc.DEAD_LETTER, lc.MAX_ATTEMPTS,
+                f"attempt {claim.attempt} failed permanently, no retry can succeed: "
+                f"{error[:200]}", error)
     if attempts_left:
         return (Outcome.RETRY, lc.PENDING, lc.RETRY_BACKOFF,
                 f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}", error)
@@ -628,6 +552,8 @@ def _finish_many(conn: Conn, ends: list[_AttemptEnd]) -> list[Outcome]:
             metadata["next_attempt_at"] = end.now + end.delay
         if error is not None:
             metadata["error"] = error
+        if end.result.permanent:
+            metadata["permanent"] = True
         history.append(_transition(claim.dispatch_id, lc.DELIVERING, status, reason, summary,
                                    source=lc.SOURCE_SCHEDULER, actor=end.actor, now=end.now,
                                    metadata=metadata))
@@ -642,7 +568,7 @@ def _finish_many(conn: Conn, ends: list[_AttemptEnd]) -> list[Outcome]:
 def _clock(now: float | None) -> Callable[[], float]:
     if now is None:
         return time.time
-    fixed = _require_number("now", now)
+    fixed = require_number("now", now)
     return lambda: fixed
 
 
@@ -681,6 +607,7 @@ async def enqueue_dispatch(
         expires_at=expires_at,
         session_id=session_id,
         schedule_run_id=schedule_run_id,
+        max_body_bytes=_body_limit(db),
     )
     if _is_plain(new):
         # Coalesced with the other plain enqueues of the same group commit.
@@ -688,6 +615,11 @@ async def enqueue_dispatch(
         db.notify_enqueued()
         return result.id
     return (await _commit_new(db, [new], _clock(now)))[0].id
+
+
+def _body_limit(db: Database) -> int:
+    limit = getattr(db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    return limit if isinstance(limit, int) else DEFAULT_MAX_BODY_BYTES
 
 
 async def _commit_new(
@@ -728,22 +660,23 @@ async def enqueue_many(
     """
     clock = _clock(now)
     if isinstance(items, Mapping | str | bytes):
-        raise TypeError(f"items must be an iterable of mappings, got {_show(items)}")
+        raise TypeError(f"items must be an iterable of mappings, got {show(items)}")
+    limit = _body_limit(db)
     batch: list[_NewDispatch] = []
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise TypeError(f"item {index} must be a mapping of enqueue arguments, got "
-                            f"{_show(item)}")
+                            f"{show(item)}")
         unknown = set(item) - _ENQUEUE_KEYS
         if unknown:
             raise TypeError(
-                f"item {index}: unknown enqueue argument {_show(sorted(map(str, unknown))[0])}"
+                f"item {index}: unknown enqueue argument {show(sorted(map(str, unknown))[0])}"
             )
         for required in ("kind", "deliver_to"):
             if required not in item:
                 raise TypeError(f"item {index}: missing required argument {required!r}")
         try:
-            batch.append(_prepare(**item))
+            batch.append(_prepare(**item, max_body_bytes=limit))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"item {index}: {exc}") from None
     return await _commit_new(db, batch, clock, name_items=True) if batch else []
@@ -786,7 +719,8 @@ def _claim_batch(
             "UPDATE dispatch_outbox SET status = 'delivering', attempt = attempt + 1, "
             f"next_attempt_at = ?, updated_at = ? WHERE {conn.row_key} IN ({marks}) "
             "AND status = ? "
-            "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required",
+            "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
+            "ack_token",
             (lease_until, at, *(row["row_key"] for row in group), previous),
         )
         recovered = "lease expired; " if previous == lc.DELIVERING else ""
@@ -801,6 +735,7 @@ def _claim_batch(
                 max_attempts=row["max_attempts"],
                 ack_required=bool(row["ack_required"]),
                 lease_until=lease_until,
+                ack_token=row["ack_token"],
             ))
             history.append(_transition(
                 row["id"], previous, lc.DELIVERING, lc.ATTEMPT,
@@ -828,7 +763,7 @@ async def claim_due(
     (``attempted``, ``expired``, ``dead_letter``). A row another claimant
     took first is skipped silently."""
     clock = _clock(now)
-    limit = _require_int("limit", limit, minimum=1)
+    limit = require_int("limit", limit, minimum=1)
 
     def scan_and_claim(conn: Conn) -> tuple[list[Claim], dict[str, int]]:
         return _claim_batch(conn, clock(), limit, lease_seconds, actor)
@@ -955,17 +890,22 @@ cancelled, so no second claimant can ever overlap it."""
 
 
 async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
-    """Run ``transport`` for ``claim``; a transport that raises, or returns
+    """Run ``transport`` for ``claim``; a transport that raises (anything
+    but a cancellation or KeyboardInterrupt: ``SystemExit`` too), or returns
     anything but a :class:`TransportResult`, is a failure saying so.
     Cancellation propagates."""
     try:
         result = await transport(claim.delivery())
-    except Exception as exc:
-        return TransportResult.failure(f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:
+        if must_propagate(exc):
+            raise
+        result = TransportResult.failure(describe_exception(exc))
     if not isinstance(result, TransportResult):
-        return TransportResult.failure(
-            f"transport returned {result!r}, not a TransportResult"
+        result = TransportResult.failure(
+            f"transport returned {show(result)}, not a TransportResult"
         )
+    if result.error and claim.ack_token and claim.ack_token in result.error:
+        result = dataclasses.replace(result, error=result.error.replace(claim.ack_token, MASK))
     return result
 
 
@@ -1026,8 +966,8 @@ async def deliver_due_dispatches(
     """
     require_store(db, "deliver_due_dispatches")
     clock = _clock(now)
-    limit = _require_int("batch_size", batch_size, minimum=1)
-    timeout = _require_number("timeout_seconds", timeout_seconds, minimum=0.0)
+    limit = require_int("batch_size", batch_size, minimum=1)
+    timeout = require_number("timeout_seconds", timeout_seconds, minimum=0.0)
     lease = timeout + CLAIM_LEASE_MARGIN_SECONDS
     sender: Transport = (
         CommandTransport(notify_template, timeout=timeout)
@@ -1071,7 +1011,9 @@ def _get_row(conn: Conn, dispatch_id: str) -> Row | None:
 
 async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
     """The dispatch's row (payload decoded), or None."""
-    dispatch_id = _require_dispatch_id(dispatch_id)
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return None
     return _decode(await db.read(partial(_get_row, dispatch_id=dispatch_id)))
 
 
@@ -1086,11 +1028,13 @@ async def list_dispatches(
     ``kind``, at most ``limit``."""
     if status is not None and status not in lc.STATUSES:
         raise ValueError(
-            f"status must be one of {', '.join(sorted(lc.STATUSES))}, got {_show(status)}"
+            f"status must be one of {', '.join(sorted(lc.STATUSES))}, got {show(status)}"
         )
-    limit = _require_int("limit", limit, minimum=1)
+    limit = require_int("limit", limit, minimum=1)
     if kind is not None:
-        _require_text("kind", kind)
+        require_text("kind", kind)
+        if not findable(kind):  # no row holds a NUL: the same answer on every engine
+            return []
     clauses, params = [], []
     if status is not None:
         clauses.append("status = ?")
@@ -1110,7 +1054,9 @@ async def list_dispatches(
 async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any]]:
     """The dispatch's ``status_transitions`` rows, oldest first (kept after
     the dispatch itself is purged)."""
-    dispatch_id = _require_dispatch_id(dispatch_id)
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return []
     rows = await db.read(
         lambda conn: conn.query(
             "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
@@ -1163,7 +1109,9 @@ async def ack_dispatch(
     to ``acked`` (delivered, acked, dead_letter, expired). Returns False if
     the row's status changed between the read and the write.
     """
-    dispatch_id = _require_dispatch_id(dispatch_id)
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        raise LookupError(f"dispatch {dispatch_id!r} not found")
     clock = _clock(now)
     row = await db.read(partial(_get_row, dispatch_id=dispatch_id))
     if row is None:
@@ -1171,9 +1119,13 @@ async def ack_dispatch(
     if not row["ack_required"]:
         raise ValueError(f"dispatch {dispatch_id!r} did not request acknowledgement")
     if not isinstance(ack_token, str):
-        raise TypeError(f"ack_token must be a str, got {_show(ack_token)}")
+        raise TypeError(f"ack_token must be a str, got {show(ack_token)}")
+    stored = row["ack_token"]
+    if not isinstance(stored, str) or not stored:
+        # Never compare against a stand-in ("None"): no token, no ack.
+        raise ValueError(f"dispatch {dispatch_id!r} has no ack token: it cannot be acknowledged")
     given = ack_token.encode("utf-8", "surrogatepass")
-    if not hmac.compare_digest(given, str(row["ack_token"]).encode("utf-8")):
+    if not hmac.compare_digest(given, stored.encode("utf-8")):
         raise ValueError(f"ack token does not match dispatch {dispatch_id!r}")
     lc.check_edge(dispatch_id, row["status"], lc.ACKED, source=lc.SOURCE_CONSUMER)
     return await db.write(
@@ -1211,11 +1163,13 @@ async def retry_dispatch(
     by default it is kept, so retrying an expired row whose deadline is
     still past sends it nowhere: the next scan expires it again.
     """
-    dispatch_id = _require_dispatch_id(dispatch_id)
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return False
     clock = _clock(now)
     assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
     if expires_at is not _Keep.KEEP and expires_at is not None:
-        _require_number("expires_at", expires_at)
+        require_number("expires_at", expires_at)
     row = await db.read(partial(_get_row, dispatch_id=dispatch_id))
     if row is None:
         return False
@@ -1265,7 +1219,9 @@ async def purge_dispatch(
     """Delete one dispatch in any status and record a
     ``dispatch.purged.operator`` transition in the same transaction. Returns
     whether a row was deleted. Its transition history is kept."""
-    dispatch_id = _require_dispatch_id(dispatch_id)
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return False
     clock = _clock(now)
 
     def purge(conn: Conn) -> bool:
@@ -1302,20 +1258,20 @@ async def prune_dispatches(
     """
     clock = _clock(now)
     if older_than is not None:
-        older_than = _require_number("older_than", older_than, minimum=0.0)
+        older_than = require_number("older_than", older_than, minimum=0.0)
     if statuses is None:
         chosen = sorted(lc.TERMINAL_STATUSES)
     else:
         if isinstance(statuses, str):
-            raise TypeError(f"statuses must be a list of statuses, got {_show(statuses)}")
+            raise TypeError(f"statuses must be a list of statuses, got {show(statuses)}")
         chosen = sorted(set(statuses))
         for status in chosen:
             if status not in lc.TERMINAL_STATUSES:
                 raise ValueError(
                     f"prune can only remove finished dispatches "
-                    f"({', '.join(sorted(lc.TERMINAL_STATUSES))}), got {_show(status)}"
+                    f"({', '.join(sorted(lc.TERMINAL_STATUSES))}), got {show(status)}"
                 )
-    _require_bool("dry_run", dry_run)
+    require_bool("dry_run", dry_run)
     at = clock()
     cutoffs = {
         status: at - (DEFAULT_RETENTION_SECONDS[status] if older_than is None else older_than)

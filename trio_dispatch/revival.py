@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from .outbox import DEFAULT_MAX_ATTEMPTS, _require_number, enqueue_dispatch
+from .outbox import DEFAULT_MAX_ATTEMPTS, enqueue_dispatch
 from .store.base import Database
+from .validate import require_number
 
 REVIVAL_KIND: Final = "revival_ping"
 DEFAULT_REVIVAL_TTL_SECONDS: Final = 3600.0
@@ -29,8 +30,8 @@ async def enqueue_revival_heartbeat(
     """
     if isinstance(seats, str) or not isinstance(seats, list | tuple):
         raise TypeError(f"seats must be a list of seat names, got {seats!r}")
-    epoch = _require_number("reset_epoch", reset_epoch)
-    ttl = _require_number("ttl_seconds", ttl_seconds, minimum=0.0)
+    epoch = require_number("reset_epoch", reset_epoch)
+    ttl = require_number("ttl_seconds", ttl_seconds, minimum=0.0)
     expires_at = epoch + ttl if reset_epoch else None
     for seat in seats:
         if not isinstance(seat, str) or not seat.strip():

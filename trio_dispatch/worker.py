@@ -36,14 +36,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from . import lifecycle as lc
 from .config import Config
 from .outbox import (
-    CLAIM_LEASE_MARGIN_SECONDS,
     COUNTER_KEYS,
-    DEFAULT_BATCH_SIZE,
     LEASE_SAFETY_SECONDS,
     Claim,
     Outcome,
-    _require_int,
-    _require_number,
     call_transport,
     claim_due,
     finish_and_claim_next,
@@ -54,10 +50,19 @@ from .outbox import (
     require_store,
     tally,
 )
+from .redact import scrubbed_logger, visible
+from .settings import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_TICK_SECONDS,
+    WorkerSettings,
+)
 from .store.base import Store
 from .transport import (
     DEFAULT_KILL_GRACE_SECONDS,
     NOTIFY_TIMEOUT_SECONDS,
+    ChildEnvironment,
     CommandTransport,
     Transport,
     TransportResult,
@@ -65,14 +70,11 @@ from .transport import (
     needs_asyncio_loop,
 )
 
-DEFAULT_TICK_SECONDS: Final = 30.0
-DEFAULT_CONCURRENCY: Final = 16
-DEFAULT_GRACE_SECONDS: Final = 5.0
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
 locked): a lost finish means one more send once the lease ends."""
 
-log = logging.getLogger("trio_dispatch.worker")
+log = scrubbed_logger("trio_dispatch.worker")
 
 
 class DispatchWorker:
@@ -111,27 +113,38 @@ class DispatchWorker:
         actor: str = lc.ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
         listen: bool = True,
+        child_env: ChildEnvironment | None = None,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
-        self.concurrency = _require_int("concurrency", concurrency, minimum=1)
-        self.batch_size = _require_int("batch_size", batch_size, minimum=1)
-        self.tick_seconds = _require_number("tick_seconds", tick_seconds, minimum=0.001)
-        self.timeout_seconds = _require_number("timeout_seconds", timeout_seconds, minimum=0.001)
-        self.grace_seconds = _require_number("grace_seconds", grace_seconds, minimum=0.0)
-        self.retry_jitter = _require_number("retry_jitter", retry_jitter, minimum=0.0)
-        if self.retry_jitter > 1.0:
-            raise ValueError(f"retry_jitter must be between 0 and 1, got {retry_jitter!r}")
-        kill_grace = _require_number("kill_grace_seconds", kill_grace_seconds, minimum=0.0)
-        self.transport: Transport = (
-            CommandTransport(notify_template, timeout=self.timeout_seconds, kill_grace=kill_grace)
-            if transport is None
-            else as_transport(transport, timeout=self.timeout_seconds)
+        self.settings = WorkerSettings(
+            concurrency=concurrency,
+            batch_size=batch_size,
+            tick_seconds=tick_seconds,
+            timeout_seconds=timeout_seconds,
+            grace_seconds=grace_seconds,
+            retry_jitter=retry_jitter,
+            kill_grace_seconds=kill_grace_seconds,
+            listen=listen,
         )
-        self.lease_seconds = self.timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS
+        """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
+        settings = self.settings
+        self.concurrency = settings.concurrency
+        self.batch_size = settings.batch_size
+        self.tick_seconds = settings.tick_seconds
+        self.timeout_seconds = settings.timeout_seconds
+        self.grace_seconds = settings.grace_seconds
+        self.retry_jitter = settings.retry_jitter
+        self.transport: Transport = (
+            CommandTransport(notify_template, timeout=settings.timeout_seconds,
+                             kill_grace=settings.kill_grace_seconds, child_env=child_env)
+            if transport is None
+            else as_transport(transport, timeout=settings.timeout_seconds)
+        )
+        self.lease_seconds = settings.lease_seconds
         self.actor = actor
         self.log = logger or log
-        self.listen = bool(listen)
+        self.listen = settings.listen
         """Wake on other processes' enqueues where the store can tell
         (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
@@ -162,6 +175,7 @@ class DispatchWorker:
             "grace_seconds": config.worker.grace_seconds,
             "retry_jitter": config.worker.retry_jitter,
             "listen": config.worker.listen,
+            "child_env": config.dispatch.env,
         }
         return cls(db, **{**settings, **overrides})
 
@@ -390,10 +404,13 @@ class DispatchWorker:
         self, claim: Claim, outcome: Outcome | None, started: float, error: str | None
     ) -> None:
         label = "unrecorded" if outcome is None else outcome.value
-        detail = f" error={error[:200]!r}" if error and outcome is not Outcome.DELIVERED else ""
+        # Outside text (kind, a destination's stderr) made visible: it can
+        # neither forge a log line nor reach a terminal as escapes.
+        detail = (f" error={visible(repr(error[:200]))}"
+                  if error and outcome is not Outcome.DELIVERED else "")
         self.log.info(
             "dispatch %s kind=%s attempt=%d/%d result=%s duration=%.0fms%s",
-            claim.dispatch_id, claim.kind, claim.attempt, claim.max_attempts, label,
+            claim.dispatch_id, visible(claim.kind), claim.attempt, claim.max_attempts, label,
             (time.monotonic() - started) * 1000, detail,
         )
 

@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
-from .base import Conn, Database, Row, Store, Transaction
-from .postgres import PostgresStore
-from .sqlite import (
+from ..redact import mask_url, one_line, url_secrets
+from ..values import show
+from .base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
     DURABILITIES,
+    MAX_BUSY_TIMEOUT_SECONDS,
+    Conn,
+    Database,
     Durability,
+    Row,
     SchemaError,
-    SQLiteStore,
-    sqlite_path_from_target,
+    Store,
+    StoreError,
+    Transaction,
+    check_busy_timeout,
+    parse_target,
 )
+from .postgres import PostgresStore
+from .sqlite import SQLiteStore
 
 __all__ = [
+    "DEFAULT_BUSY_TIMEOUT_SECONDS",
+    "DEFAULT_MAX_BODY_BYTES",
     "DURABILITIES",
+    "MAX_BUSY_TIMEOUT_SECONDS",
     "Conn",
     "Database",
     "Durability",
@@ -27,9 +42,36 @@ __all__ = [
     "SQLiteStore",
     "SchemaError",
     "Store",
+    "StoreError",
     "Transaction",
     "open_store",
+    "parse_target",
 ]
+
+
+def _driver_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [sqlite3.Error, OSError]
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - without the postgres extra
+        pass
+    else:
+        errors.append(psycopg.Error)
+    return tuple(errors)
+
+
+def _open_error(exc: BaseException, engine: str, location: str, masked: str) -> StoreError:
+    """One line saying why the store could not be opened, password-free."""
+    text = one_line(exc, url_secrets(location))
+    if engine == "sqlite":
+        parent = Path(location).absolute().parent
+        if "unable to open database file" in text and not parent.is_dir():
+            text = f"its directory {str(parent)!r} does not exist"
+        elif "file is not a database" in text:
+            text = "it is not a SQLite database"
+        elif "readonly database" in text:
+            text = f"{text} (a read-only file or directory: only read commands can use it)"
+    return StoreError(f"cannot open store {masked}: {text}")
 
 
 @asynccontextmanager
@@ -38,6 +80,10 @@ async def open_store(
     *,
     durability: Durability = "full",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+    read_only: bool = False,
+    migrate: bool = True,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    snapshot: bool = False,
 ) -> AsyncIterator[Store]:
     """Open (creating or migrating forward) the store that ``target`` names
     and close it when the block exits.
@@ -48,33 +94,45 @@ async def open_store(
     ``durability`` is ``"full"`` (a commit survives power loss) or
     ``"normal"`` (it survives a process crash; PostgreSQL:
     ``synchronous_commit=off``). ``busy_timeout`` is how long a write waits
-    for another process's lock (PostgreSQL: ``lock_timeout``). Raises
-    ``ValueError`` for a target or option it cannot use, naming it, before
-    touching any file.
+    for another process's lock (PostgreSQL: ``lock_timeout``).
+    ``max_body_bytes`` bounds an enqueue's ``body`` (bytes of JSON).
+
+    ``read_only=True`` opens without writing anything (SQLite ``mode=ro``,
+    no journal-mode change; PostgreSQL read-only transactions) and never
+    creates or migrates: a missing or older schema raises
+    :class:`SchemaError` naming ``trio-dispatch migrate``; a write raises
+    :class:`StoreError`. ``migrate=False`` opens for writing but likewise
+    requires the current schema (and never creates a file). ``snapshot``
+    (with ``read_only``, SQLite) is for one short read: a database no other
+    connection has open is read without creating its ``-wal``/``-shm``
+    files (a later commit by another process is then not seen).
+
+    Raises ``ValueError`` for a target or option it cannot use, naming it
+    (password masked), before touching any file; :class:`StoreError` (one
+    line, password masked) when the database cannot be opened.
     """
     if durability not in DURABILITIES:
-        raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
-    if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, int | float) or not (
-        busy_timeout >= 0
+        raise ValueError(f"durability must be one of {DURABILITIES}, got {show(durability)}")
+    busy_timeout = check_busy_timeout(busy_timeout)
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or (
+        max_body_bytes < 1
     ):
-        raise ValueError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
+        raise ValueError(f"max_body_bytes must be an int >= 1, got {show(max_body_bytes)}")
     raw = os.fspath(target)
-    if not isinstance(raw, str):
-        raise TypeError(f"store target must be a str path or URL, got {target!r}")
+    engine, location = parse_target(raw)
     store: SQLiteStore | PostgresStore
-    if raw.startswith(("postgresql://", "postgres://")):
-        store = PostgresStore(raw, durability=durability, busy_timeout=busy_timeout)
-    elif "://" in raw and not raw.startswith("sqlite://"):
-        raise ValueError(
-            f"unsupported store URL {raw!r}: use a file path, ':memory:', sqlite:///path "
-            "or postgresql://..."
-        )
+    if engine == "postgres":
+        store = PostgresStore(location, durability=durability, busy_timeout=busy_timeout,
+                              read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
     else:
-        store = SQLiteStore(
-            sqlite_path_from_target(raw), durability=durability, busy_timeout=busy_timeout
-        )
+        store = SQLiteStore(location, durability=durability, busy_timeout=busy_timeout,
+                            read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes,
+                            snapshot=snapshot)
     try:
         await store._open()
+    except _driver_errors() as exc:
+        store._stop_writer_thread()
+        raise _open_error(exc, engine, location, mask_url(raw)) from None
     except BaseException:
         store._stop_writer_thread()
         raise

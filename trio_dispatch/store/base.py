@@ -14,15 +14,120 @@ SQLite and PostgreSQL share (``RETURNING``, ``ON CONFLICT ... DO NOTHING``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
+
+from ..redact import mask_url
+from ..values import show
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
 
 Row = dict[str, Any]
+
+Durability = Literal["full", "normal"]
+DURABILITIES: Final = ("full", "normal")
+DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0
+MAX_BUSY_TIMEOUT_SECONDS: Final = 2_147_483.0
+"""The longest wait either engine takes: SQLite's ``busy_timeout`` and
+PostgreSQL's ``lock_timeout`` are both a 32-bit count of milliseconds."""
+DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
+"""The largest ``body`` an enqueue accepts, in bytes of JSON (SPEC 12)."""
+MIGRATE_HINT: Final = "run `trio-dispatch migrate` to create it"
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be opened or used as asked: a missing or foreign
+    database, a server that does not answer, a read-only store asked to
+    write. The message is one line and never holds a password."""
+
+
+class SchemaError(StoreError):
+    """The database's schema cannot be used by this version: missing, older
+    (run ``trio-dispatch migrate``) or newer (upgrade trio_dispatch)."""
+
+
+def check_schema_version(found: int | None, where: str, current: int, *, migrating: bool) -> None:
+    """Raise :class:`SchemaError` unless a database whose recorded schema
+    version is ``found`` (None: no outbox schema at all) can be used by a
+    store at version ``current``; a migrating store may take an older or
+    missing schema forward."""
+    if found is not None and found > current:
+        raise SchemaError(
+            f"{where} has schema version {found}, newer than this trio_dispatch supports "
+            f"({current}); upgrade trio_dispatch instead"
+        )
+    if migrating:
+        return
+    if found is None:
+        raise SchemaError(f"{where} has no trio_dispatch schema: {MIGRATE_HINT}")
+    if found < current:
+        raise SchemaError(
+            f"{where} has schema version {found}, older than this trio_dispatch uses "
+            f"({current}): run `trio-dispatch migrate` to bring it forward"
+        )
+
+
+def check_busy_timeout(value: object, name: str = "busy_timeout") -> float:
+    """``value`` as seconds, if it is a number from 0 to
+    :data:`MAX_BUSY_TIMEOUT_SECONDS`; else ValueError naming it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not _finite(value)
+        or not 0 <= value <= MAX_BUSY_TIMEOUT_SECONDS
+    ):
+        raise ValueError(
+            f"{name} must be a number of seconds from 0 to {MAX_BUSY_TIMEOUT_SECONDS:.0f}, "
+            f"got {show(value)}"
+        )
+    return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+Engine = Literal["sqlite", "postgres"]
+
+
+def parse_target(target: str) -> tuple[Engine, str]:
+    """Which engine a store target names, and its location: ``("sqlite",
+    path)`` for a file path, ``":memory:"``, ``sqlite:///rel.db`` or
+    ``sqlite:////abs.db``; ``("postgres", url)`` for ``postgresql://`` or
+    ``postgres://``. Anything else raises ValueError whose message names the
+    target with its password masked."""
+    if not isinstance(target, str):
+        raise TypeError(f"store target must be a str path or URL, got {show(target)}")
+    if "\x00" in target:
+        raise ValueError(f"store target {show(mask_url(target))} contains a NUL character")
+    if not target.strip():
+        raise ValueError("store target must be a path, ':memory:' or a URL, got an empty string")
+    if target.startswith(("postgresql://", "postgres://")):
+        return "postgres", target
+    if target.startswith("sqlite:"):
+        rest = target[len("sqlite:"):]
+        if not rest.startswith("///"):
+            raise ValueError(
+                f"store URL must look like sqlite:///relative.db or sqlite:////absolute.db, "
+                f"got {show(mask_url(target))}"
+            )
+        path = rest[3:]  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
+        if not path:
+            raise ValueError(f"store URL names no file: {show(mask_url(target))}")
+        return "sqlite", path
+    if "://" in target:
+        raise ValueError(
+            f"unsupported store URL {show(mask_url(target))}: use a file path, ':memory:', "
+            "sqlite:///path or postgresql://..."
+        )
+    return "sqlite", target
 
 
 class Conn(Protocol):

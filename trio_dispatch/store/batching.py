@@ -38,7 +38,8 @@ import outcome
 import sniffio
 import trio
 
-from .base import Conn, ItemT, ResultT, Row, T
+from ..redact import mask_url
+from .base import DEFAULT_MAX_BODY_BYTES, Conn, ItemT, ResultT, Row, StoreError, T
 
 
 class _State(enum.Enum):
@@ -146,8 +147,26 @@ class BatchingStore(abc.ABC):
     """The engine-independent half of a store (see the module docstring)."""
 
     url: str
+    """Where the store is, with any password masked: safe to log."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        read_only: bool = False,
+        migrate: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        self.url = mask_url(url)
+        self.read_only = read_only
+        """Opened for reading only: never writes, creates or migrates."""
+        self.migrate = migrate and not read_only
+        """Opening creates or migrates the schema (else it must be current)."""
+        self.max_body_bytes = max_body_bytes
+        """The largest enqueue ``body`` accepted, in bytes of JSON."""
+        self.found_schema_version: int | None = None
+        """The schema version the database had when this store opened it
+        (None: it had no outbox schema and opening created one)."""
         self._writer_conn: Conn | None = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._writer_lock = threading.Lock()
@@ -293,7 +312,7 @@ class BatchingStore(abc.ABC):
         conn = self._writer_conn
         if conn is None:
             for unit in batch:
-                unit.error = RuntimeError(f"store {self.url} is closed")
+                unit.error = StoreError(f"store {self.url} is closed")
             return
         todo = batch
         while todo:
@@ -342,7 +361,7 @@ class BatchingStore(abc.ABC):
             await self._idle.wait()
         conn = self._writer_conn
         if conn is None:
-            raise RuntimeError(f"store {self.url} is closed")
+            raise StoreError(f"store {self.url} is closed")
         self._busy = True
         self._tx_owner = anyio.get_current_task().id
         tx = BatchingTransaction(self, conn)
@@ -363,9 +382,21 @@ class BatchingStore(abc.ABC):
         if tx._enqueued:
             self.notify_enqueued()
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}{' read-only' if self.read_only else ''}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"store {self.url} is closed")
+
     def _check_usable(self) -> None:
-        if self._closed or self._writer_conn is None:
-            raise RuntimeError(f"store {self.url} is closed")
+        """Raise unless this store may write now (open, not read-only, not
+        inside this task's own transaction)."""
+        self._check_open()
+        if self.read_only:
+            raise StoreError(f"store {self.url} is open read-only: it cannot write")
+        if self._writer_conn is None:
+            raise StoreError(f"store {self.url} is closed")
         if self._tx_owner is not None and self._tx_owner == anyio.get_current_task().id:
             raise RuntimeError(
                 "this task holds an open transaction on the store: pass the transaction "
@@ -398,6 +429,11 @@ class BatchingTransaction:
         self._closed = False
         self._enqueued = False
         self._lost: RuntimeError | None = None
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The store's limit on an enqueue's ``body`` (bytes of JSON)."""
+        return self._store.max_body_bytes
 
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._closed:

@@ -12,13 +12,21 @@ host wake at once; the tick remains the fallback.
 from __future__ import annotations
 
 import functools
-import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import anyio
 
-from .base import Row, T
+from ..redact import mask_url, register_secrets, scrubbed_logger, url_secrets
+from .base import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    Row,
+    StoreError,
+    T,
+    check_schema_version,
+)
 from .batching import BatchingStore
 from .schema import MIGRATIONS, SCHEMA_VERSION, SCHEMA_VERSION_TABLE
 
@@ -37,13 +45,56 @@ LISTEN_POLL_SECONDS: Final = 1.0
 READERS: Final = 4
 """Connections in the read pool (and reads running at once)."""
 
-log = logging.getLogger("trio_dispatch.store")
+log = scrubbed_logger("trio_dispatch.store")
+
+
+_DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
 
 
 @functools.lru_cache(maxsize=512)
 def _placeholders(sql: str) -> str:
-    """``?`` placeholders (the outbox's portable SQL) -> psycopg's ``%s``."""
-    return sql.replace("%", "%%").replace("?", "%s")
+    """The outbox's portable SQL for psycopg: each ``?`` placeholder becomes
+    ``%s`` -- but not a ``?`` inside a quoted literal (``'...'``,
+    ``E'...'``, ``$tag$...$tag$``), a quoted identifier or a comment, as
+    on SQLite -- and every ``%`` is doubled (psycopg reads ``%`` anywhere,
+    literals included)."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        char = sql[i]
+        if char in "'\"":
+            escapes = char == "'" and i > 0 and sql[i - 1] in "Ee" and (
+                i < 2 or not (sql[i - 2].isalnum() or sql[i - 2] == "_"))
+            j = i + 1
+            while j < n:
+                if escapes and sql[j] == "\\":
+                    j += 2
+                    continue
+                if sql[j] == char:
+                    if j + 1 < n and sql[j + 1] == char:  # a doubled quote
+                        j += 2
+                        continue
+                    break
+                j += 1
+            end = min(j + 1, n)
+        elif sql.startswith("--", i):
+            newline = sql.find("\n", i)
+            end = n if newline < 0 else newline + 1
+        elif sql.startswith("/*", i):
+            close = sql.find("*/", i + 2)
+            end = n if close < 0 else close + 2
+        elif char == "$" and (tag := _DOLLAR_TAG.match(sql, i)) is not None and (
+            i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")
+        ):
+            close = sql.find(tag.group(), tag.end())
+            end = n if close < 0 else close + len(tag.group())
+        else:
+            out.append("%s" if char == "?" else "%%" if char == "%" else char)
+            i += 1
+            continue
+        out.append(sql[i:end].replace("%", "%%"))
+        i = end
+    return "".join(out)
 
 
 def _postgres_ddl(statement: str) -> str:
@@ -88,18 +139,37 @@ class PostgresConn:
         self._conn.execute(f"NOTIFY {CHANNEL}")
 
 
-def _configure(conn: psycopg.Connection[Any], *, durability: str, lock_timeout: float) -> None:
+def _configure(
+    conn: psycopg.Connection[Any], *, durability: str, lock_timeout: float,
+    read_only: bool = False,
+) -> None:
     # JSON columns come back as their text, as stored (the payload is sent as is).
     conn.adapters.register_loader("json", TextLoader)
     conn.adapters.register_loader("jsonb", TextLoader)
     conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
     conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+    if read_only:
+        conn.execute("SET default_transaction_read_only = on")
 
 
-def _connect(url: str, *, durability: str, lock_timeout: float) -> psycopg.Connection[Any]:
+def _connect(
+    url: str, *, durability: str, lock_timeout: float, read_only: bool = False
+) -> psycopg.Connection[Any]:
     conn = psycopg.connect(url, autocommit=True)
-    _configure(conn, durability=durability, lock_timeout=lock_timeout)
+    try:
+        _configure(conn, durability=durability, lock_timeout=lock_timeout, read_only=read_only)
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _schema_version(conn: psycopg.Connection[Any]) -> int | None:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (SCHEMA_VERSION_TABLE,)).fetchone()
+    if row is None or not row[0]:
+        return None
+    found = conn.execute(f"SELECT MAX(version) FROM {SCHEMA_VERSION_TABLE}").fetchone()
+    return int(found[0] or 0) if found else 0
 
 
 class PostgresStore(BatchingStore):
@@ -107,61 +177,86 @@ class PostgresStore(BatchingStore):
     and a ``postgresql://`` URL."""
 
     def __init__(
-        self, url: str, *, durability: str = "full", busy_timeout: float = 10.0
+        self,
+        url: str,
+        *,
+        durability: str = "full",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+        read_only: bool = False,
+        migrate: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         if psycopg is None:
-            raise ValueError(
-                f"{url!r} needs psycopg: install trio_dispatch[postgres] "
+            raise StoreError(
+                f"{mask_url(url)} needs psycopg: install trio_dispatch[postgres] "
                 "(psycopg[binary,pool] >= 3.2)"
             )
-        super().__init__()
-        self.url = url
+        super().__init__(url, read_only=read_only, migrate=migrate,
+                         max_body_bytes=max_body_bytes)
+        self._dsn = url  # holds the password: never in a message (self.url is masked)
+        register_secrets(url_secrets(url))
         self.durability = durability
         self.busy_timeout = busy_timeout
         self._writer: psycopg.Connection[Any] | None = None
         self._readers: ConnectionPool[Any] | None = None
         self._read_limiter = anyio.CapacityLimiter(READERS)
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        return _connect(self._dsn, durability=self.durability, lock_timeout=self.busy_timeout,
+                        read_only=self.read_only)
+
+    def _read_pool(self) -> ConnectionPool[Any]:
+        return ConnectionPool(
+            self._dsn,
+            min_size=1,
+            max_size=READERS,
+            kwargs={"autocommit": True},
+            configure=lambda conn: _configure(
+                conn, durability=self.durability, lock_timeout=self.busy_timeout,
+                read_only=self.read_only,
+            ),
+            open=True,
+        )
+
     async def _open(self) -> None:
-        def open_all() -> None:
-            writer = _connect(self.url, durability=self.durability,
-                              lock_timeout=self.busy_timeout)
+        def open_read_only() -> None:
+            probe = self._connect()
             try:
-                self._migrate(writer)
-                readers: ConnectionPool[Any] = ConnectionPool(
-                    self.url,
-                    min_size=1,
-                    max_size=READERS,
-                    kwargs={"autocommit": True},
-                    configure=lambda conn: _configure(
-                        conn, durability=self.durability, lock_timeout=self.busy_timeout
-                    ),
-                    open=True,
-                )
+                self.found_schema_version = _schema_version(probe)
+                check_schema_version(self.found_schema_version, self.url, SCHEMA_VERSION,
+                                     migrating=False)
+            finally:
+                probe.close()
+            self._readers = self._read_pool()
+
+        def open_all() -> None:
+            writer = self._connect()
+            try:
+                if self.migrate:
+                    self.found_schema_version = self._migrate(writer)
+                else:
+                    self.found_schema_version = _schema_version(writer)
+                    check_schema_version(self.found_schema_version, self.url, SCHEMA_VERSION,
+                                         migrating=False)
+                readers = self._read_pool()
             except BaseException:
                 writer.close()
                 raise
             self._writer, self._readers = writer, readers
             self._writer_conn = PostgresConn(writer)
 
-        await self._in_writer(open_all)
+        await self._in_writer(open_read_only if self.read_only else open_all)
 
-    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
-        from .sqlite import SchemaError
-
+    def _migrate(self, conn: psycopg.Connection[Any]) -> int | None:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            recorded = _schema_version(conn)
+            check_schema_version(recorded, self.url, SCHEMA_VERSION, migrating=True)
             conn.execute(
                 f"CREATE TABLE IF NOT EXISTS {SCHEMA_VERSION_TABLE} "
                 "(version INTEGER NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
             )
-            row = conn.execute(f"SELECT MAX(version) FROM {SCHEMA_VERSION_TABLE}").fetchone()
-            found = int(row[0] or 0) if row else 0
-            if found > SCHEMA_VERSION:
-                raise SchemaError(
-                    f"{self.url!r} has schema version {found}, newer than this trio_dispatch "
-                    f"supports ({SCHEMA_VERSION}); upgrade trio_dispatch instead"
-                )
+            found = recorded or 0
             for version in range(found, SCHEMA_VERSION):
                 for statement in MIGRATIONS[version]:
                     conn.execute(_postgres_ddl(statement))
@@ -170,6 +265,7 @@ class PostgresStore(BatchingStore):
                     "VALUES (%s, extract(epoch from clock_timestamp()))",
                     (version + 1,),
                 )
+        return recorded
 
     # -- the engine primitives ---------------------------------------------------
 
@@ -203,9 +299,10 @@ class PostgresStore(BatchingStore):
     async def read(self, work: Callable[[PostgresConn], T]) -> T:
         """Run ``work`` on a snapshot (a read-only repeatable-read
         transaction) from the read pool; reads never wait for the writer."""
+        self._check_open()
         readers = self._readers
         if readers is None:
-            raise RuntimeError(f"store {self.url} is closed")
+            raise StoreError(f"store {self.url} is closed")
 
         def run() -> T:
             with readers.connection() as reader:
@@ -229,10 +326,7 @@ class PostgresStore(BatchingStore):
         an enqueue to this database, until cancelled. Raises if notifications
         are unavailable (e.g. behind a transaction-mode pooler); the caller
         then relies on its tick."""
-        conn = await anyio.to_thread.run_sync(
-            functools.partial(_connect, self.url, durability=self.durability,
-                              lock_timeout=self.busy_timeout)
-        )
+        conn = await anyio.to_thread.run_sync(self._connect)
         try:
             await anyio.to_thread.run_sync(conn.execute, f"LISTEN {CHANNEL}")
             task_status.started()

@@ -4,26 +4,44 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import anyio
 import sqlite_utils
 
-from .base import Row, T
+from .base import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DURABILITIES,
+    Durability,
+    Row,
+    SchemaError,
+    StoreError,
+    T,
+    check_schema_version,
+    parse_target,
+)
 from .batching import BatchingStore, BatchingTransaction
 from .schema import MIGRATIONS, SCHEMA_VERSION, SCHEMA_VERSION_TABLE
 
-Durability = Literal["full", "normal"]
-DURABILITIES: Final = ("full", "normal")
-DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_SECONDS",
+    "DURABILITIES",
+    "Durability",
+    "SQLiteConn",
+    "SQLiteStore",
+    "SQLiteTransaction",
+    "SchemaError",
+    "sqlite_path_from_target",
+]
 
-
-class SchemaError(RuntimeError):
-    """The database's schema cannot be used by this version."""
+_HEADER: Final = b"SQLite format 3\x00"
+_WAL_VERSION: Final = 2  # file header bytes 18 and 19 in WAL mode
 
 
 class SQLiteConn:
@@ -61,37 +79,130 @@ class SQLiteConn:
         return self._db
 
 
-def _connect(path: str, *, durability: Durability, busy_timeout: float) -> sqlite3.Connection:
+def _uri(path: str, mode: str, *, immutable: bool = False) -> str:
+    # A file: URI so that the open mode is explicit (ro / rw / rwc) and a
+    # path holding "?" or "#" is still one path.
+    return f"{Path(path).absolute().as_uri()}?mode={mode}{'&immutable=1' if immutable else ''}"
+
+
+def _connect(
+    path: str, *, mode: str, durability: Durability, busy_timeout: float, wal: bool = True
+) -> sqlite3.Connection:
+    """A connection to ``path`` (``mode`` ``rwc`` may create the file, ``rw``
+    may not) with busy_timeout, foreign keys and the durability pragma; in
+    WAL mode when ``wal`` (a persistent change of the file: only once the
+    file is known to be, or to become, an outbox)."""
     # isolation_level=None: we issue BEGIN/COMMIT ourselves, never implicitly.
+    target = path if path == ":memory:" else _uri(path, mode)
     conn = sqlite3.connect(
-        path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        target, timeout=busy_timeout, isolation_level=None, check_same_thread=False, uri=True
     )
-    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-    conn.execute("PRAGMA foreign_keys = ON")
-    if path != ":memory:":
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
-            raise SchemaError(f"cannot put {path!r} in WAL mode (journal_mode is {mode!r})")
-    conn.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        if wal:
+            _use_wal(conn, path)
+        conn.execute(f"PRAGMA synchronous = {'FULL' if durability == 'full' else 'NORMAL'}")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> int:
+def _use_wal(conn: sqlite3.Connection, path: str) -> None:
+    if path == ":memory:":
+        return
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StoreError(f"cannot put {path!r} in WAL mode (journal_mode is {mode!r})")
+
+
+def _file_header(path: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read(100)
+    except FileNotFoundError:
+        raise StoreError(f"store {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise StoreError(f"store {path!r} is a directory, not a SQLite file") from None
+
+
+def _open_read_only(path: str, busy_timeout: float, *, immutable: bool) -> sqlite3.Connection:
+    conn = sqlite3.connect(
+        _uri(path, "ro", immutable=immutable), timeout=busy_timeout, isolation_level=None,
+        check_same_thread=False, uri=True,
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # opens the file now
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sqlite3.Connection:
+    """A connection that cannot change the file or its journal mode.
+
+    ``mode=ro``: it sees every commit of other connections, as any reader
+    of a live database; in WAL mode it needs the ``-shm`` file (creating
+    it, and leaving it and an empty ``-wal`` behind, if no other connection
+    has the database open).
+
+    ``immutable=1`` reads the main file alone and creates nothing. It is
+    right only while no other connection has the database open (no
+    ``-wal``/``-shm`` files: every commit is in the main file) and only for
+    a short read: a writer that starts meanwhile is not seen. So it serves
+    a one-off read (``snapshot``, the CLI's read commands) of an idle
+    database, and a user who cannot create the ``-shm`` file (a read-only
+    directory) when nothing else has the database open."""
+    header = _file_header(path)
+    if header and not header.startswith(_HEADER):
+        raise StoreError(f"{path!r} is not a SQLite database")
+    wal_mode = len(header) > 18 and header[18] == _WAL_VERSION
+    wal, shm = f"{path}-wal", f"{path}-shm"
+    idle = wal_mode and not os.path.exists(wal) and not os.path.exists(shm)
+    if snapshot and idle:
+        return _open_read_only(path, busy_timeout, immutable=True)
+    try:
+        return _open_read_only(path, busy_timeout, immutable=False)
+    except sqlite3.OperationalError:
+        if not wal_mode or os.path.exists(shm):
+            raise
+        if os.path.exists(wal) and os.path.getsize(wal) > 0:
+            raise StoreError(
+                f"{path!r} cannot be read by this user: its -wal file holds commits that "
+                "need a -shm file this user cannot create; read it as a user who can write "
+                "its directory, or while a worker has it open"
+            ) from None
+        # Nothing else has it open and every commit is in the main file.
+        return _open_read_only(path, busy_timeout, immutable=True)
+
+
+def _schema_version(conn: sqlite3.Connection) -> int | None:
+    """The recorded schema version, or None if the database has none."""
+    found = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SCHEMA_VERSION_TABLE,)
+    ).fetchone()
+    if found is None:
+        return None
+    row = conn.execute(f"SELECT MAX(version) FROM {SCHEMA_VERSION_TABLE}").fetchone()
+    return int(row[0] or 0)
+
+
+def _migrate(conn: sqlite3.Connection, path: str) -> int | None:
     """Bring the schema to :data:`SCHEMA_VERSION`, forward only, in one
-    IMMEDIATE transaction per step; return the version found before."""
+    IMMEDIATE transaction; return the version found before (None: none)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
+        recorded = _schema_version(conn)
+        check_schema_version(recorded, repr(path), SCHEMA_VERSION, migrating=True)
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {SCHEMA_VERSION_TABLE} "
             "(version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"
         )
-        row = conn.execute(f"SELECT MAX(version) FROM {SCHEMA_VERSION_TABLE}").fetchone()
-        found = int(row[0] or 0)
-        if found > SCHEMA_VERSION:
-            raise SchemaError(
-                f"{path!r} has schema version {found}, newer than this trio_dispatch "
-                f"supports ({SCHEMA_VERSION}); upgrade trio_dispatch instead"
-            )
+        found = recorded or 0
         for version in range(found, SCHEMA_VERSION):
             for statement in MIGRATIONS[version]:
                 conn.execute(statement)
@@ -103,7 +214,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> int:
         _rollback(conn)
         raise
     _commit(conn)
-    return found
+    return recorded
 
 
 def _rollback(conn: sqlite3.Connection | None) -> None:
@@ -136,12 +247,22 @@ class SQLiteStore(BatchingStore):
         *,
         durability: Durability = "full",
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
+        read_only: bool = False,
+        migrate: bool = True,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        snapshot: bool = False,
     ) -> None:
         if durability not in DURABILITIES:
             raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
-        super().__init__()
+        if read_only and path == ":memory:":
+            raise ValueError("a read-only store needs a database file, not ':memory:'")
+        url = "sqlite:///:memory:" if path == ":memory:" else f"sqlite:///{path}"
+        super().__init__(url, read_only=read_only, migrate=migrate,
+                         max_body_bytes=max_body_bytes)
         self.path = path
-        self.url = "sqlite:///:memory:" if path == ":memory:" else f"sqlite:///{path}"
+        self.snapshot = snapshot and read_only
+        """A one-off read: an idle database is read without creating its
+        ``-wal``/``-shm`` files (see :func:`_connect_read_only`)."""
         self.durability: Durability = durability
         self.busy_timeout = busy_timeout
         self._writer: sqlite3.Connection | None = None
@@ -150,16 +271,35 @@ class SQLiteStore(BatchingStore):
         self._read_limiter = anyio.CapacityLimiter(1)
 
     async def _open(self) -> None:
-        def open_all() -> None:
-            writer = _connect(
-                self.path, durability=self.durability, busy_timeout=self.busy_timeout
-            )
+        where = repr(self.path)
+
+        def open_read_only() -> None:
+            reader = _connect_read_only(self.path, busy_timeout=self.busy_timeout,
+                                        snapshot=self.snapshot)
             try:
-                _migrate(writer, self.path)
+                self.found_schema_version = _schema_version(reader)
+                check_schema_version(self.found_schema_version, where, SCHEMA_VERSION,
+                                     migrating=False)
+            except BaseException:
+                reader.close()
+                raise
+            self._reader, self._reader_conn = reader, SQLiteConn(reader)
+
+        def open_all() -> None:
+            writer = _connect(self.path, mode="rwc" if self.migrate else "rw",
+                              durability=self.durability, busy_timeout=self.busy_timeout,
+                              wal=self.migrate)
+            try:
+                if self.migrate:
+                    self.found_schema_version = _migrate(writer, self.path)
+                else:  # only an existing outbox may be put in WAL mode
+                    self.found_schema_version = _schema_version(writer)
+                    check_schema_version(self.found_schema_version, where, SCHEMA_VERSION,
+                                         migrating=False)
+                    _use_wal(writer, self.path)
                 if self.path != ":memory:":
-                    reader = _connect(
-                        self.path, durability=self.durability, busy_timeout=self.busy_timeout
-                    )
+                    reader = _connect(self.path, mode="rw", durability=self.durability,
+                                      busy_timeout=self.busy_timeout)
                     reader.execute("PRAGMA query_only = ON")
                     self._reader = reader
                     self._reader_conn = SQLiteConn(reader)
@@ -169,7 +309,7 @@ class SQLiteStore(BatchingStore):
             self._writer = writer
             self._writer_conn = SQLiteConn(writer)
 
-        await self._in_writer(open_all)
+        await self._in_writer(open_read_only if self.read_only else open_all)
 
     # -- the engine primitives -------------------------------------------------
 
@@ -197,6 +337,7 @@ class SQLiteStore(BatchingStore):
     # -- reads -----------------------------------------------------------------
 
     async def read(self, work: Callable[[SQLiteConn], T]) -> T:
+        self._check_open()
         if self._reader is None or self._reader_conn is None:
             # ":memory:" has no second connection that could see the data.
             return await self.write(work)  # type: ignore[arg-type]
@@ -217,19 +358,11 @@ SQLiteTransaction = BatchingTransaction
 
 
 def sqlite_path_from_target(target: str | Path) -> str:
-    """The file path (or ``":memory:"``) that ``target`` names."""
+    """The file path (or ``":memory:"``) that ``target`` names; ValueError
+    for a target that is not a SQLite one."""
     if isinstance(target, Path):
         return str(target)
-    if target.startswith("sqlite://"):
-        rest = target[len("sqlite://"):]
-        if not rest.startswith("/"):
-            raise ValueError(
-                f"store URL must look like sqlite:///path/to/file.db, got {target!r}"
-            )
-        path = rest[1:]  # sqlite:///rel.db -> rel.db, sqlite:////abs.db -> /abs.db
-        if not path:
-            raise ValueError(f"store URL names no file: {target!r}")
-        return path
-    if not target:
-        raise ValueError("store target must be a path, ':memory:' or a URL, got ''")
-    return target
+    engine, location = parse_target(target)
+    if engine != "sqlite":
+        raise ValueError(f"not a SQLite store: {target.split('://', 1)[0]}://...")
+    return location

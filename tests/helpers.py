@@ -1,0 +1,99 @@
+"""Helpers shared between test files."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from trio_dispatch import cli as cli_module
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a command printed and returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str] | None, cwd: Path | None) -> Iterator[None]:
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    try:
+        os.environ.pop("TRIO_DISPATCH_CONFIG", None)
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
+    """``trio-dispatch ARGS`` in this process, through ``cli.main``: its
+    exit code and what it printed (argparse's own exits included)."""
+    out, err = io.StringIO(), io.StringIO()
+    with _environment({"COLUMNS": "200", **(env or {})}, cwd), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_module.main(list(args))
+        except SystemExit as exc:  # argparse: usage errors and --help
+            code = exc.code if isinstance(exc.code, int) else 2
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+async def arun_cli(*args: str, env: dict[str, str] | None = None,
+                   cwd: Path | None = None) -> Ran:
+    """:func:`run_cli` from an async test (the command runs its own event
+    loop, so on a thread of its own)."""
+    return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, cwd=cwd))
+
+
+def cli_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m trio_dispatch ARGS`` as a real process."""
+    base = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
+    return subprocess.run(
+        [sys.executable, "-m", "trio_dispatch", *args], capture_output=True, text=True,
+        timeout=timeout, cwd=cwd, env={**base, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def assert_one_line_error(done: Ran | subprocess.CompletedProcess[str], code: int,
+                          *words: str) -> str:
+    """The command failed with ``code`` and exactly one line on stderr,
+    holding every one of ``words``; returns that line."""
+    assert done.returncode == code, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+async def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 10 ms until it is true; fail after ``timeout``."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True

@@ -1,0 +1,91 @@
+"""The worker's settings, validated once.
+
+:class:`WorkerSettings` is what :class:`~trio_dispatch.worker.DispatchWorker`
+runs with, and :data:`SETTING_CHECKS` is the one check per setting that both
+the worker's constructor and the configuration file use: ``check-config``
+accepts exactly what the worker accepts, with the same limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from .transport import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
+from .validate import require_bool, require_int, require_number
+
+DEFAULT_CONCURRENCY: Final = 16
+DEFAULT_BATCH_SIZE: Final = 100
+DEFAULT_TICK_SECONDS: Final = 30.0
+DEFAULT_GRACE_SECONDS: Final = 5.0
+CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0
+"""A claim's lease is the transport timeout plus this margin (10 + 5 = 15 s)."""
+MIN_SECONDS: Final = 0.001
+"""The shortest tick and transport timeout: a millisecond."""
+
+
+def _count(name: str, value: object) -> int:
+    return require_int(name, value, minimum=1)
+
+
+def _seconds(name: str, value: object) -> float:
+    return require_number(name, value, minimum=MIN_SECONDS)
+
+
+def _grace(name: str, value: object) -> float:
+    return require_number(name, value, minimum=0.0)
+
+
+def _jitter(name: str, value: object) -> float:
+    return require_number(name, value, minimum=0.0, maximum=1.0)
+
+
+SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
+    "concurrency": _count,
+    "batch_size": _count,
+    "tick_seconds": _seconds,
+    "timeout_seconds": _seconds,
+    "grace_seconds": _grace,
+    "retry_jitter": _jitter,
+    "kill_grace_seconds": _grace,
+    "lease_margin_seconds": _grace,
+    "listen": require_bool,
+}
+"""``check(name, value)`` per setting: the value as the worker uses it, or
+``TypeError``/``ValueError`` whose message starts with ``name``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """How a worker runs; every field is checked when the object is built
+    (a bad one raises ``TypeError``/``ValueError`` naming it)."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    """Deliveries running at once."""
+    batch_size: int = DEFAULT_BATCH_SIZE
+    """Most rows claimed per scan."""
+    tick_seconds: float = DEFAULT_TICK_SECONDS
+    """Seconds between scans when nothing wakes the worker sooner."""
+    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS
+    """Seconds one transport call may take."""
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
+    """On shutdown, seconds running deliveries get before they are killed."""
+    retry_jitter: float = 0.0
+    """Spread of each retry delay, as a fraction of itself (0 to 1)."""
+    kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS
+    """Seconds between SIGTERM and SIGKILL for a command's process group."""
+    listen: bool = True
+    """Wake on other processes' enqueues where the store can tell."""
+    lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS
+    """A claim's lease is ``timeout_seconds`` plus this."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            checked = SETTING_CHECKS[field.name](field.name, getattr(self, field.name))
+            object.__setattr__(self, field.name, checked)
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claim owns its row: the timeout plus the margin."""
+        return self.timeout_seconds + self.lease_margin_seconds

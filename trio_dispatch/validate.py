@@ -1,0 +1,138 @@
+"""Validation of what users pass in (SPEC B2): every check runs before
+anything is written, and every error names the value and what is allowed.
+
+These are the checks of the library and of the configuration file alike, so
+``check-config`` accepts exactly what the worker accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import unicodedata
+from typing import Final
+
+from .store.base import DEFAULT_MAX_BODY_BYTES
+from .values import show
+
+
+def require_text(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid Unicode text: {show(value)}") from None
+    return value
+
+
+def require_non_empty(name: str, value: object) -> str:
+    text = require_text(name, value)
+    if not text.strip():
+        raise ValueError(f"{name} must be a non-empty string, got {show(value)}")
+    if "\x00" in text:
+        raise ValueError(f"{name} must not contain NUL characters, got {show(value)}")
+    return text
+
+
+def require_route(value: object) -> str:
+    text = require_non_empty("deliver_to", value)
+    for char in text:
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(
+                f"deliver_to must not contain control characters "
+                f"(found {char!r}), got {show(value)}"
+            )
+    return text
+
+
+def require_optional_id(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    return require_non_empty(name, value)
+
+
+INT_MAX: Final = 2**31 - 1
+"""The largest value an INTEGER column holds on every engine."""
+
+
+def require_int(name: str, value: object, *, minimum: int, maximum: int = INT_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {show(value)}")
+    if not minimum <= value <= maximum:
+        raise ValueError(
+            f"{name} must be an integer from {minimum} to {maximum}, got {show(value)}"
+        )
+    return value
+
+
+def require_number(
+    name: str, value: object, *, minimum: float | None = None, maximum: float | None = None
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a finite number, got {show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {show(value)}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{name} must be a number >= {minimum:g}, got {show(value)}")
+    if maximum is not None and number > maximum:
+        raise ValueError(f"{name} must be a number <= {maximum:g}, got {show(value)}")
+    return number
+
+
+def require_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {show(value)}")
+    return value
+
+
+def require_body(body: object, limit: int = DEFAULT_MAX_BODY_BYTES) -> str:
+    """The JSON text of a JSON-serialisable dict (None means ``{}``) of at
+    most ``limit`` bytes. It is stored as JSON, so tuples read back as lists
+    and non-str keys as strings."""
+    if body is None or body == {}:
+        return "{}"
+    if not isinstance(body, dict):
+        raise TypeError(f"body must be a dict or None, got {type(body).__name__} {show(body)}")
+    try:
+        text = json.dumps(body, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"body is not JSON-serialisable ({exc}): {show(body)}") from None
+    if len(text) > limit and not text.isascii():  # every character is at least one byte
+        raise ValueError(
+            f"body is more than {limit:,} bytes of JSON ({len(text):,} characters), over the "
+            f"limit of {limit:,} bytes (max_body_bytes)"
+        )
+    try:
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"body is not JSON-serialisable ({exc}): {show(body)}") from None
+    if size > limit:
+        raise ValueError(
+            f"body is {size:,} bytes of JSON, over the limit of {limit:,} bytes (max_body_bytes)"
+        )
+    return text
+
+
+def require_dispatch_id(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"dispatch_id must be a str, got {show(value)}")
+    return value
+
+
+def findable(value: str) -> bool:
+    """Whether a row could hold this id (or kind): one holding a NUL or a lone
+    surrogate was never written (every engine would refuse it), so a look-up
+    answers "not found" without asking the database -- the same answer on
+    SQLite and PostgreSQL."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
