@@ -18,6 +18,7 @@ import anyio
 from trio_dispatch import enqueue_many
 from trio_dispatch.cli import configure_logging, serve
 from trio_dispatch.config import load_config
+from trio_dispatch.redact import mask_url
 from trio_dispatch.store.base import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config)
     configure_logging(config.log_level)
-    log.info("store: %s -- stop with Ctrl-C", config.store_target())
+    log.info("store: %s -- stop with Ctrl-C", mask_url(config.store_target()))
     anyio.run(lambda: serve(config, before_start=enqueue_demo), backend="trio")
 
 
