@@ -21,7 +21,7 @@ from trio_dispatch import (
 )
 from trio_dispatch.outbox import Outcome, claim_due, finish_attempt, release_attempt
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transport import TransportResult
+from trio_dispatch.transports import TransportResult
 
 from .conftest import RawDB
 

@@ -36,7 +36,7 @@ from trio_dispatch import (
 from trio_dispatch.redact import mask_url, scrub, visible
 from trio_dispatch.store import SQLiteStore, StoreError
 from trio_dispatch.store.schema import SCHEMA_VERSION
-from trio_dispatch.transport import ChildEnvironment, CommandTransport, template_warnings
+from trio_dispatch.transports import ChildEnvironment, CommandTransport, template_warnings
 
 from .conftest import RawDB
 from .helpers import arun_cli, assert_one_line_error, cli_process, run_cli, wait_for

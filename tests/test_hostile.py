@@ -43,7 +43,7 @@ from trio_dispatch.config import (
     resolve_notify_template,
 )
 from trio_dispatch.store import Store
-from trio_dispatch.transport import (
+from trio_dispatch.transports import (
     NOT_CONFIGURED_ERROR,
     CommandTransport,
     Delivery,

@@ -25,7 +25,7 @@ from trio_dispatch import (
 from trio_dispatch import lifecycle as lc
 from trio_dispatch.outbox import Outcome, claim_due, release_attempt
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transport import Delivery
+from trio_dispatch.transports import Delivery
 
 if TYPE_CHECKING:
     from conftest import RawDB

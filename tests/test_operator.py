@@ -29,7 +29,7 @@ from trio_dispatch import (
 )
 from trio_dispatch.outbox import claim_due, finish_attempt
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transport import Delivery, TransportResult
+from trio_dispatch.transports import Delivery, TransportResult
 
 if TYPE_CHECKING:
     from conftest import RawDB

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-import trio_dispatch.process as process
+import trio_dispatch.transports.process as process
 from trio_dispatch import enqueue_dispatch, open_store
-from trio_dispatch.process import lifeline_pid
-from trio_dispatch.transport import CommandTransport, Delivery
+from trio_dispatch.transports import CommandTransport, Delivery
+from trio_dispatch.transports.process import lifeline_pid
 
 from .conftest import RawDB
 from .helpers import process_gone, wait_for
@@ -39,7 +39,7 @@ def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 def start_worker_with(config: Path, launcher: str) -> subprocess.Popen[str]:
     """`trio-dispatch --config CONFIG worker` in a real process whose children
     get their parent-death signal the way ``launcher`` says."""
-    code = ("import sys, trio_dispatch.process as p\n"
+    code = ("import sys, trio_dispatch.transports.process as p\n"
             f"p.PDEATHSIG_LAUNCHER = {launcher!r}\n"
             "from trio_dispatch.cli import main\n"
             "sys.exit(main(sys.argv[1:]))\n")
@@ -167,8 +167,8 @@ def test_the_lifeline_helper_ends_with_its_process_and_kills_nothing_else(
     script = tmp_path / "deliver_once.py"
     script.write_text(
         "import sys, trio\n"
-        "from trio_dispatch.transport import CommandTransport, Delivery\n"
-        "from trio_dispatch.process import lifeline_pid\n"
+        "from trio_dispatch.transports import CommandTransport, Delivery\n"
+        "from trio_dispatch.transports.process import lifeline_pid\n"
         "async def main():\n"
         "    d = Delivery(dispatch_id='d' * 32, kind='k', deliver_to='x', attempt=1,"
         " payload='{}')\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trio_dispatch.transport import (
+from trio_dispatch.transports import (
     LAST_ERROR_LIMIT,
     CallableTransport,
     CommandTransport,

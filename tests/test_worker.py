@@ -17,7 +17,7 @@ import trio
 
 from trio_dispatch import Delivery, enqueue_dispatch, open_store
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transport import asyncio_transport
+from trio_dispatch.transports import asyncio_transport
 from trio_dispatch.worker import DispatchWorker
 
 from .conftest import RawDB

@@ -28,7 +28,7 @@ from .outbox import (
 from .revival import enqueue_revival_heartbeat
 from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
 from .store import open_store
-from .transport import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
+from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
 from .worker import DispatchWorker
 
 __all__ = [

@@ -29,7 +29,6 @@ from typing import Any, NoReturn
 
 import anyio
 
-from . import lifecycle as lc
 from .config import (
     CONFIG_ENV_VAR,
     DEFAULT_CONFIG_NAME,
@@ -39,6 +38,7 @@ from .config import (
     load_config,
     parse_config,
 )
+from .lifecycle import DUE_STATUSES, STATUSES, TERMINAL_STATUSES
 from .outbox import (
     DEFAULT_LIST_LIMIT,
     ack_dispatch,
@@ -68,7 +68,7 @@ from .store.base import (
     parse_target,
 )
 from .store.schema import SCHEMA_VERSION
-from .transport import template_warnings
+from .transports import template_warnings
 from .validate import INT_MAX
 from .worker import DispatchWorker
 
@@ -307,8 +307,8 @@ def parse_duration(text: str) -> float:
 
 
 def _status_arg(text: str) -> str:
-    if text not in lc.STATUSES:
-        allowed = ", ".join(sorted(lc.STATUSES))
+    if text not in STATUSES:
+        allowed = ", ".join(sorted(STATUSES))
         raise argparse.ArgumentTypeError(
             f"invalid status {visible(repr(text))} (choose from {allowed})")
     return text
@@ -332,7 +332,7 @@ async def _ls(db: Store, args: argparse.Namespace) -> int:
             visible(r["id"]), visible(r["kind"]), visible(r["deliver_to"]),
             visible(r["status"]), f"{r['attempt']}/{r['max_attempts']}",
             relative_time(r["next_attempt_at"], now)
-            if r["status"] in lc.DUE_STATUSES else "-",
+            if r["status"] in DUE_STATUSES else "-",
             visible(r["last_error"] or ""),
         ]
         for r in rows
@@ -435,7 +435,7 @@ async def _prune(db: Store, args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    chosen = statuses or sorted(lc.TERMINAL_STATUSES)
+    chosen = statuses or sorted(TERMINAL_STATUSES)
     if args.json:
         _emit_json({"deleted": count, "dry_run": args.dry_run, "statuses": chosen,
                     "older_than_seconds": args.older_than})

@@ -31,7 +31,7 @@ from .store.base import (
     check_busy_timeout,
     parse_target,
 )
-from .transport import ChildEnvironment, is_valid_template
+from .transports import ChildEnvironment, is_valid_template
 from .validate import require_bool, require_int
 from .values import show
 

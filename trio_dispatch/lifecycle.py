@@ -1,92 +1,149 @@
-"""The dispatch lifecycle: statuses, the closed edge graph and reason codes.
+"""The dispatch lifecycle: statuses, reason codes, sources, and the closed
+graph of edges between statuses (SPEC section 7).
 
-This module is the single owner of what a status change may be. Every write
-of ``dispatch_outbox.status`` goes through :func:`check_edge` first, so an
-edge outside the graph raises :class:`InvalidTransition` before anything is
-written.
+This module is the vocabulary; :mod:`trio_dispatch.outbox.machine` is the one
+place that writes a status, and it checks every change against
+:func:`check_edge` before anything is written, so an edge outside the graph
+raises :class:`InvalidTransition` instead. The schema's ``CHECK`` constraint,
+the partial-index terms and the scan queries are built from the same
+members (:func:`status_in`), so SQL and Python cannot disagree.
+
+Each member says who moves a row into that status and who moves it out.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
 from typing import Final
 
-PENDING: Final = "pending"
-DELIVERING: Final = "delivering"
-DELIVERED: Final = "delivered"
-ACKED: Final = "acked"
-DEAD_LETTER: Final = "dead_letter"
-EXPIRED: Final = "expired"
+
+class Status(enum.StrEnum):
+    """A dispatch row's status: the column ``dispatch_outbox.status``."""
+
+    PENDING = "pending"
+    """Waiting for its next attempt at ``next_attempt_at``.
+    In: enqueue; the scheduler after a failure with attempts left, after a
+    send that awaits its ack, or when worker shutdown released the attempt;
+    an operator retry from ``dead_letter``/``expired``.
+    Out: a claim (``delivering``), its deadline (``expired``), a consumer's
+    ack (``acked``)."""
+    DELIVERING = "delivering"
+    """Claimed: one attempt owns the row until its lease ends
+    (``next_attempt_at``).
+    In: a claim from ``pending``, or lease recovery from ``delivering``.
+    Out: the attempt's end (``delivered``, ``pending``, ``dead_letter``), its
+    deadline found at the next claim (``expired``), a consumer's ack
+    (``acked``), lease recovery (``delivering``)."""
+    DELIVERED = "delivered"
+    """Sent, no ack required. Final. In: the scheduler."""
+    ACKED = "acked"
+    """The consumer presented the token. Final. In: a consumer's ack."""
+    DEAD_LETTER = "dead_letter"
+    """Out of attempts (or failed for good). In: the scheduler.
+    Out: an operator retry (``pending``)."""
+    EXPIRED = "expired"
+    """``expires_at`` passed before a claim. In: the scheduler.
+    Out: an operator retry (``pending``)."""
+
+
 PURGED: Final = "purged"
 """Not a row status: the ``status`` written on the transition that records a
 purge, when the row itself is gone."""
 
-STATUSES: Final = frozenset({PENDING, DELIVERING, DELIVERED, ACKED, DEAD_LETTER, EXPIRED})
-TERMINAL_STATUSES: Final = frozenset({DELIVERED, ACKED, DEAD_LETTER, EXPIRED})
-DUE_STATUSES: Final = (PENDING, DELIVERING)
+STATUSES: Final = frozenset(Status)
+DUE_STATUSES: Final = (Status.PENDING, Status.DELIVERING)
+"""Statuses a scan claims from (the partial due index holds only these)."""
+FINISHED_STATUSES: Final = (Status.DELIVERED, Status.ACKED, Status.DEAD_LETTER, Status.EXPIRED)
+"""Statuses with no way forward but an operator's (the finished-age index)."""
+TERMINAL_STATUSES: Final = frozenset(FINISHED_STATUSES)
+
+
+def status_in(statuses: Iterable[Status]) -> str:
+    """The SQL term ``status IN ('a', 'b')`` for these statuses, in order. A
+    query that wants a partial index must repeat the index's term verbatim,
+    so both come from here."""
+    return f"status IN ({', '.join(repr(str(status)) for status in statuses)})"
+
+
+DUE_SQL: Final = status_in(DUE_STATUSES)
+FINISHED_SQL: Final = status_in(FINISHED_STATUSES)
+STATUS_CHECK_SQL: Final = status_in(Status)
+"""The column's CHECK constraint: the six statuses."""
+
+
+class Reason(enum.StrEnum):
+    """The reason code of a transition row: the closed set of SPEC section 7."""
+
+    ENQUEUED = "dispatch.pending.enqueued"
+    """Enqueue (source ``system``, actor ``enqueue_dispatch``)."""
+    ATTEMPT = "dispatch.delivering.attempt"
+    """A claim, lease recovery included."""
+    TRANSPORT_OK = "dispatch.delivered.transport_ok"
+    """The transport succeeded and no ack is required."""
+    AWAITING_ACK = "dispatch.pending.awaiting_ack"
+    """The transport succeeded, an ack is required, attempts remain."""
+    RETRY_BACKOFF = "dispatch.pending.retry_backoff"
+    """The transport failed, attempts remain."""
+    MAX_ATTEMPTS = "dispatch.dead_letter.max_attempts"
+    """The transport failed with no attempt left, or for good (E2BIG), or the
+    last attempt's lease ran out."""
+    ACK_TIMEOUT = "dispatch.dead_letter.ack_timeout"
+    """An ack was required and every allowed send went unacknowledged."""
+    DEADLINE = "dispatch.expired.deadline"
+    """``expires_at`` passed before a claim."""
+    CONSUMER_ACK = "dispatch.acked.consumer"
+    """A valid token was presented."""
+    OPERATOR_RETRY = "dispatch.pending.operator_retry"
+    """An operator retried a ``dead_letter`` or ``expired`` dispatch."""
+    RELEASED = "dispatch.pending.released"
+    """Worker shutdown interrupted the attempt; due at once."""
+    PURGED_OPERATOR = "dispatch.purged.operator"
+    """An operator purged one dispatch (transition status ``purged``)."""
+    PURGED_RETENTION = "dispatch.purged.retention"
+    """Retention pruned the dispatch (transition status ``purged``)."""
+
+
+REASON_CODES: Final = frozenset(Reason)
+
+
+class Source(enum.StrEnum):
+    """Who took a transition (the ``source`` column)."""
+
+    SYSTEM = "system"
+    """Enqueue."""
+    SCHEDULER = "scheduler"
+    """Delivery: claims, attempt ends, expiry, release."""
+    CONSUMER = "consumer"
+    """The destination's acknowledgement."""
+    OPERATOR = "operator"
+    """A person or tool: retry, purge, prune."""
+
 
 ENTITY_TYPE: Final = "dispatch"
-
-SOURCE_SYSTEM: Final = "system"
-SOURCE_SCHEDULER: Final = "scheduler"
-SOURCE_OPERATOR: Final = "operator"
 ACTOR_ENQUEUE: Final = "enqueue_dispatch"
 ACTOR_DELIVERY: Final = "dispatch_delivery_loop"
 
-# Reason codes: the closed set of SPEC section 7.
-ENQUEUED: Final = "dispatch.pending.enqueued"
-ATTEMPT: Final = "dispatch.delivering.attempt"
-TRANSPORT_OK: Final = "dispatch.delivered.transport_ok"
-AWAITING_ACK: Final = "dispatch.pending.awaiting_ack"
-RETRY_BACKOFF: Final = "dispatch.pending.retry_backoff"
-MAX_ATTEMPTS: Final = "dispatch.dead_letter.max_attempts"
-ACK_TIMEOUT: Final = "dispatch.dead_letter.ack_timeout"
-DEADLINE: Final = "dispatch.expired.deadline"
-CONSUMER_ACK: Final = "dispatch.acked.consumer"
-OPERATOR_RETRY: Final = "dispatch.pending.operator_retry"
-RELEASED: Final = "dispatch.pending.released"
-PURGED_OPERATOR: Final = "dispatch.purged.operator"
-PURGED_RETENTION: Final = "dispatch.purged.retention"
-
-REASON_CODES: Final = frozenset(
-    {
-        ENQUEUED,
-        ATTEMPT,
-        TRANSPORT_OK,
-        AWAITING_ACK,
-        RETRY_BACKOFF,
-        MAX_ATTEMPTS,
-        ACK_TIMEOUT,
-        DEADLINE,
-        CONSUMER_ACK,
-        OPERATOR_RETRY,
-        RELEASED,
-        PURGED_OPERATOR,
-        PURGED_RETENTION,
-    }
-)
-
-SOURCE_CONSUMER: Final = "consumer"
-
-_SCHEDULER: Final = frozenset({SOURCE_SCHEDULER})
-_CONSUMER: Final = frozenset({SOURCE_CONSUMER})
-_OPERATOR: Final = frozenset({SOURCE_OPERATOR})
+_SCHEDULER: Final = frozenset({Source.SCHEDULER})
+_CONSUMER: Final = frozenset({Source.CONSUMER})
+_OPERATOR: Final = frozenset({Source.OPERATOR})
 
 # (from, to) -> the sources that may take the edge. Delivery moves rows
 # forward; only a consumer's ack reaches `acked`; only an operator revives a
 # failed row. So an operator "retry" of a row still being delivered, say, is
 # refused rather than resetting its attempt budget mid-flight.
-_EDGES: Final[dict[tuple[str, str], frozenset[str]]] = {
-    (PENDING, DELIVERING): _SCHEDULER,
-    (PENDING, EXPIRED): _SCHEDULER,
-    (PENDING, ACKED): _CONSUMER,
-    (DELIVERING, DELIVERING): _SCHEDULER,
-    (DELIVERING, PENDING): _SCHEDULER,
-    (DELIVERING, DELIVERED): _SCHEDULER,
-    (DELIVERING, ACKED): _CONSUMER,
-    (DELIVERING, DEAD_LETTER): _SCHEDULER,
-    (DELIVERING, EXPIRED): _SCHEDULER,
-    (DEAD_LETTER, PENDING): _OPERATOR,
-    (EXPIRED, PENDING): _OPERATOR,
+_EDGES: Final[dict[tuple[str, str], frozenset[Source]]] = {
+    (Status.PENDING, Status.DELIVERING): _SCHEDULER,
+    (Status.PENDING, Status.EXPIRED): _SCHEDULER,
+    (Status.PENDING, Status.ACKED): _CONSUMER,
+    (Status.DELIVERING, Status.DELIVERING): _SCHEDULER,
+    (Status.DELIVERING, Status.PENDING): _SCHEDULER,
+    (Status.DELIVERING, Status.DELIVERED): _SCHEDULER,
+    (Status.DELIVERING, Status.ACKED): _CONSUMER,
+    (Status.DELIVERING, Status.DEAD_LETTER): _SCHEDULER,
+    (Status.DELIVERING, Status.EXPIRED): _SCHEDULER,
+    (Status.DEAD_LETTER, Status.PENDING): _OPERATOR,
+    (Status.EXPIRED, Status.PENDING): _OPERATOR,
 }
 
 EDGES: Final = frozenset(_EDGES)
@@ -101,7 +158,7 @@ class InvalidTransition(ValueError):
         self.to_status = to_status
         detail = f": {why}" if why else ""
         super().__init__(
-            f"dispatch {dispatch_id}: transition {from_status!r} -> {to_status!r} "
+            f"dispatch {dispatch_id}: transition {str(from_status)!r} -> {str(to_status)!r} "
             f"is not allowed{detail}"
         )
 
@@ -119,5 +176,5 @@ def check_edge(dispatch_id: str, from_status: str, to_status: str, *, source: st
             dispatch_id,
             from_status,
             to_status,
-            f"only {' or '.join(sorted(sources))} may take it, source was {source!r}",
+            f"only {' or '.join(sorted(sources))} may take it, source was {str(source)!r}",
         )

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from .transport import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
+from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 
 DEFAULT_CONCURRENCY: Final = 16

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import unicodedata
+from collections.abc import Callable
 from typing import Final
 
 from .store.base import DEFAULT_MAX_BODY_BYTES
@@ -136,3 +138,12 @@ def findable(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def clock_from(now: float | None) -> Callable[[], float]:
+    """A wall clock: ``time.time``, or -- given ``now`` (a finite number) -- a
+    clock stopped at it (for replaying a pass at a chosen time)."""
+    if now is None:
+        return time.time
+    fixed = require_number("now", now)
+    return lambda: fixed

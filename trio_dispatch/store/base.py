@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, Literal, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from ..redact import mask_url
 from ..values import show
@@ -223,3 +223,15 @@ class Store(Database, Protocol):
         """Call ``callback`` (in the event loop) after each commit that added
         a pending dispatch in this process; return a function that removes
         it. Used by a worker to wake at once instead of waiting for a tick."""
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """A store that can tell this process about enqueues other processes
+    commit (PostgreSQL ``LISTEN``/``NOTIFY``). A worker listens when its
+    store is one; otherwise its tick (and in-process wake-ups) suffice."""
+
+    async def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (in the event loop) after each enqueue any
+        process commits, until cancelled; raise if notifications are
+        unavailable (the caller then relies on its tick)."""

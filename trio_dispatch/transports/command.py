@@ -1,60 +1,33 @@
-"""Transports: how one delivery attempt reaches its destination.
+"""The command transport: the configured argv template run as a child
+process (ADR D3), never through a shell.
 
-A transport is handed a :class:`Delivery` and answers with a
-:class:`TransportResult`. It knows processes (or Python callables), not SQL
-or statuses: the outbox turns the result into a status change.
-
-:class:`CommandTransport` runs the configured argv template (ADR D3) as a
-child process, never through a shell. The child runs in its own process
-group; on timeout or cancellation the whole group gets SIGTERM, then SIGKILL
-after a short grace (SPEC B6), and captured output is bounded in memory.
-:class:`CallableTransport` runs an async Python callable under the same
-timeout (SPEC B8).
-
-Every failure a destination can cause -- no template, a missing executable,
-a non-zero exit, a timeout, an exception from a callable -- is a failed
-:class:`TransportResult`, never an exception. Cancellation from outside is
-never swallowed: it propagates after the child's process group is killed.
+The child runs in its own process group and never outlives the worker (see
+:mod:`.process`); on timeout or cancellation the whole group gets SIGTERM,
+then SIGKILL after a short grace (SPEC B6), and captured output is bounded in
+memory. Its environment follows :class:`ChildEnvironment` (SPEC section 12).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import math
 import os
 import re
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeGuard
+from typing import Final, TypeGuard
 
 import anyio
-import sniffio
-import trio_asyncio
 
+from ..redact import url_secrets
+from .base import (
+    NOTIFY_TIMEOUT_SECONDS,
+    Delivery,
+    TransportResult,
+    check_timeout,
+    timeout_message,
+)
 from .process import Child, is_too_big, spawn
-from .redact import url_secrets
 
-__all__ = [
-    "DEFAULT_KILL_GRACE_SECONDS",
-    "DEFAULT_OUTPUT_LIMIT",
-    "LAST_ERROR_LIMIT",
-    "NOTIFY_TIMEOUT_SECONDS",
-    "CallableTransport",
-    "ChildEnvironment",
-    "CommandTransport",
-    "Delivery",
-    "Transport",
-    "TransportResult",
-    "as_transport",
-    "is_valid_template",
-    "render_argv",
-]
-
-NOTIFY_TIMEOUT_SECONDS: Final = 10.0
-LAST_ERROR_LIMIT: Final = 2000
-"""Characters of a failure message kept as ``last_error``."""
 DEFAULT_KILL_GRACE_SECONDS: Final = 1.0
 """Seconds between SIGTERM and SIGKILL to a transport's process group."""
 DEFAULT_OUTPUT_LIMIT: Final = 64 * 1024
@@ -67,55 +40,6 @@ NOT_CONFIGURED_ERROR: Final = "notify_template is not configured"
 
 _GROUP_POLL_SECONDS: Final = 0.02
 _READ_CHUNK: Final = 64 * 1024
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """What a transport is asked to deliver: one attempt of one dispatch."""
-
-    dispatch_id: str
-    kind: str
-    deliver_to: str
-    attempt: int
-    """The row's current attempt, after the claim incremented it."""
-    payload: str
-    """The stored JSON envelope text, sent as is."""
-
-
-def clean_error(text: str) -> str:
-    """A failure text fit to store on every engine: NUL characters (which
-    PostgreSQL text cannot hold) replaced by U+FFFD, cut to
-    :data:`LAST_ERROR_LIMIT` characters."""
-    return text.replace("\x00", "\ufffd")[:LAST_ERROR_LIMIT]
-
-
-@dataclass(frozen=True)
-class TransportResult:
-    """The outcome of one attempt. ``error`` is the text to store as
-    ``last_error`` for a failure: NUL characters replaced and cut to
-    :data:`LAST_ERROR_LIMIT` characters, however the result was built.
-    ``permanent`` marks a failure no retry can fix (the OS refusing the
-    argv as too large): the dispatch is dead-lettered at once."""
-
-    ok: bool
-    error: str | None = None
-    permanent: bool = False
-
-    def __post_init__(self) -> None:
-        if self.error is not None:
-            object.__setattr__(self, "error", clean_error(str(self.error)))
-
-    @classmethod
-    def success(cls) -> TransportResult:
-        return cls(ok=True)
-
-    @classmethod
-    def failure(cls, message: str, *, permanent: bool = False) -> TransportResult:
-        """A failure whose message is stripped and cut to the first
-        :data:`LAST_ERROR_LIMIT` characters (never empty)."""
-        text = clean_error(message.strip())
-        return cls(ok=False, error=text or "transport failed without a message",
-                   permanent=permanent)
 
 
 _SECRET_NAME: Final = re.compile(
@@ -195,13 +119,6 @@ def template_warnings(template: Sequence[str] | None) -> list[str]:
     return warnings
 
 
-class Transport(Protocol):
-    """Delivers one attempt. Implementations report destination failures as
-    a failed :class:`TransportResult` and let cancellation propagate."""
-
-    async def __call__(self, delivery: Delivery) -> TransportResult: ...
-
-
 def is_valid_template(value: object) -> TypeGuard[list[str]]:
     """True for a non-empty list of str (ADR D3). Anything else -- None, an
     empty list, a str, a list holding a non-str -- is treated as absent."""
@@ -236,18 +153,6 @@ def render_argv(template: Sequence[str], delivery: Delivery) -> tuple[list[str],
             argv.append(element)
     stdin = None if payload_in_argv else delivery.payload.encode("utf-8")
     return argv, stdin
-
-
-def _timeout_message(timeout: float) -> str:
-    return f"timeout after {timeout}s"
-
-
-def _check_timeout(name: str, value: float, *, allow_zero: bool) -> float:
-    value = float(value)
-    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
-        allowed = "a number >= 0" if allow_zero else "a number > 0"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
-    return value
 
 
 async def _read_bounded(fd: int, limit: int, sink: bytearray) -> None:
@@ -318,8 +223,8 @@ class CommandTransport:
     ) -> None:
         candidate: object = list(template) if isinstance(template, tuple) else template
         self.template: list[str] | None = list(candidate) if is_valid_template(candidate) else None
-        self.timeout = _check_timeout("timeout", timeout, allow_zero=False)
-        self.kill_grace = _check_timeout("kill_grace", kill_grace, allow_zero=True)
+        self.timeout = check_timeout("timeout", timeout, allow_zero=False)
+        self.kill_grace = check_timeout("kill_grace", kill_grace, allow_zero=True)
         if isinstance(output_limit, bool) or not isinstance(output_limit, int) or output_limit < 0:
             raise ValueError(f"output_limit must be an int >= 0, got {output_limit!r}")
         self.output_limit = output_limit
@@ -426,7 +331,7 @@ class CommandTransport:
             child.close()
 
         if timed_out:
-            return TransportResult.failure(_timeout_message(self.timeout))
+            return TransportResult.failure(timeout_message(self.timeout))
         if returncode == 0:
             return TransportResult.success()
         text = stderr.decode("utf-8", errors="replace").strip()
@@ -456,139 +361,3 @@ async def _feed_stdin_and_close(child: Child, data: bytes) -> None:
             child.popen.stdin.close()  # EOF for the child
         except OSError:
             pass
-
-
-TransportCallable = Callable[[Delivery], Awaitable[object]]
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` (or just ``Type``) for a failure text."""
-    try:
-        text = str(exc)
-    except Exception:  # a broken __str__ must not fail the attempt twice
-        text = ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def must_propagate(exc: BaseException) -> bool:
-    """Whether an exception out of a transport is the caller's business
-    rather than a failed attempt: a cancellation of this event loop or a
-    KeyboardInterrupt, alone or inside an exception group. Everything else
-    -- ``SystemExit`` and ``GeneratorExit`` included -- fails the attempt
-    only (SPEC section 12)."""
-    stop = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None
-    return isinstance(exc, stop)
-
-
-class CallableTransport:
-    """Wraps ``async def fn(delivery: Delivery) -> object`` as a transport.
-
-    Returning ``False`` is the failure ``transport returned False``; returning
-    a :class:`TransportResult` reports it as is; returning anything else is
-    success. An exception (not a cancellation) is a failure whose message is
-    ``f"{type(exc).__name__}: {exc}"``. The call runs under ``timeout``;
-    running past it is the failure ``timeout after <timeout>s``.
-
-    Cancellation from outside propagates unchanged.
-    """
-
-    def __init__(self, fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> None:
-        if not callable(fn):
-            raise TypeError(f"transport callable must be callable, got {fn!r}")
-        self.fn = fn
-        self.timeout = _check_timeout("timeout", timeout, allow_zero=False)
-
-    def __repr__(self) -> str:
-        return f"CallableTransport({self.fn!r}, timeout={self.timeout!r})"
-
-    async def __call__(self, delivery: Delivery) -> TransportResult:
-        outcome: object = None
-        with anyio.move_on_after(self.timeout) as scope:
-            try:
-                outcome = await self._invoke(delivery)
-            except BaseException as exc:
-                if must_propagate(exc):
-                    raise
-                return TransportResult.failure(describe_exception(exc))
-        if scope.cancelled_caught:
-            return TransportResult.failure(_timeout_message(self.timeout))
-        if outcome is False:
-            return TransportResult.failure("transport returned False")
-        if isinstance(outcome, TransportResult):
-            return outcome
-        return TransportResult.success()
-
-
-    async def _invoke(self, delivery: Delivery) -> object:
-        return await self.fn(delivery)
-
-
-class AsyncioCallableTransport(CallableTransport):
-    """A :class:`CallableTransport` for a callable written for asyncio (one
-    that uses ``asyncio.sleep``, asyncio streams or an asyncio client).
-
-    Under asyncio it is awaited directly. Under trio it runs through
-    trio-asyncio: on the loop of an enclosing ``trio_asyncio.open_loop()``
-    (:class:`~trio_dispatch.worker.DispatchWorker` opens one for its whole
-    run), else on a loop opened for this one call. Trio cancellation and the
-    timeout reach the asyncio task as an asyncio cancellation.
-    """
-
-    needs_asyncio_loop: Final = True
-
-    async def _invoke(self, delivery: Delivery) -> object:
-        if sniffio.current_async_library() != "trio":
-            return await self.fn(delivery)
-        if trio_asyncio.current_loop.get() is not None:
-            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
-        async with trio_asyncio.open_loop():
-            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
-
-
-def asyncio_transport(
-    fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS
-) -> AsyncioCallableTransport:
-    """Mark an asyncio-only async callable as a transport (SPEC B8), so a
-    trio worker runs it through trio-asyncio."""
-    return AsyncioCallableTransport(fn, timeout=timeout)
-
-
-def needs_asyncio_loop(transport: object) -> bool:
-    """Whether ``transport`` must run inside a trio-asyncio loop under trio."""
-    return bool(getattr(transport, "needs_asyncio_loop", False))
-
-
-def _is_async_callable(value: object) -> bool:
-    if not callable(value):
-        return False
-    return inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__)
-
-
-def as_transport(value: object, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> Transport:
-    """The transport for a configured value.
-
-    - ``None``, a list or a tuple: a :class:`CommandTransport` with
-      ``timeout`` (an invalid template fails at delivery time, not here);
-    - an instance of a class with an ``async def __call__`` (a
-      :class:`Transport`, including :class:`CommandTransport` and
-      :class:`CallableTransport`): returned as is, keeping its own timeout;
-    - any other async callable: wrapped in a :class:`CallableTransport` with
-      ``timeout``.
-
-    Anything else raises TypeError naming the value.
-    """
-    if value is None or isinstance(value, list | tuple):
-        return CommandTransport(value, timeout=timeout)
-    if isinstance(value, CommandTransport | CallableTransport):
-        return value
-    is_plain_callable = inspect.isroutine(value) or isinstance(value, functools.partial)
-    if _is_async_callable(value):
-        if is_plain_callable:
-            return CallableTransport(value, timeout=timeout)  # type: ignore[arg-type]
-        return value  # type: ignore[return-value]
-    raise TypeError(
-        "transport must be an argv template (a non-empty list of str), None, "
-        f"or an async callable taking a Delivery; got {value!r}"
-    )

@@ -46,7 +46,7 @@ from typing import Any, Final
 
 import anyio
 
-from ._threads import ServiceThread
+from .._threads import ServiceThread
 
 PR_SET_PDEATHSIG: Final = 1
 _POLL_SECONDS: Final = 0.01

@@ -2,14 +2,15 @@
 
 The worker owns one task group. Its claim loop wakes on a tick, on
 :meth:`DispatchWorker.wake` (every in-process enqueue calls it through the
-store; on PostgreSQL any host's enqueue reaches it through LISTEN/NOTIFY),
-or when the earliest retry falls due. It claims only as many due rows as it
-has free delivery slots, so a claimed row never waits for a slot while its
-lease runs; ``concurrency`` slots bound the transports running at once. Each
-claimed row is delivered by its own task, cut at its own lease end (less a
-safety margin) whatever the transport does; its outcome is written through
-the store's group commit, and in the same transaction the slot takes the
-next due row, so a busy worker pays one commit per delivery.
+store; a store that can :class:`~trio_dispatch.store.base.Listener` reaches it
+on any host's enqueue), or when the earliest retry falls due. It claims only
+as many due rows as it has free delivery slots (:class:`.SlotTable`), so a
+claimed row never waits for a slot while its lease runs; ``concurrency``
+slots bound the transports running at once. Each claimed row is delivered by
+its own task, cut at its own lease end (less a safety margin) whatever the
+transport does; its outcome is written through the store's group commit,
+and in the same transaction the slot takes the next due row, so a busy
+worker pays one commit per delivery.
 
 Shutdown (the worker's scope is cancelled): claiming stops at once; running
 deliveries get ``grace_seconds`` to finish; any still running are then
@@ -22,6 +23,7 @@ once their lease ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -33,13 +35,13 @@ import sniffio
 import trio_asyncio
 from anyio.abc import TaskGroup, TaskStatus
 
-from . import lifecycle as lc
-from .config import Config
-from .outbox import (
+from ..config import Config
+from ..lifecycle import ACTOR_DELIVERY
+from ..outbox import (
     COUNTER_KEYS,
-    LEASE_SAFETY_SECONDS,
     Claim,
     Outcome,
+    attempt_deadline,
     call_transport,
     claim_due,
     finish_and_claim_next,
@@ -50,16 +52,17 @@ from .outbox import (
     require_store,
     tally,
 )
-from .redact import scrubbed_logger, visible
-from .settings import (
+from ..redact import scrubbed_logger, visible
+from ..settings import (
+    CLAIM_LEASE_MARGIN_SECONDS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_CONCURRENCY,
     DEFAULT_GRACE_SECONDS,
     DEFAULT_TICK_SECONDS,
     WorkerSettings,
 )
-from .store.base import Store
-from .transport import (
+from ..store.base import Listener, Store
+from ..transports import (
     DEFAULT_KILL_GRACE_SECONDS,
     NOTIFY_TIMEOUT_SECONDS,
     ChildEnvironment,
@@ -69,12 +72,25 @@ from .transport import (
     as_transport,
     needs_asyncio_loop,
 )
+from .slots import SlotTable
+from .statistics import WorkerStatistics
 
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
 locked): a lost finish means one more send once the lease ends."""
 
 log = scrubbed_logger("trio_dispatch.worker")
+
+
+@dataclasses.dataclass(frozen=True)
+class Interrupted:
+    """An attempt that worker shutdown cut short: its row is released (or
+    dead-lettered, if it was the last attempt), not finished."""
+
+    reason: str = "worker shutdown"
+
+
+AttemptResult = TransportResult | Interrupted
 
 
 class DispatchWorker:
@@ -85,8 +101,11 @@ class DispatchWorker:
     attempt, as in ADR D3). ``concurrency`` bounds transports running at
     once; ``batch_size`` bounds rows claimed per scan; ``tick_seconds`` is the
     idle poll interval (in-process enqueues and due retries wake the worker
-    sooner). Arguments are checked here: a bad one raises ``ValueError`` or
-    ``TypeError`` naming it.
+    sooner). Arguments are checked here (:class:`WorkerSettings`): a bad one
+    raises ``ValueError`` or ``TypeError`` naming it. ``clock`` is the wall
+    clock leases are written in (``time.time``; a test may tie it to a mock
+    event-loop clock), ``lease_margin_seconds`` what a lease adds to the
+    timeout.
 
     Trio::
 
@@ -110,10 +129,12 @@ class DispatchWorker:
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
         retry_jitter: float = 0.0,
         kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS,
-        actor: str = lc.ACTOR_DELIVERY,
+        actor: str = ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
         listen: bool = True,
         child_env: ChildEnvironment | None = None,
+        lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
@@ -126,6 +147,7 @@ class DispatchWorker:
             retry_jitter=retry_jitter,
             kill_grace_seconds=kill_grace_seconds,
             listen=listen,
+            lease_margin_seconds=lease_margin_seconds,
         )
         """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         settings = self.settings
@@ -135,29 +157,30 @@ class DispatchWorker:
         self.timeout_seconds = settings.timeout_seconds
         self.grace_seconds = settings.grace_seconds
         self.retry_jitter = settings.retry_jitter
+        self.lease_seconds = settings.lease_seconds
+        self.listen = settings.listen
+        """Wake on other processes' enqueues where the store can tell
+        (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
         self.transport: Transport = (
             CommandTransport(notify_template, timeout=settings.timeout_seconds,
                              kill_grace=settings.kill_grace_seconds, child_env=child_env)
             if transport is None
             else as_transport(transport, timeout=settings.timeout_seconds)
         )
-        self.lease_seconds = settings.lease_seconds
         self.actor = actor
         self.log = logger or log
-        self.listen = settings.listen
-        """Wake on other processes' enqueues where the store can tell
-        (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
+        self.clock = clock
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
-        # The slot table: one entry per claimed attempt, never more than
-        # `concurrency` (claims take only free slots), each with the cancel
-        # scope of its attempt (deadline: just before its lease ends).
-        self._in_flight: dict[Claim, anyio.CancelScope] = {}
+        self._slots = SlotTable(settings.concurrency)
         self._closing = False  # shutdown began: claim nothing more
         self._wake: anyio.Event | None = None
-        self._drained: anyio.Event | None = None
         self._backlog = False
         self._running = False
+        self._scans = 0
+        self._scan_errors = 0
+        self._lease_recoveries = 0
+        self._last_scan_at: float | None = None
 
     @classmethod
     def from_config(cls, db: Store, config: Config, **overrides: Any) -> DispatchWorker:
@@ -168,13 +191,9 @@ class DispatchWorker:
                 None if config.dispatch.notify_template is None
                 else list(config.dispatch.notify_template)
             ),
-            "timeout_seconds": config.dispatch.timeout_seconds,
-            "tick_seconds": config.worker.tick_seconds,
-            "concurrency": config.worker.concurrency,
-            "batch_size": config.worker.batch_size,
-            "grace_seconds": config.worker.grace_seconds,
-            "retry_jitter": config.worker.retry_jitter,
-            "listen": config.worker.listen,
+            **{field: getattr(config.worker_settings(), field) for field in (
+                "timeout_seconds", "tick_seconds", "concurrency", "batch_size",
+                "grace_seconds", "retry_jitter", "listen")},
             "child_env": config.dispatch.env,
         }
         return cls(db, **{**settings, **overrides})
@@ -182,7 +201,20 @@ class DispatchWorker:
     @property
     def in_flight(self) -> int:
         """Deliveries running now."""
-        return len(self._in_flight)
+        return len(self._slots)
+
+    def statistics(self) -> WorkerStatistics:
+        """A frozen snapshot of the worker's totals and state."""
+        return WorkerStatistics(
+            **self.counts,
+            in_flight=len(self._slots),
+            concurrency=self.concurrency,
+            scans=self._scans,
+            scan_errors=self._scan_errors,
+            lease_recoveries=self._lease_recoveries,
+            last_scan_at=self._last_scan_at,
+            running=self._running,
+        )
 
     def wake(self) -> None:
         """Scan now instead of at the next tick (safe to call any time)."""
@@ -206,8 +238,8 @@ class DispatchWorker:
                     await stack.enter_async_context(trio_asyncio.open_loop())
                 async with anyio.create_task_group() as deliveries:
                     listener = anyio.CancelScope()
-                    if self.listen and hasattr(self.db, "listen"):
-                        deliveries.start_soon(self._listen, listener)
+                    if self.listen and isinstance(self.db, Listener):
+                        deliveries.start_soon(self._listen, self.db, listener)
                     task_status.started()
                     try:
                         await self._claim_loop(deliveries)
@@ -218,17 +250,17 @@ class DispatchWorker:
                             await self._stop_deliveries()
         finally:
             remove()
-            self._wake = self._drained = None
+            self._wake = None
             self._running = False
 
-    async def _listen(self, scope: anyio.CancelScope) -> None:
+    async def _listen(self, db: Listener, scope: anyio.CancelScope) -> None:
         """Wake on other processes' enqueues; if notifications fail (a pooler,
         a server restart), poll on the tick and try listening again."""
         failures = 0
         with scope:
             while True:
                 try:
-                    await self.db.listen(self.wake)  # type: ignore[attr-defined]
+                    await db.listen(self.wake)
                 except Exception:
                     failures += 1
                     self.log.log(
@@ -251,7 +283,7 @@ class DispatchWorker:
     async def _scan(self, deliveries: TaskGroup) -> float:
         """Claim what fits in the free slots and start those deliveries;
         return how long to wait before the next scan."""
-        free = self.concurrency - len(self._in_flight)
+        free = self._slots.free
         if free <= 0:
             self._backlog = True  # a finishing delivery wakes us
             return self.tick_seconds
@@ -262,20 +294,22 @@ class DispatchWorker:
             # cancelled meanwhile. Bounded by the store's busy_timeout.
             with anyio.CancelScope(shield=True):
                 claims, counts = await claim_due(
-                    self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor
+                    self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor,
+                    clock=self.clock,
                 )
         except Exception:
+            self._scan_errors += 1
             self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
             return self.tick_seconds
         self._add_scan_counts(counts)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._in_flight[claim] = self._attempt_scope(claim)
+            self._slots.take(claim, self._attempt_scope(claim))
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
                 "scan: claimed=%d expired=%d dead_letter=%d in_flight=%d",
-                len(claims), counts["expired"], counts["dead_letter"], len(self._in_flight),
+                len(claims), counts["expired"], counts["dead_letter"], len(self._slots),
             )
         self._backlog = counts["attempted"] >= limit
         if self._backlog:
@@ -290,7 +324,7 @@ class DispatchWorker:
             return self.tick_seconds
         if due is None:
             return self.tick_seconds
-        return max(0.0, min(self.tick_seconds, due - time.time()))
+        return max(0.0, min(self.tick_seconds, due - self.clock()))
 
     async def _deliver(self, first: Claim) -> None:
         """Deliver ``first``; while rows are due, keep the slot and deliver
@@ -313,17 +347,17 @@ class DispatchWorker:
         """One attempt, start to recorded end; returns the next claim it took
         over its slot, or None (the slot is then free)."""
         started = time.monotonic()
-        result: TransportResult | None = None
-        with self._in_flight[claim] as scope:
+        result: AttemptResult = Interrupted()
+        with self._slots.scope(claim) as scope:
             result = await call_transport(self.transport, claim)
         if scope.cancelled_caught and not self._closing:  # the lease deadline
             result = lease_timeout_result(self.lease_seconds)
         next_claim: Claim | None = None
-        if result is None:  # worker shutdown
-            outcome = await self._settle(claim, None)
+        if isinstance(result, Interrupted):
+            outcome = await self._settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
                 self.counts["dead_letter"] += 1
-            self._log_outcome(claim, outcome, started, "worker shutdown")
+            self._log_outcome(claim, outcome, started, result.reason)
         else:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
@@ -333,32 +367,27 @@ class DispatchWorker:
             self._free_slot(claim)
             return None
         # The slot passes to the next claim without ever being free.
-        del self._in_flight[claim]
-        self._in_flight[next_claim] = self._attempt_scope(next_claim)
+        scope = self._attempt_scope(next_claim)
+        self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
-            self._in_flight[next_claim].cancel()
+            scope.cancel()
         return next_claim
 
     def _add_scan_counts(self, counts: dict[str, int]) -> None:
         """Add what a scan did besides claiming (rows seen, expired, spent)."""
         for key in ("attempted", "expired", "dead_letter"):
             self.counts[key] += counts[key]
+        self._lease_recoveries += counts.get("recovered", 0)
+        self._scans += 1
+        self._last_scan_at = self.clock()
 
-    @staticmethod
-    def _attempt_scope(claim: Claim) -> anyio.CancelScope:
-        """The attempt's cancel scope: its deadline is the claim's own lease
-        end (less a safety margin), however long the claim took to reach us,
-        so no second claimant can ever overlap the send."""
-        remaining = claim.lease_until - time.time() - LEASE_SAFETY_SECONDS
-        return anyio.CancelScope(deadline=anyio.current_time() + remaining)
+    def _attempt_scope(self, claim: Claim) -> anyio.CancelScope:
+        """The attempt's cancel scope, cut at its own lease end."""
+        return anyio.CancelScope(deadline=attempt_deadline(claim, self.clock))
 
     def _free_slot(self, claim: Claim) -> None:
-        if self._in_flight.pop(claim, None) is None:
-            return
-        if self._backlog:
+        if self._slots.release(claim) and self._backlog:
             self.wake()
-        if self._drained is not None and not self._in_flight:
-            self._drained.set()
 
     async def _settle_and_claim(
         self, claim: Claim, result: TransportResult
@@ -370,7 +399,7 @@ class DispatchWorker:
         try:
             outcome, next_claim, counts = await finish_and_claim_next(
                 self.db, claim, result, lease_seconds=self.lease_seconds,
-                retry_jitter=self.retry_jitter, actor=self.actor,
+                retry_jitter=self.retry_jitter, actor=self.actor, clock=self.clock,
             )
         except Exception:
             self.log.exception("dispatch %s attempt %d: recording the outcome failed",
@@ -381,21 +410,23 @@ class DispatchWorker:
         self._add_scan_counts(counts)
         return outcome, next_claim
 
-    async def _settle(self, claim: Claim, result: TransportResult | None) -> Outcome | None:
-        """Finish (or, with no result, release) the attempt, trying again
-        while the store fails; None if every try failed (the lease will
-        bring the row back)."""
+    async def _settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
+        """Finish (or, interrupted, release) the attempt, trying again while
+        the store fails; None if every try failed (the lease will bring the
+        row back)."""
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
-                if result is None:
-                    return await release_attempt(self.db, claim, actor=self.actor)
+                if isinstance(result, Interrupted):
+                    return await release_attempt(self.db, claim, actor=self.actor,
+                                                 clock=self.clock)
                 return await finish_attempt(
-                    self.db, claim, result, retry_jitter=self.retry_jitter, actor=self.actor
+                    self.db, claim, result, retry_jitter=self.retry_jitter, actor=self.actor,
+                    clock=self.clock,
                 )
             except Exception:
                 self.log.exception("dispatch %s attempt %d: recording the outcome failed",
                                    claim.dispatch_id, claim.attempt)
-                if pause is None or time.time() + pause >= claim.lease_until:
+                if pause is None or self.clock() + pause >= claim.lease_until:
                     return None
                 await anyio.sleep(pause)
         return None
@@ -417,13 +448,9 @@ class DispatchWorker:
     async def _stop_deliveries(self) -> None:
         """Grace, then cancel what is still running (the tasks release their
         rows themselves, inside their shields)."""
-        if not self._in_flight:
+        if not len(self._slots):
             return
         self.log.info("stopping: waiting up to %gs for %d running deliveries",
-                      self.grace_seconds, len(self._in_flight))
-        self._drained = anyio.Event()
-        with anyio.move_on_after(self.grace_seconds):
-            await self._drained.wait()
-        for scope in list(self._in_flight.values()):
-            scope.cancel()
-
+                      self.grace_seconds, len(self._slots))
+        await self._slots.wait_drained(self.grace_seconds)
+        self._slots.cancel_all()

@@ -1,0 +1,83 @@
+"""The outbox: enqueue, deliver, read and operate on dispatches.
+
+One concern per module:
+
+- :mod:`.machine` -- the state machine, the one place that writes a status
+  (each compare-and-set with its transition row, its edge checked first);
+- :mod:`.sql` -- the statements, built from the lifecycle vocabulary;
+- :mod:`.enqueue` -- validation and the enqueue API (ADR D2);
+- :mod:`.delivery` -- the claim, the transport call, the attempt's end
+  (ADR D3-D5): :func:`deliver_due_dispatches` and what the worker uses;
+- :mod:`.reads` -- get, list, history, stats;
+- :mod:`.operator` -- ack, retry, purge, prune.
+
+No transaction here spans the transport or any other await on the outside
+world.
+"""
+
+from __future__ import annotations
+
+from .delivery import (
+    LEASE_SAFETY_SECONDS,
+    attempt_deadline,
+    call_transport,
+    claim_due,
+    deliver_due_dispatches,
+    finish_and_claim_next,
+    finish_attempt,
+    lease_timeout_result,
+    release_attempt,
+    require_store,
+    tally,
+)
+from .enqueue import DEFAULT_MAX_ATTEMPTS, enqueue_dispatch, enqueue_many
+from .machine import COUNTER_KEYS, Claim, EnqueueResult, Outcome
+from .operator import (
+    DEFAULT_RETENTION_SECONDS,
+    PRUNE_CHUNK,
+    ack_dispatch,
+    prune_dispatches,
+    purge_dispatch,
+    retry_dispatch,
+)
+from .reads import (
+    DEFAULT_LIST_LIMIT,
+    dispatch_stats,
+    get_dispatch,
+    list_dispatches,
+    list_transitions,
+    next_due_at,
+)
+
+__all__ = [
+    "COUNTER_KEYS",
+    "DEFAULT_LIST_LIMIT",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_RETENTION_SECONDS",
+    "LEASE_SAFETY_SECONDS",
+    "PRUNE_CHUNK",
+    "Claim",
+    "EnqueueResult",
+    "Outcome",
+    "ack_dispatch",
+    "attempt_deadline",
+    "call_transport",
+    "claim_due",
+    "deliver_due_dispatches",
+    "dispatch_stats",
+    "enqueue_dispatch",
+    "enqueue_many",
+    "finish_and_claim_next",
+    "finish_attempt",
+    "get_dispatch",
+    "lease_timeout_result",
+    "list_dispatches",
+    "list_transitions",
+    "next_due_at",
+    "prune_dispatches",
+    "purge_dispatch",
+    "release_attempt",
+    "require_store",
+    "retry_dispatch",
+    "tally",
+]

@@ -1,0 +1,246 @@
+"""Delivery (ADR D3-D5): claim due rows, call the transport outside any
+transaction, record each attempt's end.
+
+A delivery is three steps: a claim (one transaction), the transport call
+(none), a finish (one transaction). :func:`claim_due` is the one claim path,
+for :func:`deliver_due_dispatches` and the worker alike; :func:`attempt_deadline`
+is the one place that turns a claim's lease into the deadline its transport
+call is cut at, so no second claimant can ever overlap a send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final
+
+import anyio
+
+from ..backoff import jittered_backoff
+from ..lifecycle import ACTOR_DELIVERY
+from ..redact import MASK
+from ..settings import CLAIM_LEASE_MARGIN_SECONDS, DEFAULT_BATCH_SIZE
+from ..store.base import Database
+from ..transports import (
+    NOTIFY_TIMEOUT_SECONDS,
+    CommandTransport,
+    Transport,
+    TransportResult,
+    as_transport,
+    describe_exception,
+    must_propagate,
+)
+from ..validate import clock_from, require_int, require_number
+from ..values import show
+from .machine import (
+    COUNTER_KEYS,
+    AttemptEnd,
+    Claim,
+    Outcome,
+    claim_batch,
+    finish_and_claim,
+    finish_many,
+    release,
+)
+
+LEASE_SAFETY_SECONDS: Final = 1.0
+"""A transport still running this close to its claim's lease end is
+cancelled, so no second claimant can ever overlap it."""
+
+
+def require_store(db: object, caller: str) -> None:
+    """Refuse a transaction handle where a transport will run: no database
+    transaction may span an external call."""
+    if not hasattr(db, "transaction"):
+        raise TypeError(
+            f"{caller} needs the store itself, not a transaction handle: a transport "
+            "must never run inside a database transaction"
+        )
+
+
+async def claim_due(
+    db: Database,
+    *,
+    now: float | None = None,
+    limit: int = DEFAULT_BATCH_SIZE,
+    lease_seconds: float = NOTIFY_TIMEOUT_SECONDS + CLAIM_LEASE_MARGIN_SECONDS,
+    actor: str = ACTOR_DELIVERY,
+    clock: Callable[[], float] | None = None,
+) -> tuple[list[Claim], dict[str, int]]:
+    """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
+    created_at``) and, in one transaction, expire those past ``expires_at``
+    and claim the rest, leased for ``lease_seconds`` from when the
+    transaction runs (``clock``, default the wall clock; or the fixed
+    ``now``). Returns the claims won and the counters of the scan
+    (``attempted``, ``expired``, ``dead_letter``). A row another claimant
+    took first is skipped silently."""
+    read_clock = clock or clock_from(now)
+    limit = require_int("limit", limit, minimum=1)
+
+    def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
+        return claim_batch(conn, read_clock(), limit, lease_seconds, actor)
+
+    return await db.write(scan_and_claim)
+
+
+async def finish_attempt(
+    db: Database,
+    claim: Claim,
+    result: TransportResult,
+    *,
+    now: float | None = None,
+    retry_jitter: float = 0.0,
+    actor: str = ACTOR_DELIVERY,
+    clock: Callable[[], float] | None = None,
+) -> Outcome:
+    """Record the end of ``claim``'s attempt (status, ``last_error``, due time
+    and transition) in one transaction, fenced on ``(delivering,
+    claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
+    the row moved on (acked, purged, or recovered by another claimant)."""
+    read_clock = clock or clock_from(now)
+    delay = jittered_backoff(claim.attempt, retry_jitter)
+    end = AttemptEnd(claim, result, read_clock(), delay, actor)
+    return await db.write_many(finish_many, end)
+
+
+async def finish_and_claim_next(
+    db: Database,
+    claim: Claim,
+    result: TransportResult,
+    *,
+    lease_seconds: float,
+    retry_jitter: float = 0.0,
+    actor: str = ACTOR_DELIVERY,
+    clock: Callable[[], float] = time.time,
+) -> tuple[Outcome, Claim | None, dict[str, int]]:
+    """:func:`finish_attempt`, and in the same transaction claim the next due
+    row (if any) for the delivery slot this attempt frees: a busy worker pays
+    one commit per delivery, not two, and its slot never waits for a scan.
+    Returns the outcome, the next claim or None, and that scan's counters."""
+    delay = jittered_backoff(claim.attempt, retry_jitter)
+    end = AttemptEnd(claim, result, clock(), delay, actor, next_lease=lease_seconds,
+                     clock=clock)
+    return await db.write_many(finish_and_claim, end)
+
+
+async def release_attempt(
+    db: Database,
+    claim: Claim,
+    *,
+    now: float | None = None,
+    actor: str = ACTOR_DELIVERY,
+    clock: Callable[[], float] | None = None,
+) -> Outcome:
+    """Give back an attempt that worker shutdown interrupted: the row returns
+    to ``pending``, due at once (``dispatch.pending.released``), fenced on
+    ``(delivering, claim.attempt)``. If it was the last attempt allowed, the
+    row is dead-lettered instead (``max_attempts`` bounds every send).
+    Returns :attr:`Outcome.CONFLICT` if the row had moved on."""
+    read_clock = clock or clock_from(now)
+    return await db.write(lambda conn: release(conn, claim, read_clock(), actor))
+
+
+def attempt_deadline(claim: Claim, clock: Callable[[], float] = time.time) -> float:
+    """The event-loop time at which ``claim``'s transport call is cut: its
+    own lease end (a wall-clock time, read with ``clock``) less
+    :data:`LEASE_SAFETY_SECONDS`, however long the claim took to reach the
+    caller -- so no second claimant can ever overlap the send."""
+    remaining = claim.lease_until - clock() - LEASE_SAFETY_SECONDS
+    return anyio.current_time() + remaining
+
+
+def lease_timeout_result(lease_seconds: float) -> TransportResult:
+    """The failure of a call cut at its :func:`attempt_deadline`."""
+    return TransportResult.failure(
+        f"timeout: transport still running {lease_seconds - LEASE_SAFETY_SECONDS:g}s "
+        f"into a lease of {lease_seconds:g}s"
+    )
+
+
+async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
+    """Run ``transport`` for ``claim``; a transport that raises (anything
+    but a cancellation or KeyboardInterrupt: ``SystemExit`` too), or returns
+    anything but a :class:`TransportResult`, is a failure saying so. The
+    claim's ack token never survives into a failure text. Cancellation
+    propagates."""
+    try:
+        result = await transport(claim.delivery())
+    except BaseException as exc:
+        if must_propagate(exc):
+            raise
+        result = TransportResult.failure(describe_exception(exc))
+    if not isinstance(result, TransportResult):
+        result = TransportResult.failure(
+            f"transport returned {show(result)}, not a TransportResult"
+        )
+    if result.error and claim.ack_token and claim.ack_token in result.error:
+        result = dataclasses.replace(result, error=result.error.replace(claim.ack_token, MASK))
+    return result
+
+
+def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:
+    """Add one finished attempt to a counter mapping (ADR D4/D5 meanings:
+    ``delivered`` counts successful transport calls whose finish applied)."""
+    if outcome is Outcome.CONFLICT:
+        return
+    if result.ok:
+        counts["delivered"] += 1
+    if outcome in (Outcome.DEAD_LETTER, Outcome.ACK_TIMEOUT):
+        counts["dead_letter"] += 1
+    elif outcome is Outcome.RETRY:
+        counts["retried"] += 1
+
+
+async def deliver_due_dispatches(
+    db: Database,
+    *,
+    now: float | None = None,
+    notify_template: list[str] | None = None,
+    transport: Transport | Callable[..., Any] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
+    retry_jitter: float = 0.0,
+    actor: str = ACTOR_DELIVERY,
+) -> dict[str, int]:
+    """One due scan: expire, claim, send and finish up to ``batch_size`` due
+    rows, one at a time; return ``{attempted, delivered, dead_letter,
+    expired, retried}``.
+
+    Each row is claimed (with :func:`claim_due`, as the worker claims) just
+    before its own send, so its lease -- ``timeout + 5`` seconds -- starts
+    when its transport does. The transport is ``transport`` if given, else
+    the argv ``notify_template`` (None or an invalid template is a recorded
+    transport failure, never an exception). No transaction is open while a
+    transport runs. Cancellation stops the scan; an attempt interrupted
+    mid-send stays ``delivering`` and is recovered when its lease ends.
+    """
+    require_store(db, "deliver_due_dispatches")
+    clock = clock_from(now)
+    limit = require_int("batch_size", batch_size, minimum=1)
+    timeout = require_number("timeout_seconds", timeout_seconds, minimum=0.0)
+    lease = timeout + CLAIM_LEASE_MARGIN_SECONDS
+    sender: Transport = (
+        CommandTransport(notify_template, timeout=timeout)
+        if transport is None
+        else as_transport(transport, timeout=timeout)
+    )
+    counts = dict.fromkeys(COUNTER_KEYS, 0)
+    claim_one = partial(claim_due, db, limit=1, lease_seconds=lease, actor=actor, clock=clock)
+    while counts["attempted"] < limit:
+        claims, scanned = await claim_one()
+        for key in ("attempted", "expired", "dead_letter"):
+            counts[key] += scanned[key]
+        if not scanned["attempted"]:
+            break
+        for claim in claims:
+            result: TransportResult | None = None
+            with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):
+                result = await call_transport(sender, claim)
+            if result is None:
+                result = lease_timeout_result(lease)
+            outcome = await finish_attempt(db, claim, result, retry_jitter=retry_jitter,
+                                           actor=actor, clock=clock)
+            tally(counts, result, outcome)
+    return counts

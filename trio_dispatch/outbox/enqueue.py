@@ -1,0 +1,192 @@
+"""Enqueue (ADR D2): validate, build the envelope, commit row and transition.
+
+Everything a caller passes is checked (SPEC B2) and the row -- id, ack token,
+the serialised envelope -- is built before any transaction; the write itself
+is :func:`~.machine.insert_new` / :func:`~.machine.insert_plain`. Concurrent
+plain enqueues of a process share one group commit and two bulk statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
+from typing import Any, Final
+
+from ..signal import dispatch_envelope_json, uuid4_bytes
+from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
+from ..validate import (
+    clock_from,
+    require_body,
+    require_bool,
+    require_int,
+    require_non_empty,
+    require_number,
+    require_optional_id,
+    require_route,
+)
+from ..values import show
+from .machine import EnqueueResult, NewDispatch, insert_all, insert_plain
+
+DEFAULT_MAX_ATTEMPTS: Final = 8
+
+ENQUEUE_KEYS: Final = frozenset(
+    {
+        "kind",
+        "deliver_to",
+        "body",
+        "dedup_key",
+        "ack_required",
+        "max_attempts",
+        "expires_at",
+        "session_id",
+        "schedule_run_id",
+    }
+)
+"""The keyword arguments of :func:`enqueue_dispatch` (and of each
+:func:`enqueue_many` item)."""
+
+
+def prepare(
+    *,
+    kind: object,
+    deliver_to: object,
+    body: object = None,
+    dedup_key: object = None,
+    ack_required: object = False,
+    max_attempts: object = DEFAULT_MAX_ATTEMPTS,
+    expires_at: object = None,
+    session_id: object = None,
+    schedule_run_id: object = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> NewDispatch:
+    """Validate one enqueue's arguments and build its row (id, token and
+    serialised envelope), all before any transaction."""
+    kind_ = require_non_empty("kind", kind)
+    route = require_route(deliver_to)
+    body_json = require_body(body, max_body_bytes)
+    key = None if dedup_key is None else require_non_empty("dedup_key", dedup_key)
+    ack = require_bool("ack_required", ack_required)
+    bound = require_int("max_attempts", max_attempts, minimum=1)
+    expiry = None if expires_at is None else require_number("expires_at", expires_at)
+    session = require_optional_id("session_id", session_id)
+    run = require_optional_id("schedule_run_id", schedule_run_id)
+    dispatch_id = uuid4_bytes().hex()
+    token = uuid4_bytes().hex() if ack else None
+    return NewDispatch(
+        id=dispatch_id,
+        kind=kind_,
+        deliver_to=route,
+        payload=dispatch_envelope_json(
+            dispatch_id=dispatch_id, kind=kind_, deliver_to=route, ack_token=token,
+            body_json=body_json,
+        ),
+        dedup_key=key,
+        max_attempts=bound,
+        ack_required=ack,
+        ack_token=token,
+        session_id=session,
+        schedule_run_id=run,
+        expires_at=expiry,
+    )
+
+
+def prepare_items(items: Iterable[Mapping[str, Any]], max_body_bytes: int) -> list[NewDispatch]:
+    """:func:`prepare` for each item of an :func:`enqueue_many` call; an
+    invalid item raises naming its index, before anything is written."""
+    if isinstance(items, Mapping | str | bytes):
+        raise TypeError(f"items must be an iterable of mappings, got {show(items)}")
+    batch: list[NewDispatch] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping):
+            raise TypeError(f"item {index} must be a mapping of enqueue arguments, got "
+                            f"{show(item)}")
+        unknown = set(item) - ENQUEUE_KEYS
+        if unknown:
+            raise TypeError(
+                f"item {index}: unknown enqueue argument {show(sorted(map(str, unknown))[0])}"
+            )
+        for required in ("kind", "deliver_to"):
+            if required not in item:
+                raise TypeError(f"item {index}: missing required argument {required!r}")
+        try:
+            batch.append(prepare(**item, max_body_bytes=max_body_bytes))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    return batch
+
+
+def body_limit(db: object) -> int:
+    """The ``max_body_bytes`` of a store or transaction handle."""
+    limit = getattr(db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+    return limit if isinstance(limit, int) else DEFAULT_MAX_BODY_BYTES
+
+
+async def enqueue_dispatch(
+    db: Database,
+    *,
+    kind: str,
+    deliver_to: str,
+    body: dict[str, Any] | None = None,
+    dedup_key: str | None = None,
+    ack_required: bool = False,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    expires_at: float | None = None,
+    session_id: str | None = None,
+    schedule_run_id: str | None = None,
+    now: float | None = None,
+) -> str:
+    """Commit one dispatch and its ``dispatch.pending.enqueued`` transition;
+    return its id.
+
+    With ``dedup_key``, a key already committed returns that row's id and
+    writes nothing -- including when a concurrent writer commits the same key
+    first. Raises ``TypeError``/``ValueError`` naming the bad argument (or an
+    unknown ``session_id``/``schedule_run_id``) before anything is written;
+    a database failure (locked past ``busy_timeout``, disk full, read-only)
+    propagates as the driver's error, with nothing written.
+    Passed a transaction handle, the row commits or rolls back with it.
+    """
+    new = prepare(
+        kind=kind,
+        deliver_to=deliver_to,
+        body=body,
+        dedup_key=dedup_key,
+        ack_required=ack_required,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        session_id=session_id,
+        schedule_run_id=schedule_run_id,
+        max_body_bytes=body_limit(db),
+    )
+    if new.plain:
+        # Coalesced with the other plain enqueues of the same group commit.
+        result: EnqueueResult = await db.write_many(insert_plain, (new, clock_from(now)()))
+        db.notify_enqueued()
+        return result.id
+    return (await commit_new(db, [new], clock_from(now)))[0].id
+
+
+async def commit_new(
+    db: Database, batch: Sequence[NewDispatch], clock: Callable[[], float],
+    name_items: bool = False,
+) -> list[EnqueueResult]:
+    """Write prepared dispatches in one transaction and wake this process's
+    workers if any row is new."""
+    results = await db.write(partial(insert_all, batch=batch, now=clock(), name_items=name_items))
+    if any(not result.dedup_hit for result in results):
+        db.notify_enqueued()
+    return results
+
+
+async def enqueue_many(
+    db: Database, items: Iterable[Mapping[str, Any]], *, now: float | None = None
+) -> list[EnqueueResult]:
+    """Enqueue many dispatches in one transaction; each item holds the keyword
+    arguments of :func:`enqueue_dispatch`. Returns one :class:`EnqueueResult`
+    per item, in order. A repeated key within the batch resolves to the first
+    item's row. Any invalid item raises (naming its index and argument) before
+    anything is written; then no item is written.
+    """
+    clock = clock_from(now)
+    batch = prepare_items(items, body_limit(db))
+    return await commit_new(db, batch, clock, name_items=True) if batch else []

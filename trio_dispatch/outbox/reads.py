@@ -1,0 +1,135 @@
+"""Reads: one dispatch, a filtered list, a history, a health summary. They
+run on a read snapshot (never the writer), write nothing, and answer a value
+no row can hold (a NUL, a lone surrogate) with "not found" on every engine.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from typing import Any, Final
+
+from ..lifecycle import ENTITY_TYPE, STATUSES
+from ..store.base import Conn, Database, Row
+from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
+from ..values import show
+from . import sql
+
+DEFAULT_LIST_LIMIT: Final = 50
+
+
+def decode(row: Row | None) -> dict[str, Any] | None:
+    """A row with its JSON columns (payload, evidence_refs, metadata) decoded."""
+    if row is None:
+        return None
+    out = dict(row)
+    for key in ("payload", "evidence_refs", "metadata"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    return out
+
+
+def get_row(conn: Conn, dispatch_id: str) -> Row | None:
+    return conn.query_one(sql.SELECT_BY_ID, (dispatch_id,))
+
+
+async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
+    """The dispatch's row (payload decoded), or None."""
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return None
+    return decode(await db.read(partial(get_row, dispatch_id=dispatch_id)))
+
+
+async def list_dispatches(
+    db: Database,
+    *,
+    status: str | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+    kind: str | None = None,
+) -> list[dict[str, Any]]:
+    """Rows newest first, optionally of one ``status`` (one of the six) and
+    ``kind``, at most ``limit``."""
+    if status is not None and status not in STATUSES:
+        raise ValueError(
+            f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}"
+        )
+    limit = require_int("limit", limit, minimum=1)
+    if kind is not None:
+        require_text("kind", kind)
+        if not findable(kind):  # no row holds a NUL: the same answer on every engine
+            return []
+    clauses, params = [], []
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status)
+    if kind is not None:
+        clauses.append("kind = ?")
+        params.append(kind)
+    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+    query = (
+        f"SELECT {sql.COLUMNS} FROM dispatch_outbox {where}"
+        "ORDER BY created_at DESC, id DESC LIMIT ?"
+    )
+    rows = await db.read(lambda conn: conn.query(query, (*params, limit)))
+    return [row for row in map(decode, rows) if row is not None]
+
+
+async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any]]:
+    """The dispatch's ``status_transitions`` rows, oldest first (kept after
+    the dispatch itself is purged)."""
+    dispatch_id = require_dispatch_id(dispatch_id)
+    if not findable(dispatch_id):
+        return []
+    rows = await db.read(
+        lambda conn: conn.query(
+            "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
+            "ORDER BY id",
+            (ENTITY_TYPE, dispatch_id),
+        )
+    )
+    return [row for row in map(decode, rows) if row is not None]
+
+
+async def next_due_at(db: Database) -> float | None:
+    """When the earliest pending or delivering row falls due, or None."""
+    row = await db.read(lambda conn: conn.query_one(sql.NEXT_DUE))
+    return None if row is None else float(row["due"])
+
+
+async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:
+    """A health summary: ``counts`` per status (all six), ``total``,
+    ``oldest_due_pending_age_seconds`` (how long the longest-waiting due
+    pending row has been due; None when none is due) and
+    ``dead_letters_last_24h`` (rows now in ``dead_letter`` that got there in
+    the last 24 hours; both queries use the status indexes, never a scan of
+    finished rows or history)."""
+    at = clock_from(now)()
+
+    def collect(conn: Conn) -> dict[str, Any]:
+        counts: dict[str, int] = dict.fromkeys(sorted(STATUSES), 0)
+        for row in conn.query(sql.COUNT_BY_STATUS):
+            counts[str(row["status"])] = int(row["n"])
+        oldest = conn.query_one(sql.OLDEST_DUE_PENDING, (at,))
+        dead = conn.query_one(sql.DEAD_LETTERS_SINCE, (at - 86400.0,))
+        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        return {
+            "counts": counts,
+            "total": sum(counts.values()),
+            "oldest_due_pending_age_seconds": None if due is None else max(0.0, at - due),
+            "dead_letters_last_24h": int(dead["n"]) if dead else 0,
+        }
+
+    return await db.read(collect)
+
+
+__all__ = [
+    "DEFAULT_LIST_LIMIT",
+    "decode",
+    "dispatch_stats",
+    "get_dispatch",
+    "get_row",
+    "list_dispatches",
+    "list_transitions",
+    "next_due_at",
+]

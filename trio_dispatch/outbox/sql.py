@@ -1,0 +1,147 @@
+"""The outbox's SQL, as named statements built from the lifecycle
+vocabulary. Engines share it: ``?`` placeholders and the subset of SQL that
+SQLite and PostgreSQL both speak (``RETURNING``, ``ON CONFLICT ... DO
+NOTHING``, ``UPDATE ... FROM (VALUES ...)``); an engine only translates
+placeholders. Status literals come from :mod:`trio_dispatch.lifecycle`, never
+from user input; every user value is a bound parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from ..lifecycle import DUE_SQL, FINISHED_SQL, Status
+
+COLUMNS: Final = (
+    "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
+    "next_attempt_at, ack_required, ack_token, session_id, schedule_run_id, "
+    "last_error, created_at, expires_at, updated_at"
+)
+"""Every column of ``dispatch_outbox``, in table order."""
+
+INSERT_DISPATCH: Final = (
+    f"INSERT INTO dispatch_outbox ({COLUMNS}) "
+    f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?) "
+    "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+)
+"""A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
+next_attempt_at, ack_required, ack_token, session_id, schedule_run_id,
+created_at, expires_at, updated_at); a dedup key already committed inserts
+nothing (the partial unique index is the final authority, SPEC B3)."""
+
+INSERT_TRANSITION: Final = (
+    "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+    "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
+SELECT_BY_ID: Final = f"SELECT {COLUMNS} FROM dispatch_outbox WHERE id = ?"
+
+
+def select_due(status: Status, columns: str, lock_clause: str) -> str:
+    """Due rows of one live status, oldest due first (SPEC B5). The verbatim
+    partial-index term lets the planner read the due index in order and
+    stop after ``LIMIT`` rows: the cost follows the limit, not the table."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND status = '{status}' AND next_attempt_at <= ? "
+        f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
+    )
+
+
+def claim_rows(row_key: str, count: int) -> str:
+    """Claim ``count`` rows selected earlier in the same write transaction
+    (addressed by ``row_key``) from one previous status: the next attempt,
+    leased until the first parameter."""
+    marks = ", ".join("?" * count)
+    return (
+        f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
+        f"next_attempt_at = ?, updated_at = ? WHERE {row_key} IN ({marks}) AND status = ? "
+        "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
+        "ack_token"
+    )
+
+
+EXPIRE: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.EXPIRED}', updated_at = ? "
+    "WHERE id = ? AND status = ? AND attempt = ? AND next_attempt_at <= ?"
+)
+"""A due row past its deadline, guarded on the (status, attempt) it was read
+with."""
+
+SPEND: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.DEAD_LETTER}', updated_at = ?, "
+    "last_error = COALESCE(last_error, ?) "
+    f"WHERE id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at <= ?"
+)
+"""A delivering row whose lease ran out during its last allowed attempt."""
+
+# Every write that ends an attempt is fenced on the claim: its attempt and
+# its lease (`next_attempt_at` as the claim set it). The attempt alone is not
+# unique once an operator retry resets it to 0; the lease time is.
+FENCE: Final = (
+    f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
+)
+
+
+def finish_attempts(count: int) -> str:
+    """End ``count`` attempts at once, each fenced on its claim; returns the
+    ids whose end applied."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count)
+    return (
+        f"WITH f(id, attempt, lease, status, next_at, now, err) AS (VALUES {values}) "
+        "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+        "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
+        "FROM f WHERE dispatch_outbox.id = f.id "
+        f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
+        "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
+        "RETURNING dispatch_outbox.id AS id"
+    )
+
+
+RELEASE: Final = (
+    f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"
+)
+
+
+def set_status(assignments: str = "") -> str:
+    """Move a row from the status it was read with (an operator's or a
+    consumer's compare-and-set); ``assignments`` are extra ``, col = ?``."""
+    return (
+        f"UPDATE dispatch_outbox SET status = ?, updated_at = ?{assignments} "
+        "WHERE id = ? AND status = ?"
+    )
+
+
+DELETE: Final = "DELETE FROM dispatch_outbox WHERE id = ? AND status = ?"
+
+AGE: Final = "COALESCE(updated_at, created_at)"
+
+
+def finished_older_than(status: Status, *, count: bool = False) -> str:
+    """Finished rows of one status last changed at or before a cutoff; with
+    ``count``, how many. The verbatim index term keeps it on the
+    finished-age index."""
+    what = "COUNT(*) AS n" if count else "id, status, attempt, kind"
+    limit = "" if count else " LIMIT ?"
+    return (
+        f"SELECT {what} FROM dispatch_outbox WHERE {FINISHED_SQL} "
+        f"AND status = '{status}' AND {AGE} <= ?{limit}"
+    )
+
+
+NEXT_DUE: Final = (
+    f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+    "ORDER BY next_attempt_at LIMIT 1"
+)
+
+COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
+OLDEST_DUE_PENDING: Final = (
+    f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+    f"AND status = '{Status.PENDING}' AND next_attempt_at <= ?"
+)
+DEAD_LETTERS_SINCE: Final = (
+    f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_SQL} "
+    f"AND status = '{Status.DEAD_LETTER}' AND {AGE} >= ?"
+)

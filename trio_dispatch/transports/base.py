@@ -1,0 +1,111 @@
+"""What a transport is and what it answers: the contract between the outbox
+and the ways a dispatch reaches its destination.
+
+A transport is handed a :class:`Delivery` and answers with a
+:class:`TransportResult`. It knows its protocol (processes, Python
+callables, HTTP), never SQL or statuses: the outbox turns the result into a
+status change. Every failure a destination can cause is a failed
+:class:`TransportResult`, never an exception; cancellation from outside is
+never swallowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import anyio
+
+NOTIFY_TIMEOUT_SECONDS: Final = 10.0
+LAST_ERROR_LIMIT: Final = 2000
+"""Characters of a failure message kept as ``last_error``."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a transport is asked to deliver: one attempt of one dispatch."""
+
+    dispatch_id: str
+    kind: str
+    deliver_to: str
+    attempt: int
+    """The row's current attempt, after the claim incremented it."""
+    payload: str
+    """The stored JSON envelope text, sent as is."""
+
+
+def clean_error(text: str) -> str:
+    """A failure text fit to store on every engine: NUL characters (which
+    PostgreSQL text cannot hold) replaced by U+FFFD, cut to
+    :data:`LAST_ERROR_LIMIT` characters."""
+    return text.replace("\x00", "\ufffd")[:LAST_ERROR_LIMIT]
+
+
+@dataclass(frozen=True)
+class TransportResult:
+    """The outcome of one attempt. ``error`` is the text to store as
+    ``last_error`` for a failure: NUL characters replaced and cut to
+    :data:`LAST_ERROR_LIMIT` characters, however the result was built.
+    ``permanent`` marks a failure no retry can fix (the OS refusing the
+    argv as too large): the dispatch is dead-lettered at once."""
+
+    ok: bool
+    error: str | None = None
+    permanent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            object.__setattr__(self, "error", clean_error(str(self.error)))
+
+    @classmethod
+    def success(cls) -> TransportResult:
+        return cls(ok=True)
+
+    @classmethod
+    def failure(cls, message: str, *, permanent: bool = False) -> TransportResult:
+        """A failure whose message is stripped and cut to the first
+        :data:`LAST_ERROR_LIMIT` characters (never empty)."""
+        text = clean_error(message.strip())
+        return cls(ok=False, error=text or "transport failed without a message",
+                   permanent=permanent)
+
+
+class Transport(Protocol):
+    """Delivers one attempt. Implementations report destination failures as
+    a failed :class:`TransportResult` and let cancellation propagate."""
+
+    async def __call__(self, delivery: Delivery) -> TransportResult: ...
+
+
+def timeout_message(timeout: float) -> str:
+    return f"timeout after {timeout}s"
+
+
+def check_timeout(name: str, value: float, *, allow_zero: bool) -> float:
+    value = float(value)
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero):
+        allowed = "a number >= 0" if allow_zero else "a number > 0"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return value
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` (or just ``Type``) for a failure text."""
+    try:
+        text = str(exc)
+    except Exception:  # a broken __str__ must not fail the attempt twice
+        text = ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def must_propagate(exc: BaseException) -> bool:
+    """Whether an exception out of a transport is the caller's business
+    rather than a failed attempt: a cancellation of this event loop or a
+    KeyboardInterrupt, alone or inside an exception group. Everything else
+    -- ``SystemExit`` and ``GeneratorExit`` included -- fails the attempt
+    only (SPEC section 12)."""
+    stop = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None
+    return isinstance(exc, stop)

@@ -1,0 +1,102 @@
+"""In-process transports (SPEC B8): an async Python callable in place of a
+command, and one written for asyncio run under a trio worker through
+trio-asyncio."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import anyio
+import sniffio
+import trio_asyncio
+
+from .base import (
+    NOTIFY_TIMEOUT_SECONDS,
+    Delivery,
+    TransportResult,
+    check_timeout,
+    describe_exception,
+    must_propagate,
+    timeout_message,
+)
+
+TransportCallable = Callable[[Delivery], Awaitable[object]]
+
+
+class CallableTransport:
+    """Wraps ``async def fn(delivery: Delivery) -> object`` as a transport.
+
+    Returning ``False`` is the failure ``transport returned False``; returning
+    a :class:`TransportResult` reports it as is; returning anything else is
+    success. An exception (not a cancellation) is a failure whose message is
+    ``f"{type(exc).__name__}: {exc}"``. The call runs under ``timeout``;
+    running past it is the failure ``timeout after <timeout>s``.
+
+    Cancellation from outside propagates unchanged.
+    """
+
+    def __init__(self, fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> None:
+        if not callable(fn):
+            raise TypeError(f"transport callable must be callable, got {fn!r}")
+        self.fn = fn
+        self.timeout = check_timeout("timeout", timeout, allow_zero=False)
+
+    def __repr__(self) -> str:
+        return f"CallableTransport({self.fn!r}, timeout={self.timeout!r})"
+
+    async def __call__(self, delivery: Delivery) -> TransportResult:
+        outcome: object = None
+        with anyio.move_on_after(self.timeout) as scope:
+            try:
+                outcome = await self._invoke(delivery)
+            except BaseException as exc:
+                if must_propagate(exc):
+                    raise
+                return TransportResult.failure(describe_exception(exc))
+        if scope.cancelled_caught:
+            return TransportResult.failure(timeout_message(self.timeout))
+        if outcome is False:
+            return TransportResult.failure("transport returned False")
+        if isinstance(outcome, TransportResult):
+            return outcome
+        return TransportResult.success()
+
+
+    async def _invoke(self, delivery: Delivery) -> object:
+        return await self.fn(delivery)
+
+
+class AsyncioCallableTransport(CallableTransport):
+    """A :class:`CallableTransport` for a callable written for asyncio (one
+    that uses ``asyncio.sleep``, asyncio streams or an asyncio client).
+
+    Under asyncio it is awaited directly. Under trio it runs through
+    trio-asyncio: on the loop of an enclosing ``trio_asyncio.open_loop()``
+    (:class:`~trio_dispatch.worker.DispatchWorker` opens one for its whole
+    run), else on a loop opened for this one call. Trio cancellation and the
+    timeout reach the asyncio task as an asyncio cancellation.
+    """
+
+    needs_asyncio_loop: Final = True
+
+    async def _invoke(self, delivery: Delivery) -> object:
+        if sniffio.current_async_library() != "trio":
+            return await self.fn(delivery)
+        if trio_asyncio.current_loop.get() is not None:
+            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
+        async with trio_asyncio.open_loop():
+            return await trio_asyncio.aio_as_trio(self.fn)(delivery)
+
+
+def asyncio_transport(
+    fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS
+) -> AsyncioCallableTransport:
+    """Mark an asyncio-only async callable as a transport (SPEC B8), so a
+    trio worker runs it through trio-asyncio."""
+    return AsyncioCallableTransport(fn, timeout=timeout)
+
+
+def needs_asyncio_loop(transport: object) -> bool:
+    """Whether ``transport`` must run inside a trio-asyncio loop under trio."""
+    return bool(getattr(transport, "needs_asyncio_loop", False))

@@ -1,0 +1,43 @@
+"""A frozen snapshot of what a worker has done (trio's ``statistics()`` style)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatistics:
+    """What :meth:`DispatchWorker.statistics` returns: totals since the
+    worker was made, and its state at the moment of the call."""
+
+    attempted: int
+    """Due rows scanned (ADR meaning of ``attempted``)."""
+    delivered: int
+    """Successful transport calls whose end was recorded."""
+    dead_letter: int
+    """Rows this worker dead-lettered."""
+    expired: int
+    """Rows this worker expired."""
+    retried: int
+    """Failed attempts scheduled for a retry."""
+    in_flight: int
+    """Deliveries running now."""
+    concurrency: int
+    """Delivery slots."""
+    scans: int
+    """Scans (claim transactions) that completed."""
+    scan_errors: int
+    """Scans that failed (a held lock, a store error); the next tick retries."""
+    lease_recoveries: int
+    """Claims of rows whose previous claimant's lease had run out."""
+    last_scan_at: float | None
+    """Wall-clock time of the last completed scan, or None."""
+    running: bool
+    """Whether :meth:`DispatchWorker.run` is running."""
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """The five counters of ``deliver_due_dispatches``."""
+        return {"attempted": self.attempted, "delivered": self.delivered,
+                "dead_letter": self.dead_letter, "expired": self.expired,
+                "retried": self.retried}
