@@ -40,11 +40,22 @@ from trio_dispatch import (  # noqa: E402
 )
 from trio_dispatch.outbox import claim_due  # noqa: E402
 
-PAYLOAD = json.dumps({"id": str(uuid.uuid4()), "created_at": time.time(),
-                      "metadata": {"lion_class": "trio_dispatch.signal.DispatchSignal"},
-                      "data": None, "emitter_role": None, "schema_version": 1,
-                      "dispatch_id": uuid.uuid4().hex, "kind": "bench", "deliver_to": "seat-1",
-                      "attempt": 0, "ack_token": None, "body": {}})
+PAYLOAD = json.dumps(
+    {
+        "id": str(uuid.uuid4()),
+        "created_at": time.time(),
+        "metadata": {"lion_class": "trio_dispatch.signal.DispatchSignal"},
+        "data": None,
+        "emitter_role": None,
+        "schema_version": 1,
+        "dispatch_id": uuid.uuid4().hex,
+        "kind": "bench",
+        "deliver_to": "seat-1",
+        "attempt": 0,
+        "ack_token": None,
+        "body": {},
+    }
+)
 
 
 @dataclass
@@ -70,8 +81,9 @@ class Figure:
 
     @property
     def ratios(self) -> list[float]:
-        return [v / b if b else float("nan") for v, b in zip(self.values, self.baselines,
-                                                            strict=True)]
+        return [
+            v / b if b else float("nan") for v, b in zip(self.values, self.baselines, strict=True)
+        ]
 
     @property
     def ratio(self) -> float:
@@ -81,12 +93,19 @@ class Figure:
         return statistics.median(self.ratios)
 
     def row(self) -> dict[str, Any]:
-        return {"figure": self.name, "value": round(self.value, 3), "unit": self.unit,
-                "baseline": round(self.baseline, 3), "baseline_name": self.baseline_name,
-                "ratio": round(self.ratio, 3), "ratios": [round(r, 3) for r in self.ratios],
-                "values": [round(v, 3) for v in self.values],
-                "baselines": [round(b, 3) for b in self.baselines],
-                "target": self.target, "meets_target": self.meets(self)}
+        return {
+            "figure": self.name,
+            "value": round(self.value, 3),
+            "unit": self.unit,
+            "baseline": round(self.baseline, 3),
+            "baseline_name": self.baseline_name,
+            "ratio": round(self.ratio, 3),
+            "ratios": [round(r, 3) for r in self.ratios],
+            "values": [round(v, 3) for v in self.values],
+            "baselines": [round(b, 3) for b in self.baselines],
+            "target": self.target,
+            "meets_target": self.meets(self),
+        }
 
 
 def at_least(times: float) -> Callable[[Figure], bool]:
@@ -104,10 +123,14 @@ def raw_connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, payload TEXT, "
-                 "status TEXT, attempt INTEGER, next_at FLOAT)")
-    conn.execute("CREATE TABLE IF NOT EXISTS h (id INTEGER PRIMARY KEY, entity TEXT, "
-                 "status TEXT, created_at FLOAT)")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, payload TEXT, "
+        "status TEXT, attempt INTEGER, next_at FLOAT)"
+    )
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS h (id INTEGER PRIMARY KEY, entity TEXT, "
+        "status TEXT, created_at FLOAT)"
+    )
     return conn
 
 
@@ -147,16 +170,24 @@ def raw_delivery_writes(path: Path, n: int) -> float:
     start = time.perf_counter()
     for offset in range(0, n, 100):
         conn.execute("BEGIN IMMEDIATE")
-        for i in ids[offset:offset + 100]:
+        for i in ids[offset : offset + 100]:
             now = time.time()
-            conn.execute("UPDATE t SET status='delivering', attempt=attempt+1, next_at=? "
-                         "WHERE id=? AND status='pending' AND attempt=0", (now + 15, i))
-            conn.execute("INSERT INTO h (entity, status, created_at) VALUES (?, 'delivering', ?)",
-                         (i, now))
-            conn.execute("UPDATE t SET status='delivered', next_at=? "
-                         "WHERE id=? AND status='delivering' AND attempt=1", (now, i))
-            conn.execute("INSERT INTO h (entity, status, created_at) VALUES (?, 'delivered', ?)",
-                         (i, now))
+            conn.execute(
+                "UPDATE t SET status='delivering', attempt=attempt+1, next_at=? "
+                "WHERE id=? AND status='pending' AND attempt=0",
+                (now + 15, i),
+            )
+            conn.execute(
+                "INSERT INTO h (entity, status, created_at) VALUES (?, 'delivering', ?)", (i, now)
+            )
+            conn.execute(
+                "UPDATE t SET status='delivered', next_at=? "
+                "WHERE id=? AND status='delivering' AND attempt=1",
+                (now, i),
+            )
+            conn.execute(
+                "INSERT INTO h (entity, status, created_at) VALUES (?, 'delivered', ?)", (i, now)
+            )
         conn.execute("COMMIT")
     rate = n / (time.perf_counter() - start)
     conn.close()
@@ -190,6 +221,7 @@ async def ours_single_enqueue(path: Path, n: int) -> float:
 
 async def ours_concurrent_enqueue(path: Path, n: int, producers: int) -> float:
     async with open_store(path) as db:
+
         async def producer(k: int) -> None:
             for i in range(n // producers):
                 await enqueue_dispatch(db, kind="bench", deliver_to=f"seat-{k}-{i}")
@@ -205,13 +237,19 @@ async def ours_enqueue_many(path: Path, n: int) -> float:
     async with open_store(path) as db:
         start = time.perf_counter()
         for offset in range(0, n, 1000):
-            await enqueue_many(db, [{"kind": "bench", "deliver_to": f"seat-{offset + i}"}
-                                    for i in range(min(1000, n - offset))])
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"seat-{offset + i}"}
+                    for i in range(min(1000, n - offset))
+                ],
+            )
         return n / (time.perf_counter() - start)
 
 
-async def ours_deliveries(path: Path, n: int, transport: Any, concurrency: int,
-                          batch_size: int = 100) -> float:
+async def ours_deliveries(
+    path: Path, n: int, transport: Any, concurrency: int, batch_size: int = 100
+) -> float:
     done = 0
     finished = anyio.Event()
 
@@ -225,10 +263,20 @@ async def ours_deliveries(path: Path, n: int, transport: Any, concurrency: int,
 
     async with open_store(path) as db:
         for offset in range(0, n, 1000):
-            await enqueue_many(db, [{"kind": "bench", "deliver_to": f"s{offset + i}"}
-                                    for i in range(min(1000, n - offset))])
-        worker = DispatchWorker(db, transport=counting, concurrency=concurrency,
-                                batch_size=batch_size, tick_seconds=3600)
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"s{offset + i}"}
+                    for i in range(min(1000, n - offset))
+                ],
+            )
+        worker = DispatchWorker(
+            db,
+            transport=counting,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            tick_seconds=3600,
+        )
         async with anyio.create_task_group() as tg:
             start = time.perf_counter()
             await tg.start(worker.run)
@@ -241,10 +289,20 @@ async def ours_deliveries(path: Path, n: int, transport: Any, concurrency: int,
 async def ours_command_deliveries(path: Path, n: int, concurrency: int) -> float:
     async with open_store(path) as db:
         for offset in range(0, n, 1000):
-            await enqueue_many(db, [{"kind": "bench", "deliver_to": f"s{offset + i}"}
-                                    for i in range(min(1000, n - offset))])
-        worker = DispatchWorker(db, notify_template=["/bin/true"], concurrency=concurrency,
-                                batch_size=concurrency, tick_seconds=3600)
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"s{offset + i}"}
+                    for i in range(min(1000, n - offset))
+                ],
+            )
+        worker = DispatchWorker(
+            db,
+            notify_template=["/bin/true"],
+            concurrency=concurrency,
+            batch_size=concurrency,
+            tick_seconds=3600,
+        )
         async with anyio.create_task_group() as tg:
             start = time.perf_counter()
             await tg.start(worker.run)
@@ -286,18 +344,22 @@ def build_table(path: Path, finished: int, due: int) -> None:
     now = time.time()
     conn.execute("BEGIN")
     for offset in range(0, finished, 10000):
-        rows = [(uuid.uuid4().hex, PAYLOAD, now - 1000 - offset - i)
-                for i in range(min(10000, finished - offset))]
+        rows = [
+            (uuid.uuid4().hex, PAYLOAD, now - 1000 - offset - i)
+            for i in range(min(10000, finished - offset))
+        ]
         conn.executemany(
             "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
             "next_attempt_at, created_at, updated_at) "
             "VALUES (?, 'bench', 'seat', ?, 'delivered', 1, ?, ?, ?)",
-            [(i, p, t, t, t) for i, p, t in rows])
+            [(i, p, t, t, t) for i, p, t in rows],
+        )
     conn.executemany(
         "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
         "next_attempt_at, created_at, updated_at) VALUES (?, 'bench', 'seat', ?, 'pending', 0, "
-        "?, ?, ?)", [(uuid.uuid4().hex, PAYLOAD, now - 10, now - 10, now - 10)
-                     for _ in range(due)])
+        "?, ?, ?)",
+        [(uuid.uuid4().hex, PAYLOAD, now - 10, now - 10, now - 10) for _ in range(due)],
+    )
     conn.execute("COMMIT")
     conn.execute("ANALYZE")
     conn.close()
@@ -333,8 +395,11 @@ def timed_tick(path: Path, go: Any) -> float:
     """One tick over the 1,000 due rows, then put them back as they were."""
     seconds: float = go(one_tick, path, 1000)
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
-                 "next_attempt_at = ? WHERE status = 'delivering'", (time.time() - 10,))
+    conn.execute(
+        "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
+        "next_attempt_at = ? WHERE status = 'delivering'",
+        (time.time() - 10,),
+    )
     conn.close()
     return seconds
 
@@ -362,8 +427,13 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 def peak_rss_mb(path: Path | None, due: int) -> float:
     target = str(path) if path else ":memory:"
-    out = subprocess.run([sys.executable, "-c", RSS_CHILD, target, str(ROOT), str(due)],
-                         capture_output=True, text=True, check=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", RSS_CHILD, target, str(ROOT), str(due)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     return int(out.stdout.strip().splitlines()[-1]) / 1024
 
 
@@ -397,20 +467,34 @@ def deliveries_with_processes(target: str, n: int, workers: int) -> float:
     async def fill() -> None:
         async with open_store(target) as db:
             for offset in range(0, n, 1000):
-                await enqueue_many(db, [{"kind": "bench", "deliver_to": f"s{offset + i}"}
-                                        for i in range(min(1000, n - offset))])
+                await enqueue_many(
+                    db,
+                    [
+                        {"kind": "bench", "deliver_to": f"s{offset + i}"}
+                        for i in range(min(1000, n - offset))
+                    ],
+                )
             # Not due until the workers are up.
-            await db.write(lambda c: c.execute(
-                "UPDATE dispatch_outbox SET next_attempt_at = ?", (time.time() + 3600,)))
+            await db.write(
+                lambda c: c.execute(
+                    "UPDATE dispatch_outbox SET next_attempt_at = ?", (time.time() + 3600,)
+                )
+            )
 
     anyio.run(fill)
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER_CHILD, target, str(ROOT)])
-             for _ in range(workers)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER_CHILD, target, str(ROOT)])
+        for _ in range(workers)
+    ]
     time.sleep(2.0)
     start = time.perf_counter()
     query(target, "UPDATE dispatch_outbox SET next_attempt_at = ?", (time.time(),))
-    while query(target, "SELECT COUNT(*) AS n FROM dispatch_outbox "
-                        "WHERE status = 'delivered'")[0]["n"] < n:
+    while (
+        query(target, "SELECT COUNT(*) AS n FROM dispatch_outbox WHERE status = 'delivered'")[0][
+            "n"
+        ]
+        < n
+    ):
         time.sleep(0.02)
     elapsed = time.perf_counter() - start
     for proc in procs:
@@ -426,8 +510,9 @@ def postgres_database() -> tuple[str, Callable[[], None]] | None:
         import psycopg
     except ImportError:
         return None
-    admin = os.environ.get("TRIO_DISPATCH_TEST_POSTGRES",
-                           "postgresql://postgres@127.0.0.1:5432/postgres")
+    admin = os.environ.get(
+        "TRIO_DISPATCH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+    )
     name = f"trio_dispatch_bench_{uuid.uuid4().hex[:8]}"
     try:
         with psycopg.connect(admin, autocommit=True, connect_timeout=3) as conn:
@@ -468,17 +553,23 @@ def engines(quick: bool, backend: str, tmp: Path) -> list[dict[str, Any]]:
             async def noop(delivery: Delivery) -> None:
                 pass
 
-            rows.append({
-                "engine": engine,
-                "enqueue_1_producer_per_s": anyio.run(
-                    ours_single_enqueue, fresh(), n, backend=backend),
-                "enqueue_64_producers_per_s": anyio.run(
-                    ours_concurrent_enqueue, fresh(), 6400 * scale, 64, backend=backend),
-                "deliveries_1_worker_per_s": anyio.run(
-                    ours_deliveries, fresh(), 5000 * scale, noop, 64, backend=backend),
-                "deliveries_4_workers_per_s": deliveries_with_processes(
-                    fresh(), 5000 * scale, 4),
-            })
+            rows.append(
+                {
+                    "engine": engine,
+                    "enqueue_1_producer_per_s": anyio.run(
+                        ours_single_enqueue, fresh(), n, backend=backend
+                    ),
+                    "enqueue_64_producers_per_s": anyio.run(
+                        ours_concurrent_enqueue, fresh(), 6400 * scale, 64, backend=backend
+                    ),
+                    "deliveries_1_worker_per_s": anyio.run(
+                        ours_deliveries, fresh(), 5000 * scale, noop, 64, backend=backend
+                    ),
+                    "deliveries_4_workers_per_s": deliveries_with_processes(
+                        fresh(), 5000 * scale, 4
+                    ),
+                }
+            )
     finally:
         if pg is not None:
             pg[1]()
@@ -507,7 +598,8 @@ def run(quick: bool, backend: str, rounds: int) -> list[Figure]:
         # and again; each figure reports the median of its rounds' ratios.
         n, m, k, s = 1500 * scale, 20000 * scale, 5000 * scale, 400 * scale
         pairs: dict[str, tuple[list[float], list[float]]] = {
-            name: ([], []) for name in ("e1", "e64", "many", "noop", "true")}
+            name: ([], []) for name in ("e1", "e64", "many", "noop", "true")
+        }
 
         def pair(name: str, raw: float, ours: float) -> None:
             pairs[name][0].append(ours)
@@ -518,20 +610,53 @@ def run(quick: bool, backend: str, rounds: int) -> list[Figure]:
             pair("e1", raw1, go(ours_single_enqueue, at("e1"), n))
             pair("e64", raw1, go(ours_concurrent_enqueue, at("e64"), 6400 * scale, 64))
             pair("many", raw_executemany(at("rawm"), m), go(ours_enqueue_many, at("em"), m))
-            pair("noop", raw_delivery_writes(at("rawd"), k),
-                 go(ours_deliveries, at("dn"), k, noop, 64))
+            pair(
+                "noop",
+                raw_delivery_writes(at("rawd"), k),
+                go(ours_deliveries, at("dn"), k, noop, 64),
+            )
             pair("true", go(raw_spawns, s, 8), go(ours_command_deliveries, at("dt"), s, 8))
         for key, name, unit, baseline_name, target, meets in (
-            ("e1", "enqueue, 1 producer, full", "/s", "raw single-row INSERT tx/s (FULL)",
-             ">= 0.60x", at_least(0.6)),
-            ("e64", "enqueue, 64 producer tasks, full", "/s",
-             "raw single-row INSERT tx/s (FULL)", ">= 3x", at_least(3)),
-            ("many", "enqueue_many, 1,000 per call", "rows/s", "raw executemany rows/s",
-             ">= 0.40x", at_least(0.4)),
-            ("noop", "deliveries, no-op callable, 1 worker", "/s",
-             "raw 4 writes/delivery, 100/tx", ">= 0.35x", at_least(0.35)),
-            ("true", "deliveries, /bin/true, concurrency 8", "/s",
-             "raw spawns/s at concurrency 8", ">= 0.80x", at_least(0.8)),
+            (
+                "e1",
+                "enqueue, 1 producer, full",
+                "/s",
+                "raw single-row INSERT tx/s (FULL)",
+                ">= 0.60x",
+                at_least(0.6),
+            ),
+            (
+                "e64",
+                "enqueue, 64 producer tasks, full",
+                "/s",
+                "raw single-row INSERT tx/s (FULL)",
+                ">= 3x",
+                at_least(3),
+            ),
+            (
+                "many",
+                "enqueue_many, 1,000 per call",
+                "rows/s",
+                "raw executemany rows/s",
+                ">= 0.40x",
+                at_least(0.4),
+            ),
+            (
+                "noop",
+                "deliveries, no-op callable, 1 worker",
+                "/s",
+                "raw 4 writes/delivery, 100/tx",
+                ">= 0.35x",
+                at_least(0.35),
+            ),
+            (
+                "true",
+                "deliveries, /bin/true, concurrency 8",
+                "/s",
+                "raw spawns/s at concurrency 8",
+                ">= 0.80x",
+                at_least(0.8),
+            ),
         ):
             values, baselines = pairs[key]
             figures.append(Figure(name, values, unit, baselines, baseline_name, target, meets))
@@ -540,16 +665,43 @@ def run(quick: bool, backend: str, rounds: int) -> list[Figure]:
             await anyio.sleep(0.5)
 
         ours_sl = go(ours_deliveries, at("ds"), 640 * scale, sleepy, 64, 64)
-        figures.append(Figure("deliveries, 0.5 s transport, concurrency 64", [ours_sl], "/s",
-                              [128.0], "ideal 64 / 0.5 s", ">= 0.90x", at_least(0.9)))
+        figures.append(
+            Figure(
+                "deliveries, 0.5 s transport, concurrency 64",
+                [ours_sl],
+                "/s",
+                [128.0],
+                "ideal 64 / 0.5 s",
+                ">= 0.90x",
+                at_least(0.9),
+            )
+        )
         lat = go(ours_wake_latency, at("lat"), 300 * scale)
         p50 = statistics.median(lat) * 1000
         p99 = sorted(lat)[int(0.99 * (len(lat) - 1))] * 1000
         raw_lat = 1000 / statistics.median(pairs["e1"][1])
-        figures.append(Figure("enqueue -> transport start p50", [p50], "ms", [raw_lat],
-                              "raw single-row tx latency", "<= 5 ms", at_most(5)))
-        figures.append(Figure("enqueue -> transport start p99", [p99], "ms", [raw_lat],
-                              "raw single-row tx latency", "<= 25 ms", at_most(25)))
+        figures.append(
+            Figure(
+                "enqueue -> transport start p50",
+                [p50],
+                "ms",
+                [raw_lat],
+                "raw single-row tx latency",
+                "<= 5 ms",
+                at_most(5),
+            )
+        )
+        figures.append(
+            Figure(
+                "enqueue -> transport start p99",
+                [p99],
+                "ms",
+                [raw_lat],
+                "raw single-row tx latency",
+                "<= 25 ms",
+                at_most(25),
+            )
+        )
         big_n = 200_000 if quick else 1_000_000
         small, big = at("small"), at("big")
         build_table(small, 1000, 1000)
@@ -562,17 +714,32 @@ def run(quick: bool, backend: str, rounds: int) -> list[Figure]:
             for table in (small, big):
                 ticks[table].append(timed_tick(table, go))
         tick_small, tick_big = min(ticks[small]), min(ticks[big])
-        figures.append(Figure(f"tick claiming 1,000 due among {big_n:,} finished",
-                              [tick_big * 1000], "ms", [tick_small * 1000],
-                              "same tick among 1,000 finished", "<= 1.2x",
-                              lambda figure: figure.ratio <= 1.2))
+        figures.append(
+            Figure(
+                f"tick claiming 1,000 due among {big_n:,} finished",
+                [tick_big * 1000],
+                "ms",
+                [tick_small * 1000],
+                "same tick among 1,000 finished",
+                "<= 1.2x",
+                lambda figure: figure.ratio <= 1.2,
+            )
+        )
         rss_big = at("rss")
         build_table(rss_big, big_n, 1000)
         rss = peak_rss_mb(rss_big, 1000)
         rss_base = peak_rss_mb(None, 0)
-        figures.append(Figure(f"worker peak RSS, {big_n:,} rows in the table", [rss], "MB",
-                              [rss_base], "same worker, empty in-memory store", "<= 80 MB",
-                              at_most(80)))
+        figures.append(
+            Figure(
+                f"worker peak RSS, {big_n:,} rows in the table",
+                [rss],
+                "MB",
+                [rss_base],
+                "same worker, empty in-memory store",
+                "<= 80 MB",
+                at_most(80),
+            )
+        )
     return figures
 
 
@@ -584,11 +751,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller runs, under a minute")
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
-    parser.add_argument("--json", metavar="FILE", default=None,
-                        help="write the figures as JSON (default bench-results.json)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="paired raw/ours rounds of the throughput figures "
-                             "(default 3, 1 with --quick)")
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help="write the figures as JSON (default bench-results.json)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="paired raw/ours rounds of the throughput figures (default 3, 1 with --quick)",
+    )
     args = parser.parse_args()
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
@@ -600,30 +774,48 @@ def main() -> None:
         by_engine = engines(args.quick, args.backend, Path(tmp))
     load_after = os.getloadavg()
     width = max(len(f.name) for f in figures)
-    print(f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  "
-          f"{'rounds':>11}  target     ok")
+    print(
+        f"{'figure':<{width}}  {'value':>12}  {'baseline':>12}  {'ratio':>7}  "
+        f"{'rounds':>11}  target     ok"
+    )
     for f in figures:
         ok = "yes" if f.meets(f) else "NO"
-        spread = (f"{min(f.ratios):.2f}-{max(f.ratios):.2f}" if len(f.ratios) > 1 else "")
-        print(f"{f.name:<{width}}  {f.value:>10.1f}{f.unit:>2}  {f.baseline:>12.1f}  "
-              f"{f.ratio:>7.2f}  {spread:>11}  {f.target:<9}  {ok}")
+        spread = f"{min(f.ratios):.2f}-{max(f.ratios):.2f}" if len(f.ratios) > 1 else ""
+        print(
+            f"{f.name:<{width}}  {f.value:>10.1f}{f.unit:>2}  {f.baseline:>12.1f}  "
+            f"{f.ratio:>7.2f}  {spread:>11}  {f.target:<9}  {ok}"
+        )
     for f in figures:
         print(f"  baseline of '{f.name}': {f.baseline_name}")
     print()
-    keys = ["enqueue_1_producer_per_s", "enqueue_64_producers_per_s",
-            "deliveries_1_worker_per_s", "deliveries_4_workers_per_s"]
+    keys = [
+        "enqueue_1_producer_per_s",
+        "enqueue_64_producers_per_s",
+        "deliveries_1_worker_per_s",
+        "deliveries_4_workers_per_s",
+    ]
     print(f"{'engine':<12}" + "".join(f"{k:>30}" for k in keys))
     for row in by_engine:
         print(f"{row['engine']:<12}" + "".join(f"{row[k]:>30.0f}" for k in keys))
     if len(by_engine) == 1:
         print("(no PostgreSQL server answered: SQLite only)")
-    print(f"load average (1, 5, 15 min): before {_loads(load_before)}, "
-          f"after {_loads(load_after)}; {os.cpu_count()} CPUs; {rounds} round(s)")
-    report = {"backend": args.backend, "quick": args.quick, "python": platform.python_version(),
-              "sqlite": sqlite3.sqlite_version, "cpus": os.cpu_count(),
-              "seconds": round(time.perf_counter() - started, 1), "rounds": rounds,
-              "load_before": list(load_before), "load_after": list(load_after),
-              "figures": [f.row() for f in figures], "engines": by_engine}
+    print(
+        f"load average (1, 5, 15 min): before {_loads(load_before)}, "
+        f"after {_loads(load_after)}; {os.cpu_count()} CPUs; {rounds} round(s)"
+    )
+    report = {
+        "backend": args.backend,
+        "quick": args.quick,
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "cpus": os.cpu_count(),
+        "seconds": round(time.perf_counter() - started, 1),
+        "rounds": rounds,
+        "load_before": list(load_before),
+        "load_after": list(load_after),
+        "figures": [f.row() for f in figures],
+        "engines": by_engine,
+    }
     Path(args.json or ROOT / "bench-results.json").write_text(json.dumps(report, indent=2))
     print(f"({report['seconds']} s; JSON in {args.json or 'bench-results.json'})")
 

@@ -29,15 +29,22 @@ DEMO = [
     {"kind": "build_finished", "deliver_to": "seat-2", "body": {"build": 42, "ok": True}},
     {"kind": "review_requested", "deliver_to": "seat-3", "body": {"pr": 7}},
     {"kind": "build_finished", "deliver_to": "flaky-seat", "body": {"build": 43}},
-    {"kind": "build_finished", "deliver_to": "offline-seat", "body": {"build": 44},
-     "max_attempts": 1},
+    {
+        "kind": "build_finished",
+        "deliver_to": "offline-seat",
+        "body": {"build": 44},
+        "max_attempts": 1,
+    },
 ]
 
 
 async def enqueue_demo(db: Store) -> None:
     results = await enqueue_many(db, DEMO)
-    log.info("enqueued %d demo dispatches: 3 deliver at once, flaky-seat retries once "
-             "(after 60 s), offline-seat dead-letters", len(results))
+    log.info(
+        "enqueued %d demo dispatches: 3 deliver at once, flaky-seat retries once "
+        "(after 60 s), offline-seat dead-letters",
+        len(results),
+    )
 
 
 def main() -> None:

@@ -138,8 +138,9 @@ class DiskFull:
 
     def prepare(self) -> None:
         self.mount_point.mkdir()
-        done = run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs",
-                    str(self.mount_point)])
+        done = run(
+            ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(self.mount_point)]
+        )
         if done.returncode != 0:
             raise Unavailable(f"mount tmpfs failed: {done.stderr.strip()}")
         self.mounted = True
@@ -199,7 +200,9 @@ class Locked:
     def start(self) -> None:
         self.child = subprocess.Popen(
             [sys.executable, "-c", LOCKER, str(self.db_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.child.stdout is not None
         line = self.child.stdout.readline().strip()
@@ -222,7 +225,9 @@ class Locked:
 
 Fault = ReadOnly | DiskFull | Locked
 FAULTS: dict[str, Callable[[Path], Fault]] = {
-    "read-only": ReadOnly, "disk-full": DiskFull, "locked": Locked,
+    "read-only": ReadOnly,
+    "disk-full": DiskFull,
+    "locked": Locked,
 }
 
 
@@ -286,7 +291,10 @@ async def drill(fault: Fault, args: argparse.Namespace) -> Figures:
         while True:
             try:
                 keys[key] = await enqueue_dispatch(
-                    producer, kind="drill", deliver_to=f"seat-{n % 50}", dedup_key=key,
+                    producer,
+                    kind="drill",
+                    deliver_to=f"seat-{n % 50}",
+                    dedup_key=key,
                     body={"n": n, "pad": "x" * 200},
                 )
                 return
@@ -313,19 +321,28 @@ async def drill(fault: Fault, args: argparse.Namespace) -> Figures:
     def delivered_count() -> int:
         conn = sqlite3.connect(fault.db_path, timeout=10)
         try:
-            return int(conn.execute(
-                "SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'").fetchone()[0])
+            return int(
+                conn.execute(
+                    "SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'"
+                ).fetchone()[0]
+            )
         finally:
             conn.close()
 
     try:
-        async with open_store(fault.db_path, busy_timeout=fault.busy_timeout) as db, \
-                open_store(fault.db_path, busy_timeout=fault.busy_timeout) as producer:
+        async with (
+            open_store(fault.db_path, busy_timeout=fault.busy_timeout) as db,
+            open_store(fault.db_path, busy_timeout=fault.busy_timeout) as producer,
+        ):
             for n in range(upfront):
                 await enqueue_until_committed(producer, n)
             worker = DispatchWorker(
-                db, transport=transport, concurrency=args.concurrency, tick_seconds=0.5,
-                timeout_seconds=2.0, grace_seconds=2.0,
+                db,
+                transport=transport,
+                concurrency=args.concurrency,
+                tick_seconds=0.5,
+                timeout_seconds=2.0,
+                grace_seconds=2.0,
             )
             span = args.lead_seconds + args.fault_seconds + args.trail_seconds
             async with anyio.create_task_group() as tg:
@@ -341,9 +358,9 @@ async def drill(fault: Fault, args: argparse.Namespace) -> Figures:
                 cleared = time.monotonic()
                 figures.fault_seconds = cleared - fault_started
                 with anyio.move_on_after(args.fault_seconds + 60):
-                    while len(keys) < total or await anyio.to_thread.run_sync(
-                        delivered_count
-                    ) < total:
+                    while (
+                        len(keys) < total or await anyio.to_thread.run_sync(delivered_count) < total
+                    ):
                         await anyio.sleep(0.05)
                 figures.drain_seconds = time.monotonic() - cleared
                 if exits:
@@ -367,19 +384,25 @@ async def drill(fault: Fault, args: argparse.Namespace) -> Figures:
     figures.resent_ids = sum(1 for n in Counter(i for i, _ in sent).values() if n > 1)
     after = [(t, r) for t, r in recorder.records if t >= cleared]
     figures.resume_seconds = next(
-        (t - cleared for t, r in after
-         if r.getMessage().startswith("scan: claimed") or "result=delivered" in r.getMessage()),
+        (
+            t - cleared
+            for t, r in after
+            if r.getMessage().startswith("scan: claimed") or "result=delivered" in r.getMessage()
+        ),
         None,
     )
     errors = [r for _, r in recorder.records if r.levelno >= logging.ERROR]
     figures.errors_logged = len(errors)
     figures.fault_errors_logged = sum(
-        1 for r in errors if r.exc_info and fault.error_text in str(r.exc_info[1]))
+        1 for r in errors if r.exc_info and fault.error_text in str(r.exc_info[1])
+    )
     figures.scan_errors = sum(1 for r in errors if "scan failed" in r.getMessage())
     figures.finish_errors = sum(
-        1 for r in errors if "recording the outcome failed" in r.getMessage())
+        1 for r in errors if "recording the outcome failed" in r.getMessage()
+    )
     figures.unrecorded_finishes = sum(
-        1 for _, r in recorder.records if "result=unrecorded" in r.getMessage())
+        1 for _, r in recorder.records if "result=unrecorded" in r.getMessage()
+    )
     if figures.lost:
         figures.problems.append(f"{figures.lost} dispatches not delivered")
     if figures.duplicate_pairs:
@@ -435,28 +458,43 @@ def print_table(rows: list[Figures]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dispatches", type=int, default=2000)
-    parser.add_argument("--fault-seconds", type=float, default=5.0,
-                        help="past the worker's finish retries (0.2 + 1 + 3 s), so some "
-                        "finishes go unrecorded and come back with the lease")
-    parser.add_argument("--lead-seconds", type=float, default=1.5,
-                        help="delivering before the fault starts")
-    parser.add_argument("--trail-seconds", type=float, default=1.5,
-                        help="the producer keeps enqueueing this long after it clears")
+    parser.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=5.0,
+        help="past the worker's finish retries (0.2 + 1 + 3 s), so some "
+        "finishes go unrecorded and come back with the lease",
+    )
+    parser.add_argument(
+        "--lead-seconds", type=float, default=1.5, help="delivering before the fault starts"
+    )
+    parser.add_argument(
+        "--trail-seconds",
+        type=float,
+        default=1.5,
+        help="the producer keeps enqueueing this long after it clears",
+    )
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--backlog", type=float, default=0.25,
-                        help="fraction enqueued before the worker starts; the rest arrives "
-                        "steadily over the run")
+    parser.add_argument(
+        "--backlog",
+        type=float,
+        default=0.25,
+        help="fraction enqueued before the worker starts; the rest arrives steadily over the run",
+    )
     parser.add_argument("--backend", choices=["trio", "asyncio"], default="trio")
-    parser.add_argument("--only", default="read-only,disk-full,locked",
-                        help="comma-separated scenarios")
+    parser.add_argument(
+        "--only", default="read-only,disk-full,locked", help="comma-separated scenarios"
+    )
     args = parser.parse_args()
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in FAULTS]
     if unknown:
         parser.error(f"unknown scenario {unknown[0]!r}: choose from {', '.join(FAULTS)}")
-    print(f"fault drill: {args.dispatches} dispatches per scenario, faults of "
-          f"{args.fault_seconds:g}s, backend {args.backend}, concurrency {args.concurrency}",
-          flush=True)
+    print(
+        f"fault drill: {args.dispatches} dispatches per scenario, faults of "
+        f"{args.fault_seconds:g}s, backend {args.backend}, concurrency {args.concurrency}",
+        flush=True,
+    )
     results = []
     for name in chosen:
         with tempfile.TemporaryDirectory(prefix=f"fault-drill-{name}-") as workdir:

@@ -53,8 +53,18 @@ def role_worker(db: str, ledger: str, fail_rate: float, seed: int) -> None:
 
     async def main() -> None:
         async with open_store(db) as store, anyio.create_task_group() as tg:
-            worker = DispatchWorker(store, transport=send, concurrency=16, batch_size=32,
-                                    tick_seconds=0.2, timeout_seconds=0.5, grace_seconds=1)
+            # A 1.5 s lease margin (5 s by default): a killed worker's rows come
+            # back sooner, so a run sees more lease recoveries in less time.
+            worker = DispatchWorker(
+                store,
+                transport=send,
+                concurrency=16,
+                batch_size=32,
+                tick_seconds=0.2,
+                timeout_seconds=0.5,
+                grace_seconds=1,
+                lease_margin_seconds=1.5,
+            )
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 await tg.start(worker.run)
                 async for _ in signals:
@@ -76,9 +86,13 @@ def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
                 done = 0
                 while done < n:
                     size = min(25, n - done)
-                    results = await enqueue_many(store, [
-                        {"kind": "soak", "deliver_to": f"seat-{done + i}", "max_attempts": 8}
-                        for i in range(size)])
+                    results = await enqueue_many(
+                        store,
+                        [
+                            {"kind": "soak", "deliver_to": f"seat-{done + i}", "max_attempts": 8}
+                            for i in range(size)
+                        ],
+                    )
                     out.write("".join(f"{r.id}\n" for r in results))
                     out.flush()
                     done += size
@@ -94,8 +108,10 @@ def role_dedup(db: str, out: str, keys: list[str]) -> None:
 
     async def main() -> list[str]:
         async with open_store(db) as store:
-            return [await enqueue_dispatch(store, kind="race", deliver_to="seat", dedup_key=key)
-                    for key in keys]
+            return [
+                await enqueue_dispatch(store, kind="race", deliver_to="seat", dedup_key=key)
+                for key in keys
+            ]
 
     Path(out).write_text(json.dumps(anyio.run(main, backend="trio")))
 
@@ -148,8 +164,12 @@ def _query(db: Path | str, sql: str, params: tuple[Any, ...] = ()) -> list[dict[
 
 
 def _rows(db: Path | str) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for r in _query(
-        db, "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox")}
+    return {
+        r["id"]: r
+        for r in _query(
+            db, "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox"
+        )
+    }
 
 
 def _ledger(path: Path) -> list[tuple[str, int]]:
@@ -165,8 +185,12 @@ def _ledger(path: Path) -> list[tuple[str, int]]:
 
 def _pull_retries_forward(db: Path | str) -> None:
     """Time passing, compressed: retries scheduled minutes ahead are due now."""
-    _query(db, "UPDATE dispatch_outbox SET next_attempt_at = ? "
-               "WHERE status = 'pending' AND next_attempt_at > ?", (time.time(), time.time()))
+    _query(
+        db,
+        "UPDATE dispatch_outbox SET next_attempt_at = ? "
+        "WHERE status = 'pending' AND next_attempt_at > ?",
+        (time.time(), time.time()),
+    )
 
 
 def _wait_terminal(db: Path | str, expected: int, timeout: float) -> bool:
@@ -213,8 +237,7 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
     _make_schema(db)
     started = time.monotonic()
     pace = kills * 0.4 / max(1, n / 25)  # spread production over the kills
-    producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace),
-                      log=log)
+    producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace), log=log)
     for _ in range(kills):
         sent_before = ledger.stat().st_size if ledger.exists() else 0
         worker = _spawn("worker", str(db), str(ledger), "0", str(seed), log=log)
@@ -235,27 +258,39 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
     ids = set(ids_file.read_text().split())
     rows = _rows(db)
     figures = {
-        "driver": "crash soak", "n": n, "kills": kills,
+        "driver": "crash soak",
+        "n": n,
+        "kills": kills,
         "committed_ids": len(ids),
-        "lost": len(ids - set(rows)) + sum(1 for i in ids if i in rows
-                                           and rows[i]["status"] not in TERMINAL),
+        "lost": len(ids - set(rows))
+        + sum(1 for i in ids if i in rows and rows[i]["status"] not in TERMINAL),
         "all_terminal": finished,
         "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
         **_ledger_figures(ids, _ledger(ledger)),
-        "producer_exit": producer_code, "final_worker_exit": final_code,
+        "producer_exit": producer_code,
+        "final_worker_exit": final_code,
         "seconds": round(time.monotonic() - started, 1),
     }
     figures["ok"] = (
-        figures["lost"] == 0 and finished and len(ids) == n
-        and figures["missing_from_ledger"] == 0 and figures["duplicate_pairs"] == 0
-        and figures["max_sends_of_one_id"] <= kills + 1 and final_code == 0
+        figures["lost"] == 0
+        and finished
+        and len(ids) == n
+        and figures["missing_from_ledger"] == 0
+        and figures["duplicate_pairs"] == 0
+        and figures["max_sends_of_one_id"] <= kills + 1
+        and final_code == 0
     )
     return figures
 
 
-def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
-                    fail_rate: float = 0.1, seed: int = 2,
-                    store: str | None = None) -> dict[str, Any]:
+def several_workers(
+    workdir: Path,
+    n: int = 10000,
+    workers: int = 4,
+    fail_rate: float = 0.1,
+    seed: int = 2,
+    store: str | None = None,
+) -> dict[str, Any]:
     """`workers` worker processes on one store (a SQLite file in workdir, or
     the PostgreSQL URL given), n dispatches, a transport that fails a
     fraction of attempts (retried: time is pulled forward)."""
@@ -270,23 +305,32 @@ def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
         ids: set[str] = set()
         async with open_store(db) as store:
             for offset in range(0, n, 1000):
-                results = await enqueue_many(store, [
-                    {"kind": "multi", "deliver_to": f"seat-{offset + i}", "max_attempts": 8}
-                    for i in range(min(1000, n - offset))])
+                results = await enqueue_many(
+                    store,
+                    [
+                        {"kind": "multi", "deliver_to": f"seat-{offset + i}", "max_attempts": 8}
+                        for i in range(min(1000, n - offset))
+                    ],
+                )
                 ids.update(r.id for r in results)
         return ids
 
     started = time.monotonic()
     ids = anyio.run(produce)
-    procs = [_spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
-             for _ in range(workers)]
+    procs = [
+        _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
+        for _ in range(workers)
+    ]
     finished = _wait_terminal(db, n, timeout=60 + n / 50)
     alive_at_end = sum(1 for p in procs if p.poll() is None)
     codes = [_stop(p) for p in procs]
     rows = _rows(db)
     text = log.read_text() if log.exists() else ""
     figures = {
-        "driver": "several workers", "n": n, "workers": workers, "fail_rate": fail_rate,
+        "driver": "several workers",
+        "n": n,
+        "workers": workers,
+        "fail_rate": fail_rate,
         "engine": "postgresql" if _is_postgres(db) else "sqlite",
         "lost": len(ids - set(rows)) + sum(1 for i in ids if rows[i]["status"] not in TERMINAL),
         "all_terminal": finished,
@@ -294,19 +338,23 @@ def several_workers(workdir: Path, n: int = 10000, workers: int = 4,
         "status_sum": len(rows),
         **_ledger_figures(ids, _ledger(ledger)),
         "busy_errors_logged": text.count("database is locked") + text.count("LockNotAvailable"),
-        "workers_alive_at_end": alive_at_end, "worker_exits": codes,
+        "workers_alive_at_end": alive_at_end,
+        "worker_exits": codes,
         "seconds": round(time.monotonic() - started, 1),
     }
     figures["ok"] = (
-        figures["lost"] == 0 and finished and figures["status_sum"] == n
-        and figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0
-        and alive_at_end == workers and codes == [0] * workers
+        figures["lost"] == 0
+        and finished
+        and figures["status_sum"] == n
+        and figures["duplicate_pairs"] == 0
+        and figures["missing_from_ledger"] == 0
+        and alive_at_end == workers
+        and codes == [0] * workers
     )
     return figures
 
 
-def dedup_race(workdir: Path, n: int = 1000, processes: int = 8,
-               seed: int = 3) -> dict[str, Any]:
+def dedup_race(workdir: Path, n: int = 1000, processes: int = 8, seed: int = 3) -> dict[str, Any]:
     """`processes` processes enqueue the same n dedup keys at once."""
     rng = random.Random(seed)
     db = workdir / "dedup.db"
@@ -319,9 +367,20 @@ def dedup_race(workdir: Path, n: int = 1000, processes: int = 8,
         rng.shuffle(order)
         orders.append(order)
         (workdir / f"keys{k}.json").write_text(json.dumps(order))
-        procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--role", "dedup", str(db), str(workdir / f"out{k}.json"),
-             str(workdir / f"keys{k}.json")], stderr=subprocess.PIPE))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--role",
+                    "dedup",
+                    str(db),
+                    str(workdir / f"out{k}.json"),
+                    str(workdir / f"keys{k}.json"),
+                ],
+                stderr=subprocess.PIPE,
+            )
+        )
     errors = [p.communicate(timeout=300)[1].decode()[-500:] for p in procs]
     conn = sqlite3.connect(db)
     winners = dict(conn.execute("SELECT dedup_key, id FROM dispatch_outbox").fetchall())
@@ -336,13 +395,18 @@ def dedup_race(workdir: Path, n: int = 1000, processes: int = 8,
         wrong += sum(1 for key, value in zip(order, got, strict=False) if winners.get(key) != value)
         wrong += n - len(got)
     figures = {
-        "driver": "dedup race", "keys": n, "processes": processes, "rows": rows,
-        "transitions": transitions, "callers_told_wrong_id": wrong,
+        "driver": "dedup race",
+        "keys": n,
+        "processes": processes,
+        "rows": rows,
+        "transitions": transitions,
+        "callers_told_wrong_id": wrong,
         "process_exits": [p.returncode for p in procs],
         "seconds": round(time.monotonic() - started, 1),
     }
-    figures["ok"] = (rows == n == transitions and wrong == 0
-                     and figures["process_exits"] == [0] * processes)
+    figures["ok"] = (
+        rows == n == transitions and wrong == 0 and figures["process_exits"] == [0] * processes
+    )
     if not figures["ok"]:
         figures["stderr_tails"] = [e for e in errors if e]
     return figures
@@ -364,8 +428,11 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=50, help="crash soak: kills")
     parser.add_argument("-w", type=int, default=4, help="several workers: processes")
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
-    parser.add_argument("--store", help="several workers: a postgresql:// URL instead of "
-                                        "a SQLite file (its tables must be empty)")
+    parser.add_argument(
+        "--store",
+        help="several workers: a postgresql:// URL instead of "
+        "a SQLite file (its tables must be empty)",
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
@@ -373,8 +440,9 @@ def main() -> None:
         if args.driver in ("crash", "all"):
             results.append(crash_soak(work, n=args.n or 5000, kills=args.k))
         if args.driver in ("workers", "all"):
-            results.append(several_workers(work, n=args.n or 10000, workers=args.w,
-                                           store=args.store))
+            results.append(
+                several_workers(work, n=args.n or 10000, workers=args.w, store=args.store)
+            )
         if args.driver in ("dedup", "all"):
             results.append(dedup_race(work, n=args.n or 1000, processes=args.p))
     for figures in results:

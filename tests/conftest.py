@@ -222,12 +222,17 @@ class PostgresRaw(RawDB):
     def empty(self) -> None:
         """Empty every table (the schema stays; the store re-creates it if absent)."""
         with self._connect() as conn:
-            present = {r[0] for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+            present = {
+                r[0]
+                for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            }
             if set(TABLES) <= present:
                 conn.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
-            conn.execute("DROP TRIGGER IF EXISTS refuse ON status_transitions"
-                         if "status_transitions" in present else "SELECT 1")
+            conn.execute(
+                "DROP TRIGGER IF EXISTS refuse ON status_transitions"
+                if "status_transitions" in present
+                else "SELECT 1"
+            )
 
 
 @pytest.fixture

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from trio_dispatch import cli as cli_module
+
+if TYPE_CHECKING:
+    from .conftest import RawDB
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,11 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     """``trio-dispatch ARGS`` in this process, through ``cli.main``: its
     exit code and what it printed (argparse's own exits included)."""
     out, err = io.StringIO(), io.StringIO()
-    with _environment({"COLUMNS": "200", **(env or {})}, cwd), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        _environment({"COLUMNS": "200", **(env or {})}, cwd),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         try:
             code = cli_module.main(list(args))
         except SystemExit as exc:  # argparse: usage errors and --help
@@ -54,25 +62,30 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     return Ran(code, out.getvalue(), err.getvalue())
 
 
-async def arun_cli(*args: str, env: dict[str, str] | None = None,
-                   cwd: Path | None = None) -> Ran:
+async def arun_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
     """:func:`run_cli` from an async test (the command runs its own event
     loop, so on a thread of its own)."""
     return await anyio.to_thread.run_sync(lambda: run_cli(*args, env=env, cwd=cwd))
 
 
-def cli_process(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def cli_process(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """``python -m trio_dispatch ARGS`` as a real process."""
     base = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
     return subprocess.run(
-        [sys.executable, "-m", "trio_dispatch", *args], capture_output=True, text=True,
-        timeout=timeout, cwd=cwd, env={**base, "COLUMNS": "200", **(env or {})},
+        [sys.executable, "-m", "trio_dispatch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**base, "COLUMNS": "200", **(env or {})},
     )
 
 
-def assert_one_line_error(done: Ran | subprocess.CompletedProcess[str], code: int,
-                          *words: str) -> str:
+def assert_one_line_error(
+    done: Ran | subprocess.CompletedProcess[str], code: int, *words: str
+) -> str:
     """The command failed with ``code`` and exactly one line on stderr,
     holding every one of ``words``; returns that line."""
     assert done.returncode == code, (done.stdout, done.stderr)
@@ -97,3 +110,76 @@ def process_gone(pid: int) -> bool:
             return stat.read().split(") ")[1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+def statuses(raw: RawDB) -> dict[str, int]:
+    """How many rows the database holds in each status."""
+    return {
+        str(r["status"]): int(r["n"])
+        for r in raw.rows("SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status")
+    }
+
+
+GRANDCHILD_SCRIPT = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(300)
+"""
+"""A transport that starts a grandchild (``sleep 300``), writes its pid to
+argv[1] and hangs: for the kill-the-whole-group tests."""
+
+
+def write_config(tmp_path: Path, db_path: Path, template: list[str], **worker: float) -> Path:
+    config = tmp_path / "worker.yaml"
+    settings = {"tick_seconds": 3600, "grace_seconds": 0.3, **worker}
+    config.write_text(
+        json.dumps(
+            {  # JSON is YAML
+                "store": str(db_path),
+                "dispatch": {
+                    "notify_template": template,
+                    "timeout_seconds": worker.get("timeout", 30),
+                },
+                "worker": {k: v for k, v in settings.items() if k != "timeout"},
+                "log_level": "INFO",
+            }
+        )
+    )
+    return config
+
+
+def start_worker(config: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trio_dispatch", "--config", str(config), "worker"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess[str]:
+    argv = ["chattr", flag, *map(str, paths)]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", "chattr is not installed")
+
+
+def immutable_unavailable(directory: Path) -> str | None:
+    """Why ``chattr +i`` cannot make a file read-only here, or None."""
+    probe = directory / "chattr-probe"
+    probe.write_bytes(b"x")
+    try:
+        done = chattr("+i", probe)
+        if done.returncode != 0:
+            return f"chattr +i failed: {done.stderr.strip() or done.returncode}"
+        try:
+            with open(probe, "ab") as handle:
+                handle.write(b"y")
+        except PermissionError:
+            return None
+        return "chattr +i does not block writes on this filesystem"
+    finally:
+        chattr("-i", probe)
+        probe.unlink(missing_ok=True)

@@ -3,8 +3,9 @@
 - ``ci``: 1,000 examples per property, derandomized (seeded from each test,
   so every CI run tries the same examples), no example database, blobs
   printed so a failure reproduces with ``@reproduce_failure``.
-- ``dev``: 1,000 random examples per property, with the local example
-  database (failures are replayed first on the next run).
+- ``dev``: 100 random examples per property -- the loop a developer runs
+  after every change -- with the local example database (failures are
+  replayed first on the next run).
 
 ``HYPOTHESIS_PROFILE`` picks a profile explicitly; otherwise ``ci`` when the
 ``CI`` environment variable is set (CI runs with ``CI=true``), else ``dev``.
@@ -36,7 +37,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "dev",
-    max_examples=1000,
+    max_examples=100,
     deadline=None,
     suppress_health_check=SUPPRESSED,
 )

@@ -53,7 +53,11 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
         busy_timeout_seconds=10.0,
         dispatch=DispatchConfig(notify_template=None, timeout_seconds=10.0),
         worker=WorkerConfig(
-            tick_seconds=30.0, concurrency=16, batch_size=100, grace_seconds=5.0, retry_jitter=0.0,
+            tick_seconds=30.0,
+            concurrency=16,
+            batch_size=100,
+            grace_seconds=5.0,
+            retry_jitter=0.0,
             listen=True,
         ),
         log_level="INFO",

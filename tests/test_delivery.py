@@ -20,7 +20,7 @@ from trio_dispatch import (
     retry_dispatch,
 )
 from trio_dispatch.outbox import Outcome, claim_due, finish_attempt, release_attempt
-from trio_dispatch.store import SQLiteStore
+from trio_dispatch.store import SQLiteStore, Store
 from trio_dispatch.transports import TransportResult
 
 from .conftest import RawDB
@@ -46,15 +46,15 @@ class Recorder:
 
 async def test_counters_are_exactly_the_adr_mapping(store: SQLiteStore) -> None:
     counts = await deliver_due_dispatches(store, now=T0, transport=Recorder())
-    assert counts == {"attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0,
-                      "retried": 0}
+    assert counts == {"attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}
 
 
 async def test_scan_orders_by_due_time_then_creation_and_stops_at_the_batch_size(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}", now=T0 + i)
-           for i in range(6)]
+    ids = [
+        await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}", now=T0 + i) for i in range(6)
+    ]
     # Due order: s3 (earliest due), then s0, s1, s2 by creation; s4, s5 later.
     raw.execute("UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?", (T0 - 50, ids[3]))
     for i in (0, 1, 2):
@@ -101,7 +101,9 @@ async def test_claim_sets_delivering_increments_attempt_and_leases_15_seconds(
     assert seen["next_attempt_at"] == T0 + 1 + 15
     claim = raw.transitions(dispatch_id)[1]
     assert (claim["previous_status"], claim["status"], claim["reason_code"]) == (
-        "pending", "delivering", "dispatch.delivering.attempt",
+        "pending",
+        "delivering",
+        "dispatch.delivering.attempt",
     )
     assert json.loads(str(claim["metadata"])) == {"attempt": 1, "lease_until": T0 + 16}
 
@@ -116,13 +118,13 @@ async def test_lease_follows_a_configured_timeout(store: SQLiteStore, raw: RawDB
 async def test_expiry_wins_before_the_claim_and_nothing_is_sent(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", expires_at=T0 + 5,
-                                         now=T0)
+    dispatch_id = await enqueue_dispatch(
+        store, kind="k", deliver_to="seat", expires_at=T0 + 5, now=T0
+    )
     sender = Recorder()
     counts = await deliver_due_dispatches(store, now=T0 + 5, transport=sender)
     assert sender.sent == []
-    assert counts == {"attempted": 1, "delivered": 0, "dead_letter": 0, "expired": 1,
-                      "retried": 0}
+    assert counts == {"attempted": 1, "delivered": 0, "dead_letter": 0, "expired": 1, "retried": 0}
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"]) == ("expired", 0)
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.expired.deadline"
@@ -164,9 +166,7 @@ async def test_a_stale_claimant_cannot_overwrite_the_newer_attempt(
     assert raw.row(dispatch_id)["status"] == "delivered"
 
 
-async def test_overlapping_scans_never_send_one_attempt_twice(
-    db_target: str, raw: RawDB
-) -> None:
+async def test_overlapping_scans_never_send_one_attempt_twice(db_target: str, raw: RawDB) -> None:
     sent: list[tuple[str, int]] = []
 
     async def slow(delivery: Delivery) -> None:
@@ -174,11 +174,10 @@ async def test_overlapping_scans_never_send_one_attempt_twice(
         await anyio.sleep(0.01)
 
     async with open_store(db_target) as a, open_store(db_target) as b:
-        ids = [await enqueue_dispatch(a, kind="k", deliver_to=f"s{i}", now=T0)
-               for i in range(30)]
+        ids = [await enqueue_dispatch(a, kind="k", deliver_to=f"s{i}", now=T0) for i in range(30)]
         totals: list[dict[str, int]] = []
 
-        async def scan(db: SQLiteStore) -> None:
+        async def scan(db: Store) -> None:
             totals.append(await deliver_due_dispatches(db, now=T0 + 1, transport=slow))
 
         async with anyio.create_task_group() as tg:
@@ -202,8 +201,8 @@ async def test_backoff_schedule_then_dead_letter_at_max_attempts(
         assert row["attempt"] == attempt and row["last_error"] == "refused"
         if attempt < 8:
             assert counts["retried"] == 1 and row["status"] == "pending"
-            delays.append(row["next_attempt_at"] - now)  # type: ignore[operator]
-            now = float(row["next_attempt_at"])  # type: ignore[arg-type]
+            delays.append(row["next_attempt_at"] - now)
+            now = float(row["next_attempt_at"])
         else:
             assert counts["dead_letter"] == 1 and row["status"] == "dead_letter"
     assert delays == [60, 120, 240, 480, 960, 1800, 1800]
@@ -212,20 +211,23 @@ async def test_backoff_schedule_then_dead_letter_at_max_attempts(
     assert codes[-1] == "dispatch.dead_letter.max_attempts"
     assert len(sender.sent) == 8
     assert await deliver_due_dispatches(store, now=now + 10**6, transport=sender) == {
-        "attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}
+        "attempted": 0,
+        "delivered": 0,
+        "dead_letter": 0,
+        "expired": 0,
+        "retried": 0,
+    }
 
 
 def test_backoff_seconds_is_the_adr_formula() -> None:
-    assert [backoff_seconds(a) for a in range(9)] == [
-        30, 60, 120, 240, 480, 960, 1800, 1800, 1800]
+    assert [backoff_seconds(a) for a in range(9)] == [30, 60, 120, 240, 480, 960, 1800, 1800, 1800]
     assert backoff_seconds(1000) == 1800
 
 
 async def test_max_attempts_one_dead_letters_on_the_first_failure(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", max_attempts=1,
-                                         now=T0)
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", max_attempts=1, now=T0)
     counts = await deliver_due_dispatches(store, now=T0, transport=Recorder(ok=False))
     assert counts["dead_letter"] == 1 and counts["retried"] == 0
     assert raw.row(dispatch_id)["status"] == "dead_letter"
@@ -234,8 +236,9 @@ async def test_max_attempts_one_dead_letters_on_the_first_failure(
 async def test_ack_tier_resends_with_backoff_until_sends_run_out(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", ack_required=True,
-                                         max_attempts=3, now=T0)
+    dispatch_id = await enqueue_dispatch(
+        store, kind="k", deliver_to="seat", ack_required=True, max_attempts=3, now=T0
+    )
     sender = Recorder()
     first = await deliver_due_dispatches(store, now=T0, transport=sender)
     assert first["delivered"] == 1 and first["retried"] == 0
@@ -249,9 +252,12 @@ async def test_ack_tier_resends_with_backoff_until_sends_run_out(
     codes = [t["reason_code"] for t in raw.transitions(dispatch_id)]
     assert codes == [
         "dispatch.pending.enqueued",
-        "dispatch.delivering.attempt", "dispatch.pending.awaiting_ack",
-        "dispatch.delivering.attempt", "dispatch.pending.awaiting_ack",
-        "dispatch.delivering.attempt", "dispatch.dead_letter.ack_timeout",
+        "dispatch.delivering.attempt",
+        "dispatch.pending.awaiting_ack",
+        "dispatch.delivering.attempt",
+        "dispatch.pending.awaiting_ack",
+        "dispatch.delivering.attempt",
+        "dispatch.dead_letter.ack_timeout",
     ]
     assert len(sender.sent) == 3
 
@@ -268,11 +274,16 @@ async def test_failure_bookkeeping_is_one_transaction(store: SQLiteStore, raw: R
     assert (row["status"], row["attempt"], row["last_error"]) == ("delivering", 1, None)
     assert row["next_attempt_at"] == T0 + 15  # still the lease, not a retry time
     raw.allow_transitions()
-    assert await finish_attempt(store, claim, TransportResult.failure("refused"),
-                                now=T0 + 1) is Outcome.RETRY
+    assert (
+        await finish_attempt(store, claim, TransportResult.failure("refused"), now=T0 + 1)
+        is Outcome.RETRY
+    )
     row = raw.row(dispatch_id)
     assert (row["status"], row["last_error"], row["next_attempt_at"]) == (
-        "pending", "refused", T0 + 1 + 60)
+        "pending",
+        "refused",
+        T0 + 1 + 60,
+    )
 
 
 async def test_a_historical_last_error_is_kept_after_a_later_success(
@@ -288,8 +299,7 @@ async def test_a_historical_last_error_is_kept_after_a_later_success(
 async def test_a_lease_lost_on_the_last_attempt_dead_letters_without_another_send(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", max_attempts=1,
-                                         now=T0)
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", max_attempts=1, now=T0)
     await claim_due(store, now=T0)  # the claimant dies mid-send
     sender = Recorder()
     counts = await deliver_due_dispatches(store, now=T0 + 15, transport=sender)
@@ -298,7 +308,9 @@ async def test_a_lease_lost_on_the_last_attempt_dead_letters_without_another_sen
     assert (row["status"], row["attempt"]) == ("dead_letter", 1)
     last = raw.transitions(dispatch_id)[-1]
     assert (last["previous_status"], last["reason_code"]) == (
-        "delivering", "dispatch.dead_letter.max_attempts")
+        "delivering",
+        "dispatch.dead_letter.max_attempts",
+    )
 
 
 def _script(tmp_path: Path, name: str, body: str) -> list[str]:
@@ -330,21 +342,29 @@ async def test_a_command_transport_delivers_the_payload_and_route(
     store: SQLiteStore, raw: RawDB, tmp_path: Path
 ) -> None:
     out = tmp_path / "got.json"
-    template = [*_script(
-        tmp_path, "t.py",
-        "import json, os, sys\n"
-        f"open({str(out)!r}, 'w').write(json.dumps({{'argv': sys.argv[1:], "
-        "'stdin': sys.stdin.read(), 'env': {k: v for k, v in os.environ.items() "
-        "if k.startswith('TRIO_DISPATCH_')}}))\n",
-    ), "{deliver_to}"]
+    template = [
+        *_script(
+            tmp_path,
+            "t.py",
+            "import json, os, sys\n"
+            f"open({str(out)!r}, 'w').write(json.dumps({{'argv': sys.argv[1:], "
+            "'stdin': sys.stdin.read(), 'env': {k: v for k, v in os.environ.items() "
+            "if k.startswith('TRIO_DISPATCH_')}}))\n",
+        ),
+        "{deliver_to}",
+    ]
     dispatch_id = await enqueue_dispatch(store, kind="ping", deliver_to="seat-9", now=T0)
     counts = await deliver_due_dispatches(store, now=T0, notify_template=template)
     assert counts["delivered"] == 1
     got = json.loads(out.read_text())
     assert got["argv"] == ["seat-9"]
     assert got["stdin"] == raw.row(dispatch_id)["payload"]
-    assert got["env"] == {"TRIO_DISPATCH_ID": dispatch_id, "TRIO_DISPATCH_ATTEMPT": "1",
-                          "TRIO_DISPATCH_KIND": "ping", "TRIO_DISPATCH_DELIVER_TO": "seat-9"}
+    assert got["env"] == {
+        "TRIO_DISPATCH_ID": dispatch_id,
+        "TRIO_DISPATCH_ATTEMPT": "1",
+        "TRIO_DISPATCH_KIND": "ping",
+        "TRIO_DISPATCH_DELIVER_TO": "seat-9",
+    }
     assert raw.row(dispatch_id)["status"] == "delivered"
 
 
@@ -375,8 +395,9 @@ async def test_a_transport_timeout_is_a_recorded_failure(
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
     template = _script(tmp_path, "t.py", "import time; time.sleep(30)")
     with anyio.fail_after(10):
-        counts = await deliver_due_dispatches(store, now=T0, notify_template=template,
-                                              timeout_seconds=0.5)
+        counts = await deliver_due_dispatches(
+            store, now=T0, notify_template=template, timeout_seconds=0.5
+        )
     assert counts["retried"] == 1
     assert "timeout" in str(raw.row(dispatch_id)["last_error"])
 
@@ -396,8 +417,9 @@ async def test_a_raising_callable_transport_is_a_recorded_failure(
 async def test_a_stale_claim_is_fenced_even_after_an_operator_retry_reset_the_attempt(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat",
-                                         expires_at=T0 + 10, now=T0)
+    dispatch_id = await enqueue_dispatch(
+        store, kind="k", deliver_to="seat", expires_at=T0 + 10, now=T0
+    )
     [stale], _ = await claim_due(store, now=T0)  # worker A stalls mid-send
     _, counts = await claim_due(store, now=T0 + 20)  # lease over, deadline past
     assert counts["expired"] == 1
@@ -405,11 +427,14 @@ async def test_a_stale_claim_is_fenced_even_after_an_operator_retry_reset_the_at
     [fresh], _ = await claim_due(store, now=T0 + 22)  # attempt 1 again, a new lease
     assert (stale.attempt, fresh.attempt) == (1, 1)
     assert await finish_attempt(store, stale, TransportResult.success(), now=T0 + 23) is (
-        Outcome.CONFLICT)
+        Outcome.CONFLICT
+    )
     assert await release_attempt(store, stale, now=T0 + 23) is Outcome.CONFLICT
     assert raw.row(dispatch_id)["status"] == "delivering"
-    assert await finish_attempt(store, fresh, TransportResult.failure("boom"),
-                                now=T0 + 24) is Outcome.RETRY
+    assert (
+        await finish_attempt(store, fresh, TransportResult.failure("boom"), now=T0 + 24)
+        is Outcome.RETRY
+    )
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"], row["last_error"]) == ("pending", 1, "boom")
 
@@ -419,7 +444,7 @@ async def test_delivery_refuses_a_transaction_handle(store: SQLiteStore, raw: Ra
     sender = Recorder()
     async with store.transaction() as tx:
         with pytest.raises(TypeError, match="not a transaction handle"):
-            await deliver_due_dispatches(tx, now=T0, transport=sender)  # type: ignore[arg-type]
+            await deliver_due_dispatches(tx, now=T0, transport=sender)
     assert raw.row(dispatch_id)["status"] == "pending" and sender.sent == []
 
 
@@ -446,9 +471,10 @@ async def test_a_transport_that_ignores_its_timeout_is_stopped_before_the_lease_
 
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
     with anyio.fail_after(10):
-        # timeout 0 -> lease 5 s -> the transport is cut at 4 s
-        counts = await deliver_due_dispatches(store, now=T0, transport=Stubborn(),
-                                              timeout_seconds=0)
+        # timeout 0 -> lease 1.5 s (its margin) -> the transport is cut at 0.5 s
+        counts = await deliver_due_dispatches(
+            store, now=T0, transport=Stubborn(), timeout_seconds=0, lease_margin_seconds=1.5
+        )
     assert counts["retried"] == 1
     assert "timeout" in str(raw.row(dispatch_id)["last_error"])
 

@@ -99,8 +99,18 @@ async def test_payload_is_the_dispatch_signal_envelope(store: SQLiteStore, raw: 
     )
     payload = json.loads(str(raw.row(dispatch_id)["payload"]))
     assert list(payload) == [
-        "id", "created_at", "metadata", "data", "emitter_role", "schema_version",
-        "dispatch_id", "kind", "deliver_to", "attempt", "ack_token", "body",
+        "id",
+        "created_at",
+        "metadata",
+        "data",
+        "emitter_role",
+        "schema_version",
+        "dispatch_id",
+        "kind",
+        "deliver_to",
+        "attempt",
+        "ack_token",
+        "body",
     ]
     assert uuid.UUID(payload["id"]).version == 4 and str(uuid.UUID(payload["id"])) == payload["id"]
     assert isinstance(payload["created_at"], float) and payload["created_at"] > 0
@@ -109,7 +119,9 @@ async def test_payload_is_the_dispatch_signal_envelope(store: SQLiteStore, raw: 
     assert payload["schema_version"] == SIGNAL_SCHEMA_VERSION == 1
     assert payload["dispatch_id"] == dispatch_id
     assert (payload["kind"], payload["deliver_to"], payload["attempt"]) == (
-        "terminal_notify", "seat-1", 0,
+        "terminal_notify",
+        "seat-1",
+        0,
     )
     assert payload["ack_token"] is None
     assert payload["body"] == {"n": [1, "x", None]}
@@ -126,10 +138,22 @@ async def test_enqueue_writes_the_row_and_its_initial_transition(
     assert row["next_attempt_at"] == row["created_at"] == 100.0
     assert row["expires_at"] == 999.0 and row["last_error"] is None
     [transition] = raw.transitions(dispatch_id)
-    assert {k: transition[k] for k in (
-        "entity_type", "entity_id", "previous_status", "status", "reason_code",
-        "reason_summary", "source", "actor", "evidence_refs", "metadata", "created_at",
-    )} == {
+    assert {
+        k: transition[k]
+        for k in (
+            "entity_type",
+            "entity_id",
+            "previous_status",
+            "status",
+            "reason_code",
+            "reason_summary",
+            "source",
+            "actor",
+            "evidence_refs",
+            "metadata",
+            "created_at",
+        )
+    } == {
         "entity_type": "dispatch",
         "entity_id": dispatch_id,
         "previous_status": None,
@@ -150,20 +174,26 @@ async def test_dedup_hit_returns_the_first_id_and_writes_nothing(
     first = await enqueue_dispatch(store, kind="a", deliver_to="seat-1", dedup_key="key")
     before = raw.counts()
     again = await enqueue_dispatch(
-        store, kind="b", deliver_to="seat-2", body={"x": 1}, dedup_key="key",
-        ack_required=True, max_attempts=2,
+        store,
+        kind="b",
+        deliver_to="seat-2",
+        body={"x": 1},
+        dedup_key="key",
+        ack_required=True,
+        max_attempts=2,
     )
     assert again == first
     assert raw.counts() == before == (1, 1)
     row = raw.row(first)  # the first committed row keeps the key's meaning
     assert (row["kind"], row["deliver_to"], row["ack_required"], row["max_attempts"]) == (
-        "a", "seat-1", 0, 8,
+        "a",
+        "seat-1",
+        0,
+        8,
     )
 
 
-async def test_without_a_dedup_key_every_call_creates_a_row(
-    store: SQLiteStore, raw: RawDB
-) -> None:
+async def test_without_a_dedup_key_every_call_creates_a_row(store: SQLiteStore, raw: RawDB) -> None:
     ids = {await enqueue_dispatch(store, kind="k", deliver_to="seat") for _ in range(3)}
     assert len(ids) == 3 and raw.counts() == (3, 3)
 
@@ -188,8 +218,10 @@ def _race_keys(path: str, out: str, keys: list[str], start: Any) -> None:
     async def main() -> list[str]:
         async with open_store(path) as db:
             start.wait()
-            return [await enqueue_dispatch(db, kind="k", deliver_to="seat", dedup_key=key)
-                    for key in keys]
+            return [
+                await enqueue_dispatch(db, kind="k", deliver_to="seat", dedup_key=key)
+                for key in keys
+            ]
 
     Path(out).write_text(json.dumps(anyio.run(main)))
 
@@ -203,9 +235,10 @@ async def test_dedup_race_between_processes_resolves_to_the_winner(
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Event()
     children = [
-        ctx.Process(target=_race_keys,
-                    args=(db_target, str(tmp_path / f"out{k}.json"),
-                          keys if k % 2 else keys[::-1], start))
+        ctx.Process(
+            target=_race_keys,
+            args=(db_target, str(tmp_path / f"out{k}.json"), keys if k % 2 else keys[::-1], start),
+        )
         for k in range(4)
     ]
     for child in children:
@@ -224,7 +257,8 @@ async def test_dedup_race_between_processes_resolves_to_the_winner(
 
 
 class _Unserialisable:
-    pass
+    def __repr__(self) -> str:  # a stable test id (xdist workers must agree)
+        return "<unserialisable>"
 
 
 INVALID: list[tuple[dict[str, Any], type[Exception], str]] = [
@@ -278,16 +312,19 @@ async def test_invalid_arguments_raise_naming_the_value_and_write_nothing(
     assert raw.counts() == before
 
 
-@pytest.mark.parametrize("column, table", [("session_id", "sessions"),
-                                           ("schedule_run_id", "schedule_runs")])
+@pytest.mark.parametrize(
+    "column, table", [("session_id", "sessions"), ("schedule_run_id", "schedule_runs")]
+)
 async def test_unknown_provenance_is_rejected_and_known_is_linked(
     store: SQLiteStore, raw: RawDB, column: str, table: str
 ) -> None:
     with pytest.raises(ValueError, match=f"{column} 'ghost' does not exist"):
-        await enqueue_dispatch(store, kind="k", deliver_to="seat", **{column: "ghost"})
+        ghost: dict[str, Any] = {column: "ghost"}
+        await enqueue_dispatch(store, kind="k", deliver_to="seat", **ghost)
     assert raw.counts() == (0, 0)
     raw.execute(f"INSERT INTO {table} (id, created_at) VALUES ('real', 0)")
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", **{column: "real"})
+    real: dict[str, Any] = {column: "real"}
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", **real)
     assert raw.row(dispatch_id)[column] == "real"
 
 
@@ -309,12 +346,15 @@ async def test_enqueue_many_writes_all_in_one_transaction_with_per_item_results(
 ) -> None:
     existing = await enqueue_dispatch(store, kind="k", deliver_to="seat", dedup_key="old")
     batches = store.stats["batches"]
-    results = await enqueue_many(store, [
-        {"kind": "k", "deliver_to": "a"},
-        {"kind": "k", "deliver_to": "b", "dedup_key": "old"},
-        {"kind": "k", "deliver_to": "c", "dedup_key": "new"},
-        {"kind": "k", "deliver_to": "d", "dedup_key": "new"},
-    ])
+    results = await enqueue_many(
+        store,
+        [
+            {"kind": "k", "deliver_to": "a"},
+            {"kind": "k", "deliver_to": "b", "dedup_key": "old"},
+            {"kind": "k", "deliver_to": "c", "dedup_key": "new"},
+            {"kind": "k", "deliver_to": "d", "dedup_key": "new"},
+        ],
+    )
     assert store.stats["batches"] == batches + 1
     assert [r.dedup_hit for r in results] == [False, True, False, True]
     assert results[1].id == existing and results[3].id == results[2].id
@@ -327,8 +367,11 @@ async def test_enqueue_many_writes_all_in_one_transaction_with_per_item_results(
 @pytest.mark.parametrize(
     "items, error, message",
     [
-        ([{"kind": "k", "deliver_to": "a"}, {"kind": "k", "deliver_to": ""}],
-         ValueError, "item 1: deliver_to"),
+        (
+            [{"kind": "k", "deliver_to": "a"}, {"kind": "k", "deliver_to": ""}],
+            ValueError,
+            "item 1: deliver_to",
+        ),
         ([{"kind": "k", "deliver_to": "a", "colour": "red"}], TypeError, "item 0: unknown"),
         ([{"kind": "k"}], TypeError, "item 0: missing required argument 'deliver_to'"),
         ([["kind", "k"]], TypeError, "item 0 must be a mapping"),
@@ -354,8 +397,8 @@ async def test_a_dispatch_survives_closing_and_reopening_the_store(db_target: st
 async def test_a_json_serialisable_body_is_stored_as_its_json(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat",
-                                         body={"pair": (1, 2), 3: "int key", "s": "é\u2603"})
+    body: dict[Any, Any] = {"pair": (1, 2), 3: "int key", "s": "é\u2603"}
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", body=body)
     payload = json.loads(str(raw.row(dispatch_id)["payload"]))
     assert payload["body"] == {"pair": [1, 2], "3": "int key", "s": "é\u2603"}
 
@@ -367,12 +410,18 @@ async def test_the_stored_envelope_is_exactly_the_dispatch_signal_json(
 ) -> None:
     from trio_dispatch.signal import DispatchSignal
 
-    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", body=body,
-                                         ack_required=ack)
+    dispatch_id = await enqueue_dispatch(
+        store, kind="k", deliver_to="seat", body=body, ack_required=ack
+    )
     text = str(raw.row(dispatch_id)["payload"])
     stored = json.loads(text)
-    signal = DispatchSignal(id=stored["id"], created_at=stored["created_at"],
-                            dispatch_id=dispatch_id, kind="k", deliver_to="seat",
-                            ack_token=raw.row(dispatch_id)["ack_token"],  # type: ignore[arg-type]
-                            body=body or {})
+    signal = DispatchSignal(
+        id=stored["id"],
+        created_at=stored["created_at"],
+        dispatch_id=dispatch_id,
+        kind="k",
+        deliver_to="seat",
+        ack_token=raw.row(dispatch_id)["ack_token"],
+        body=body or {},
+    )
     assert text == json.dumps(signal.to_dict(mode="json"), ensure_ascii=False)

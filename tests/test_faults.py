@@ -50,8 +50,7 @@ from trio_dispatch.store import Store
 from trio_dispatch.worker import DispatchWorker
 
 from .conftest import RawDB
-from .test_worker import statuses, wait_for
-from .test_worker_process import write_config
+from .helpers import chattr, immutable_unavailable, statuses, wait_for, write_config
 
 pytestmark = pytest.mark.anyio
 
@@ -73,33 +72,6 @@ FILLER_CHUNKS = (1 << 16, 1 << 12, 512)
 
 
 # -- the fault mechanisms ------------------------------------------------------
-
-
-def chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess[str]:
-    argv = ["chattr", flag, *map(str, paths)]
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, check=False)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(argv, 127, "", "chattr is not installed")
-
-
-def immutable_unavailable(directory: Path) -> str | None:
-    """Why ``chattr +i`` cannot make a file read-only here, or None."""
-    probe = directory / "chattr-probe"
-    probe.write_bytes(b"x")
-    try:
-        done = chattr("+i", probe)
-        if done.returncode != 0:
-            return f"chattr +i failed: {done.stderr.strip() or done.returncode}"
-        try:
-            with open(probe, "ab") as handle:
-                handle.write(b"y")
-        except PermissionError:
-            return None
-        return "chattr +i does not block writes on this filesystem"
-    finally:
-        chattr("-i", probe)
-        probe.unlink(missing_ok=True)
 
 
 def fill(directory: Path) -> Path:
@@ -212,7 +184,9 @@ class Locked:
     def prepare(self) -> None:
         self.child = subprocess.Popen(
             [sys.executable, "-c", LOCKER, str(self.db_path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.child.stdout is not None
         assert self.child.stdout.readline().strip() == "ready"
@@ -253,7 +227,9 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     try:
         done = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
     except FileNotFoundError:
         pytest.skip("disk-full fault needs a small tmpfs: mount is not installed")
@@ -309,8 +285,10 @@ class Destination:
 
 
 async def run_until_cancelled(
-    worker: DispatchWorker, exits: list[BaseException | None],
-    *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    worker: DispatchWorker,
+    exits: list[BaseException | None],
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """``worker.run``, noting how it ended: a worker that stops by itself
     during a fault (crash or return) shows up in ``exits``."""
@@ -327,8 +305,11 @@ def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRec
 
 
 def errors_with(caplog: pytest.LogCaptureFixture, text: str, error: str) -> list[str]:
-    return [str(r.exc_info[1]) for r in messages(caplog, text)
-            if r.levelno >= logging.ERROR and r.exc_info and error in str(r.exc_info[1])]
+    return [
+        str(r.exc_info[1])
+        for r in messages(caplog, text)
+        if r.levelno >= logging.ERROR and r.exc_info and error in str(r.exc_info[1])
+    ]
 
 
 def unrecorded_ids(caplog: pytest.LogCaptureFixture) -> set[str]:
@@ -342,8 +323,9 @@ def unrecorded_ids(caplog: pytest.LogCaptureFixture) -> set[str]:
     return found
 
 
-def assert_store_consistent(raw: RawDB, committed: list[str], sent: list[tuple[str, int]],
-                            redelivery_allowed: set[str]) -> None:
+def assert_store_consistent(
+    raw: RawDB, committed: list[str], sent: list[tuple[str, int]], redelivery_allowed: set[str]
+) -> None:
     """No loss, no (id, attempt) twice, each row's history ends where the row
     is, and the file is sound."""
     assert raw.scalar("PRAGMA integrity_check") == "ok"
@@ -360,24 +342,27 @@ def assert_store_consistent(raw: RawDB, committed: list[str], sent: list[tuple[s
     assert resent <= redelivery_allowed, f"sent again though its finish was recorded: {resent}"
     # Each row and its transition were written together (B4): the last
     # transition names the row's status.
-    assert raw.scalar(
-        "SELECT COUNT(*) FROM dispatch_outbox o WHERE o.status != (SELECT t.status FROM "
-        "status_transitions t WHERE t.entity_id = o.id ORDER BY t.id DESC LIMIT 1)"
-    ) == 0
+    assert (
+        raw.scalar(
+            "SELECT COUNT(*) FROM dispatch_outbox o WHERE o.status != (SELECT t.status FROM "
+            "status_transitions t WHERE t.entity_id = o.id ORDER BY t.id DESC LIMIT 1)"
+        )
+        == 0
+    )
 
 
 @asynccontextmanager
 async def stores(db_path: Path) -> AsyncIterator[tuple[Store, Store]]:
     """The worker's store, and a producer's: separate connections, so the
     producer's enqueues do not wake the worker (its tick finds them)."""
-    async with open_store(db_path, busy_timeout=BUSY_TIMEOUT) as db, \
-            open_store(db_path, busy_timeout=BUSY_TIMEOUT) as producer:
+    async with (
+        open_store(db_path, busy_timeout=BUSY_TIMEOUT) as db,
+        open_store(db_path, busy_timeout=BUSY_TIMEOUT) as producer,
+    ):
         yield db, producer
 
 
-async def run_fault_scenario(
-    fault: Fault, db_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def run_fault_scenario(fault: Fault, db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The shared scenario: a worker delivering, the fault while rows are
     pending and attempts are ending, enqueues tried during it, then cleared."""
     caplog.set_level(logging.INFO, logger="trio_dispatch")
@@ -387,21 +372,43 @@ async def run_fault_scenario(
     exits: list[BaseException | None] = []
     try:
         async with stores(db_path) as (db, producer), anyio.create_task_group() as tg:
-            worker = DispatchWorker(db, transport=destination, tick_seconds=TICK, concurrency=4,
-                                    timeout_seconds=TIMEOUT, grace_seconds=1)
+            worker = DispatchWorker(
+                db,
+                transport=destination,
+                tick_seconds=TICK,
+                concurrency=4,
+                timeout_seconds=TIMEOUT,
+                grace_seconds=1,
+            )
             await tg.start(partial(run_until_cancelled, worker, exits))
-            committed += [r.id for r in await enqueue_many(
-                producer, [{"kind": "hold", "deliver_to": f"hold-{i}"} for i in range(HELD)])]
-            committed += [r.id for r in await enqueue_many(
-                producer, [{"kind": "before", "deliver_to": f"b{i}"} for i in range(BEFORE)])]
-            await wait_for(lambda: statuses(raw) == {"delivered": BEFORE, "delivering": HELD}
-                           and destination.holding == HELD)
+            committed += [
+                r.id
+                for r in await enqueue_many(
+                    producer, [{"kind": "hold", "deliver_to": f"hold-{i}"} for i in range(HELD)]
+                )
+            ]
+            committed += [
+                r.id
+                for r in await enqueue_many(
+                    producer, [{"kind": "before", "deliver_to": f"b{i}"} for i in range(BEFORE)]
+                )
+            ]
+            await wait_for(
+                lambda: (
+                    statuses(raw) == {"delivered": BEFORE, "delivering": HELD}
+                    and destination.holding == HELD
+                )
+            )
             await anyio.to_thread.run_sync(fault.prepare)
             # Pending rows that fall due during the fault, committed with
             # their due time in one transaction (nothing can claim them early).
             async with producer.transaction() as tx:
-                due = [r.id for r in await enqueue_many(
-                    tx, [{"kind": "due", "deliver_to": f"d{i}"} for i in range(DUE_IN_FAULT)])]
+                due = [
+                    r.id
+                    for r in await enqueue_many(
+                        tx, [{"kind": "due", "deliver_to": f"d{i}"} for i in range(DUE_IN_FAULT)]
+                    )
+                ]
                 await tx.execute(
                     f"UPDATE dispatch_outbox SET next_attempt_at = ? "
                     f"WHERE id IN ({', '.join('?' * len(due))})",
@@ -416,37 +423,60 @@ async def run_fault_scenario(
 
             # Enqueues fail cleanly: sqlite3.OperationalError, nothing partial written.
             with pytest.raises(sqlite3.OperationalError, match=fault.error_text):
-                await enqueue_dispatch(producer, kind="during", deliver_to="x",
-                                       dedup_key="during-1")
+                await enqueue_dispatch(
+                    producer, kind="during", deliver_to="x", dedup_key="during-1"
+                )
             with pytest.raises(sqlite3.OperationalError, match=fault.error_text):
-                await enqueue_many(producer, [
-                    {"kind": "during", "deliver_to": "x", "dedup_key": f"during-{i}"}
-                    for i in (2, 3)])
+                await enqueue_many(
+                    producer,
+                    [
+                        {"kind": "during", "deliver_to": "x", "dedup_key": f"during-{i}"}
+                        for i in (2, 3)
+                    ],
+                )
             # The outbox's point (B1): the caller's own write and the
             # dispatch fail together.
             with pytest.raises(sqlite3.OperationalError, match=fault.error_text):
                 async with producer.transaction() as tx:
-                    await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)",
-                                     ("s-during", time.time()))
-                    await enqueue_dispatch(tx, kind="during", deliver_to="x",
-                                           session_id="s-during", dedup_key="during-4")
+                    await tx.execute(
+                        "INSERT INTO sessions (id, created_at) VALUES (?, ?)",
+                        ("s-during", time.time()),
+                    )
+                    await enqueue_dispatch(
+                        tx,
+                        kind="during",
+                        deliver_to="x",
+                        session_id="s-during",
+                        dedup_key="during-4",
+                    )
             assert raw.counts() == before
             assert raw.scalar("SELECT COUNT(*) FROM sessions") == 0
 
-            await wait_for(lambda: errors_with(caplog, "scan failed", fault.error_text)
-                           and errors_with(caplog, "recording the outcome failed",
-                                           fault.error_text), timeout=10)
+            await wait_for(
+                lambda: (
+                    errors_with(caplog, "scan failed", fault.error_text)
+                    and errors_with(caplog, "recording the outcome failed", fault.error_text)
+                ),
+                timeout=10,
+            )
             await anyio.sleep(max(0.0, MIN_FAULT_SECONDS - (time.monotonic() - started)))
             assert exits == [], "the worker stopped during the fault"
             assert raw.counts() == before
-            assert statuses(raw) == {"delivered": BEFORE, "delivering": HELD,
-                                     "pending": DUE_IN_FAULT}
+            assert statuses(raw) == {
+                "delivered": BEFORE,
+                "delivering": HELD,
+                "pending": DUE_IN_FAULT,
+            }
 
             await anyio.to_thread.run_sync(fault.clear)
             # The keys tried during the fault were never written: no dedup hit.
-            after = await enqueue_many(producer, [
-                {"kind": "after", "deliver_to": f"a{i}", "dedup_key": f"during-{i}"}
-                for i in range(1, AFTER + 1)])
+            after = await enqueue_many(
+                producer,
+                [
+                    {"kind": "after", "deliver_to": f"a{i}", "dedup_key": f"during-{i}"}
+                    for i in range(1, AFTER + 1)
+                ],
+            )
             assert not any(r.dedup_hit for r in after)
             committed += [r.id for r in after]
             await wait_for(lambda: statuses(raw) == {"delivered": TOTAL}, timeout=15)
@@ -513,14 +543,18 @@ anyio.run(main, backend="trio")
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 @pytest.mark.parametrize("fault_case", ["read-only", "disk full", "locked"], indirect=True)
 async def test_an_enqueue_from_another_process_during_a_fault_fails_cleanly(
-    fault_case: tuple[Fault, Path]
+    fault_case: tuple[Fault, Path],
 ) -> None:
     fault, db_path = fault_case
     raw = RawDB(db_path)
     async with open_store(db_path) as db:
         await enqueue_dispatch(db, kind="k", deliver_to="seat")
-        child = subprocess.Popen([sys.executable, "-c", OTHER_PROCESS, str(db_path)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", OTHER_PROCESS, str(db_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert child.stdout is not None and child.stdin is not None
             assert await anyio.to_thread.run_sync(child.stdout.readline) == "open\n"
@@ -543,8 +577,11 @@ async def test_an_enqueue_from_another_process_during_a_fault_fails_cleanly(
         # (the schema check) with SQLITE_READONLY; the others as above. A store
         # that cannot be opened says so in one line (StoreError), quoting the
         # driver's reason.
-        fresh = ("attempt to write a readonly database" if isinstance(fault, ReadOnly)
-                 else fault.error_text)
+        fresh = (
+            "attempt to write a readonly database"
+            if isinstance(fault, ReadOnly)
+            else fault.error_text
+        )
         module, name, message = reports["fresh"]
         assert fresh in message
         if name == "StoreError":  # failed while opening
@@ -552,8 +589,9 @@ async def test_an_enqueue_from_another_process_during_a_fault_fails_cleanly(
             assert message.startswith("cannot open store ")
         else:  # opened (nothing to write), failed at the first write
             assert (module, name) == ("sqlite3", "OperationalError")
-        assert raw.scalar(
-            "SELECT COUNT(*) FROM dispatch_outbox WHERE dedup_key LIKE 'other-%'") == 0
+        assert (
+            raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE dedup_key LIKE 'other-%'") == 0
+        )
         await enqueue_dispatch(db, kind="k", deliver_to="seat")  # writable again
     assert raw.counts()[0] == 2
     assert raw.scalar("PRAGMA integrity_check") == "ok"
@@ -571,7 +609,8 @@ def start_worker_process(config: Path, log_file: Path) -> subprocess.Popen[bytes
     with open(log_file, "wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "trio_dispatch", "--config", str(config), "worker"],
-            stdout=subprocess.DEVNULL, stderr=log,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
         )
 
 
@@ -584,20 +623,33 @@ async def test_the_worker_process_logs_a_fault_keeps_running_and_resumes(
     raw = RawDB(db_path)
     sent_file = tmp_path / "sent.txt"
     sent_file.touch()
-    config = write_config(tmp_path, db_path, ["/bin/sh", "-c", RECORD, str(sent_file)],
-                          tick_seconds=TICK, timeout=TIMEOUT)
+    config = write_config(
+        tmp_path,
+        db_path,
+        ["/bin/sh", "-c", RECORD, str(sent_file)],
+        tick_seconds=TICK,
+        timeout=TIMEOUT,
+    )
     log_file = tmp_path / "worker.log"
     committed: list[str] = []
     async with open_store(db_path) as producer:
-        committed += [r.id for r in await enqueue_many(
-            producer, [{"kind": "before", "deliver_to": f"b{i}"} for i in range(5)])]
+        committed += [
+            r.id
+            for r in await enqueue_many(
+                producer, [{"kind": "before", "deliver_to": f"b{i}"} for i in range(5)]
+            )
+        ]
     worker = start_worker_process(config, log_file)
     try:
         await wait_for(lambda: statuses(raw) == {"delivered": 5}, timeout=20)
         async with open_store(db_path) as producer:
             async with producer.transaction() as tx:
-                due = [r.id for r in await enqueue_many(
-                    tx, [{"kind": "due", "deliver_to": f"d{i}"} for i in range(5)])]
+                due = [
+                    r.id
+                    for r in await enqueue_many(
+                        tx, [{"kind": "due", "deliver_to": f"d{i}"} for i in range(5)]
+                    )
+                ]
                 await tx.execute(
                     f"UPDATE dispatch_outbox SET next_attempt_at = ? "
                     f"WHERE id IN ({', '.join('?' * len(due))})",
@@ -609,15 +661,18 @@ async def test_the_worker_process_logs_a_fault_keeps_running_and_resumes(
                 await anyio.to_thread.run_sync(fault.start)
                 with pytest.raises(sqlite3.OperationalError, match=fault.error_text):
                     await enqueue_dispatch(producer, kind="during", deliver_to="x")
-                await wait_for(lambda: log_file.read_text().count("scan failed") >= 2,
-                               timeout=10)
+                await wait_for(lambda: log_file.read_text().count("scan failed") >= 2, timeout=10)
                 assert worker.poll() is None, "the worker process died during the fault"
                 assert raw.counts() == before
                 await anyio.to_thread.run_sync(fault.clear)
             finally:
                 fault.cleanup()
-            committed += [r.id for r in await enqueue_many(
-                producer, [{"kind": "after", "deliver_to": f"a{i}"} for i in range(5)])]
+            committed += [
+                r.id
+                for r in await enqueue_many(
+                    producer, [{"kind": "after", "deliver_to": f"a{i}"} for i in range(5)]
+                )
+            ]
         await wait_for(lambda: statuses(raw) == {"delivered": 15}, timeout=15)
         assert worker.poll() is None
         worker.send_signal(signal.SIGTERM)
@@ -629,6 +684,7 @@ async def test_the_worker_process_logs_a_fault_keeps_running_and_resumes(
     log = log_file.read_text()
     assert "scan failed; retrying in" in log and fault.error_text in log, log[-2000:]
     assert "Traceback" in log  # logged with its exception, not swallowed
-    sent = [(i, int(a)) for i, a in (line.split() for line in sent_file.read_text().split("\n")
-                                     if line)]
+    sent = [
+        (i, int(a)) for i, a in (line.split() for line in sent_file.read_text().split("\n") if line)
+    ]
     assert_store_consistent(raw, committed, sent, redelivery_allowed=set())

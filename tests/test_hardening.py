@@ -39,9 +39,16 @@ from trio_dispatch.store.schema import SCHEMA_VERSION
 from trio_dispatch.transports import ChildEnvironment, CommandTransport, template_warnings
 
 from .conftest import RawDB
-from .helpers import arun_cli, assert_one_line_error, cli_process, run_cli, wait_for
-from .test_faults import chattr, immutable_unavailable
-from .test_worker_process import start_worker
+from .helpers import (
+    arun_cli,
+    assert_one_line_error,
+    chattr,
+    cli_process,
+    immutable_unavailable,
+    run_cli,
+    start_worker,
+    wait_for,
+)
 
 PASSWORD = "S3cretPW"
 MASKED = "postgres:***@"
@@ -58,8 +65,10 @@ def no_secret(*texts: str) -> None:
 
 def file_state(path: Path) -> tuple[str, list[str]]:
     """The file's hash and the names beside it: what a read must not change."""
-    return (hashlib.sha256(path.read_bytes()).hexdigest(),
-            sorted(p.name for p in path.parent.iterdir()))
+    return (
+        hashlib.sha256(path.read_bytes()).hexdigest(),
+        sorted(p.name for p in path.parent.iterdir()),
+    )
 
 
 async def populate(target: str) -> str:
@@ -72,9 +81,11 @@ async def populate(target: str) -> str:
 
 def test_mask_url_hides_passwords_and_nothing_else() -> None:
     assert mask_url(f"postgresql://postgres:{PASSWORD}@127.0.0.1:5432/db") == (
-        "postgresql://postgres:***@127.0.0.1:5432/db")
+        "postgresql://postgres:***@127.0.0.1:5432/db"
+    )
     assert mask_url(f"postgresql://u@h/db?password={PASSWORD}&sslmode=require") == (
-        "postgresql://u@h/db?password=***&sslmode=require")
+        "postgresql://u@h/db?password=***&sslmode=require"
+    )
     assert mask_url("postgresql://u@h/db") == "postgresql://u@h/db"
     assert mask_url("/var/lib/outbox.db") == "/var/lib/outbox.db"
     quoted = f'missing "=" after "postgresql://u:{PASSWORD}@h/db" in connection info'
@@ -82,17 +93,23 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
     assert "***" in scrub(f"password {PASSWORD} rejected", [PASSWORD])
     # Unescaped reserved characters in a password still hide it whole.
     assert mask_url("postgresql://app:s3cr/et@db.example/app") == (
-        "postgresql://app:***@db.example/app")
+        "postgresql://app:***@db.example/app"
+    )
     assert mask_url("postgresql://app:p@ss@host/db") == "postgresql://app:***@host/db"
     assert mask_url("https://example.com:8443/a@b") == "https://example.com:8443/a@b"
     assert mask_url("one postgresql://a:bb@c/d two mysql://e:ff@g") == (
-        "one postgresql://a:***@c/d two mysql://e:***@g")
+        "one postgresql://a:***@c/d two mysql://e:***@g"
+    )
 
 
-@pytest.mark.parametrize("store_url", [
-    "postgresql://app:s3cr/et@db.example/app", "postgresql://app:p@ss@host/db",
-    "postgresql://app@host/db?password=s3cr%2Fet",
-])
+@pytest.mark.parametrize(
+    "store_url",
+    [
+        "postgresql://app:s3cr/et@db.example/app",
+        "postgresql://app:p@ss@host/db",
+        "postgresql://app@host/db?password=s3cr%2Fet",
+    ],
+)
 def test_check_config_hides_passwords_with_reserved_characters(
     tmp_path: Path, store_url: str
 ) -> None:
@@ -143,8 +160,7 @@ def test_a_missing_psycopg_error_masks_the_password(tmp_path: Path) -> None:
         "except Exception as exc:\n"
         "    print(type(exc).__name__, exc)\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.stdout.startswith("StoreError") and "psycopg" in done.stdout, done
     no_secret(done.stdout, done.stderr)
     assert MASKED in done.stdout
@@ -244,13 +260,16 @@ def test_a_read_of_an_empty_file_leaves_it_empty(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
 
 
-def test_read_commands_on_an_idle_outbox_create_no_files_and_change_no_byte(
-    db_path: Path
-) -> None:
+def test_read_commands_on_an_idle_outbox_create_no_files_and_change_no_byte(db_path: Path) -> None:
     dispatch_id = anyio.run(populate, str(db_path))
     before = file_state(db_path)
-    for command in (["ls"], ["stats"], ["show", dispatch_id], ["history", dispatch_id],
-                    ["ls", "--json"]):
+    for command in (
+        ["ls"],
+        ["stats"],
+        ["show", dispatch_id],
+        ["history", dispatch_id],
+        ["ls", "--json"],
+    ):
         done = run_cli("--db", str(db_path), *command)
         assert done.returncode == 0, done.stderr
         assert file_state(db_path) == before, command
@@ -263,8 +282,9 @@ def test_an_older_schema_is_named_and_only_migrate_brings_it_forward(db_path: Pa
     conn.commit()
     conn.close()
     for command in (["ls"], ["retry", "x"], ["prune"]):
-        assert_one_line_error(run_cli("--db", str(db_path), *command), 2,
-                              "schema version 1", "trio-dispatch migrate")
+        assert_one_line_error(
+            run_cli("--db", str(db_path), *command), 2, "schema version 1", "trio-dispatch migrate"
+        )
     done = run_cli("--db", str(db_path), "migrate")
     assert done.returncode == 0, done.stderr
     assert f"from schema version 1 to {SCHEMA_VERSION}" in done.stdout
@@ -278,8 +298,11 @@ def test_migrate_creates_the_schema_in_a_new_file(tmp_path: Path) -> None:
     done = run_cli("--db", str(fresh), "migrate", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
-        "store": f"sqlite:///{fresh}", "from_version": None, "version": SCHEMA_VERSION,
-        "changed": True}
+        "store": f"sqlite:///{fresh}",
+        "from_version": None,
+        "version": SCHEMA_VERSION,
+        "changed": True,
+    }
     assert run_cli("--db", str(fresh), "stats", "--json").returncode == 0
 
 
@@ -329,8 +352,11 @@ time.sleep(float(sys.argv[2]))
 
 
 def hold_lock(db_path: Path, seconds: float) -> subprocess.Popen[str]:
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db_path), str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(db_path), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     return holder
 
@@ -391,7 +417,8 @@ async def test_postgres_read_commands_create_nothing_and_name_migrate(
         assert_one_line_error(done, 2, "no trio_dispatch schema", "trio-dispatch migrate")
         with psycopg.connect(url) as conn:
             tables = conn.execute(
-                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchone()
         assert tables == (0,)
         assert (await arun_cli("--db", url, "migrate")).returncode == 0
         async with open_store(url, read_only=True) as db:
@@ -417,25 +444,38 @@ def test_store_problems_are_one_line_errors(tmp_path: Path, db_path: Path) -> No
     conn.execute("INSERT INTO trio_dispatch_schema VALUES (99, 0)")
     conn.commit()
     conn.close()
-    assert_one_line_error(run_cli("--db", str(db_path), "ls"), 2, "schema version 99",
-                          "upgrade trio_dispatch")
+    assert_one_line_error(
+        run_cli("--db", str(db_path), "ls"), 2, "schema version 99", "upgrade trio_dispatch"
+    )
 
 
 def test_usage_problems_are_one_line_errors(db_path: Path) -> None:
     anyio.run(populate, str(db_path))
-    assert_one_line_error(run_cli("--db", str(db_path), "ls", "--limit", "3000000000"), 2,
-                          "3000000000")
-    assert_one_line_error(run_cli("--db", str(db_path), "prune", "--status", ","), 2,
-                          "at least one status")
-    assert_one_line_error(run_cli("--db", str(db_path), "--busy-timeout", "1e300", "ls"), 2,
-                          "--busy-timeout")
+    assert_one_line_error(
+        run_cli("--db", str(db_path), "ls", "--limit", "3000000000"), 2, "3000000000"
+    )
+    assert_one_line_error(
+        run_cli("--db", str(db_path), "prune", "--status", ","), 2, "at least one status"
+    )
+    assert_one_line_error(
+        run_cli("--db", str(db_path), "--busy-timeout", "1e300", "ls"), 2, "--busy-timeout"
+    )
 
 
 def test_a_non_utf8_id_is_not_found(db_path: Path) -> None:
     anyio.run(populate, str(db_path))
     done = subprocess.run(
-        [sys.executable.encode(), b"-m", b"trio_dispatch", b"--db", str(db_path).encode(),
-         b"show", b"\xff\xfe"], capture_output=True, timeout=60,
+        [
+            sys.executable.encode(),
+            b"-m",
+            b"trio_dispatch",
+            b"--db",
+            str(db_path).encode(),
+            b"show",
+            b"\xff\xfe",
+        ],
+        capture_output=True,
+        timeout=60,
     )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.decode().strip().splitlines()
@@ -449,20 +489,23 @@ def test_a_worker_whose_store_directory_is_missing_is_a_one_line_error(tmp_path:
     assert_one_line_error(done, 2, "does not exist", "missing")
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("worker:\n  concurrency: 3000000000\n", ["worker.concurrency", "2147483647"]),
-    ("worker:\n  batch_size: 2147483648\n", ["worker.batch_size"]),
-    ("worker:\n  tick_seconds: 1.0e-7\n", ["worker.tick_seconds", "0.001"]),
-    ("dispatch:\n  timeout_seconds: 1.0e-7\n", ["dispatch.timeout_seconds"]),
-    ('store: "out\\0.db"\n', ["store", "NUL"]),
-    ("store: sqlite://x.db\n", ["store", "sqlite:///"]),
-    ("store: mysql://u:pw@h/db\n", ["store", "unsupported"]),
-    ("busy_timeout_seconds: 3000000\n", ["busy_timeout_seconds", "2147483"]),
-    ("store: a.db\nstore: b.db\n", ["duplicate key", "'store'", "line 1"]),
-    ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
-    ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
-    ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("worker:\n  concurrency: 3000000000\n", ["worker.concurrency", "2147483647"]),
+        ("worker:\n  batch_size: 2147483648\n", ["worker.batch_size"]),
+        ("worker:\n  tick_seconds: 1.0e-7\n", ["worker.tick_seconds", "0.001"]),
+        ("dispatch:\n  timeout_seconds: 1.0e-7\n", ["dispatch.timeout_seconds"]),
+        ('store: "out\\0.db"\n', ["store", "NUL"]),
+        ("store: sqlite://x.db\n", ["store", "sqlite:///"]),
+        ("store: mysql://u:pw@h/db\n", ["store", "unsupported"]),
+        ("busy_timeout_seconds: 3000000\n", ["busy_timeout_seconds", "2147483"]),
+        ("store: a.db\nstore: b.db\n", ["duplicate key", "'store'", "line 1"]),
+        ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
+        ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
+        ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
+    ],
+)
 def test_check_config_refuses_what_the_worker_would_refuse(
     tmp_path: Path, text: str, words: list[str]
 ) -> None:
@@ -475,8 +518,9 @@ def test_check_config_refuses_what_the_worker_would_refuse(
 
 
 def test_a_config_path_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
-    assert_one_line_error(run_cli("check-config", "/dev/zero"), 2, "/dev/zero",
-                          "not a regular file")
+    assert_one_line_error(
+        run_cli("check-config", "/dev/zero"), 2, "/dev/zero", "not a regular file"
+    )
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
     assert_one_line_error(run_cli("check-config", str(big)), 2, "larger than")
@@ -518,11 +562,8 @@ async def test_a_result_built_by_hand_with_nul_is_recorded_too(
 
 
 @pytest.mark.anyio
-async def test_an_argv_the_os_refuses_dead_letters_at_once(
-    store: SQLiteStore, raw: RawDB
-) -> None:
-    big = await enqueue_dispatch(store, kind="k", deliver_to="seat",
-                                 body={"blob": "x" * 200_000})
+async def test_an_argv_the_os_refuses_dead_letters_at_once(store: SQLiteStore, raw: RawDB) -> None:
+    big = await enqueue_dispatch(store, kind="k", deliver_to="seat", body={"blob": "x" * 200_000})
     huge_kind = await enqueue_dispatch(store, kind="k" * 200_000, deliver_to="seat")
     counts = await deliver_due_dispatches(store, notify_template=["true", "{payload}"])
     assert counts["dead_letter"] == 2 and counts["retried"] == 0
@@ -544,8 +585,13 @@ async def test_a_body_over_the_limit_is_refused_naming_its_size_and_writes_nothi
         with pytest.raises(ValueError, match=too_big):
             await enqueue_dispatch(db, kind="k", deliver_to="seat", body={"b": "x" * 1000})
         with pytest.raises(ValueError, match="item 1: body is more than 1,000 bytes"):
-            await enqueue_many(db, [{"kind": "k", "deliver_to": "s"},
-                                    {"kind": "k", "deliver_to": "s", "body": {"b": "é" * 2000}}])
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "k", "deliver_to": "s"},
+                    {"kind": "k", "deliver_to": "s", "body": {"b": "é" * 2000}},
+                ],
+            )
         async with db.transaction() as tx:
             with pytest.raises(ValueError, match="over the limit"):
                 await enqueue_dispatch(tx, kind="k", deliver_to="s", body={"b": "x" * 2000})
@@ -553,8 +599,7 @@ async def test_a_body_over_the_limit_is_refused_naming_its_size_and_writes_nothi
     assert raw.counts() == (1, 1)
     async with open_store(db_target) as db:  # the default: 1 MiB
         with pytest.raises(ValueError, match="over the limit of 1,048,576 bytes"):
-            await enqueue_dispatch(db, kind="k", deliver_to="seat",
-                                   body={"b": "x" * (1024 * 1024)})
+            await enqueue_dispatch(db, kind="k", deliver_to="seat", body={"b": "x" * (1024 * 1024)})
 
 
 # -- 6. options cannot be smuggled in; 7. the child's environment ----------------------
@@ -578,8 +623,10 @@ async def test_a_route_like_an_option_reaches_the_destination_as_a_route(
     script.write_text(ARGPARSE_DESTINATION)
     received = tmp_path / "received"
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="--help")
-    transport = CommandTransport([sys.executable, str(script), "--", "{deliver_to}"],
-                                 env={**os.environ, "RECEIVED": str(received)})
+    transport = CommandTransport(
+        [sys.executable, str(script), "--", "{deliver_to}"],
+        env={**os.environ, "RECEIVED": str(received)},
+    )
     counts = await deliver_due_dispatches(store, transport=transport)
     assert counts["delivered"] == 1
     assert received.read_text() == "--help\n"
@@ -610,7 +657,7 @@ async def test_the_example_configuration_delivers_a_route_like_an_option_as_a_ro
 
 
 def test_check_config_warns_about_option_like_placeholders_and_payload_in_argv(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     risky = ["python3", "notify.py", "{deliver_to}", "{payload}"]
     warnings = template_warnings(risky)
@@ -626,25 +673,37 @@ def test_check_config_warns_about_option_like_placeholders_and_payload_in_argv(
 
 ENV_DUMP = "import json, os, sys\njson.dump(dict(os.environ), open(sys.argv[1], 'w'))\n"
 SECRETS = {
-    "AWS_SECRET_ACCESS_KEY": "aws", "PGPASSWORD": "pg", "GITHUB_TOKEN": "gh",
-    "DATABASE_URL": "postgresql://app:hunter2@db/app", "STRIPE_API_KEY": "sk",
-    "SSH_AUTH_SOCK": "/tmp/agent", "SERVICE_DSN": "x", "MY_PRIVATE_KEY": "k",
+    "AWS_SECRET_ACCESS_KEY": "aws",
+    "PGPASSWORD": "pg",
+    "GITHUB_TOKEN": "gh",
+    "DATABASE_URL": "postgresql://app:hunter2@db/app",
+    "STRIPE_API_KEY": "sk",
+    "SSH_AUTH_SOCK": "/tmp/agent",
+    "SERVICE_DSN": "x",
+    "MY_PRIVATE_KEY": "k",
     "UPSTREAM": "https://user:pw@example.com/",
     "MY_DB": "postgresql://u@h/db?password=x",
 }
-HARMLESS = {"LANG": "C.UTF-8", "MY_SETTING": "1", "GIT_AUTHOR_NAME": "ada",
-            "REPORT_URL": "https://example.com/report", "PWD": "/srv", "OLDPWD": "/"}
+HARMLESS = {
+    "LANG": "C.UTF-8",
+    "MY_SETTING": "1",
+    "GIT_AUTHOR_NAME": "ada",
+    "REPORT_URL": "https://example.com/report",
+    "PWD": "/srv",
+    "OLDPWD": "/",
+}
 
 
 async def child_env(tmp_path: Path, environment: ChildEnvironment | None) -> dict[str, str]:
     script = tmp_path / "env.py"
     script.write_text(ENV_DUMP)
     out = tmp_path / "env.json"
-    transport = CommandTransport([sys.executable, str(script), str(out)],
-                                 env={**os.environ, **SECRETS, **HARMLESS},
-                                 child_env=environment)
-    delivery = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="r", attempt=2,
-                        payload="{}")
+    transport = CommandTransport(
+        [sys.executable, str(script), str(out)],
+        env={**os.environ, **SECRETS, **HARMLESS},
+        child_env=environment,
+    )
+    delivery = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="r", attempt=2, payload="{}")
     assert (await transport(delivery)).ok
     env: dict[str, str] = json.loads(out.read_text())
     return env
@@ -660,11 +719,10 @@ async def test_the_child_gets_no_secret_looking_variable_by_default(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_an_allow_list_passes_exactly_its_names_and_inherit_passes_all(
-    tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     allowed = await child_env(tmp_path, ChildEnvironment(allow=("GITHUB_TOKEN", "LANG")))
-    assert {k for k in allowed if not k.startswith("TRIO_DISPATCH_")} == {"GITHUB_TOKEN",
-                                                                           "LANG"}
+    assert {k for k in allowed if not k.startswith("TRIO_DISPATCH_")} == {"GITHUB_TOKEN", "LANG"}
     everything = await child_env(tmp_path, ChildEnvironment(inherit=True))
     assert set(SECRETS) | set(HARMLESS) <= set(everything)
 
@@ -708,8 +766,9 @@ async def test_a_hostile_kind_cannot_forge_a_log_line(
 def test_ls_show_and_history_print_escapes_not_control_characters(db_path: Path) -> None:
     async def build() -> str:
         async with open_store(db_path) as db:
-            dispatch_id = await enqueue_dispatch(db, kind=HOSTILE_KIND, deliver_to="seat\u202e",
-                                                 body={"t": "\x1b]0;title\x07\u2028"})
+            dispatch_id = await enqueue_dispatch(
+                db, kind=HOSTILE_KIND, deliver_to="seat\u202e", body={"t": "\x1b]0;title\x07\u2028"}
+            )
 
             async def fail(delivery: Delivery) -> TransportResult:
                 return TransportResult.failure("boom\x1b[2J\r\nnext")
@@ -790,11 +849,18 @@ def test_a_callable_raising_system_exit_fails_its_attempt_and_the_worker_goes_on
     # In a child process: an escaping SystemExit would take pytest with it.
     script = tmp_path / "quit.py"
     script.write_text(SYSTEM_EXIT_WORKER)
-    done = subprocess.run([sys.executable, str(script), str(db_path), backend],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(script), str(db_path), backend],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["pending SystemExit: 3", "pending GeneratorExit",
-                                        "delivered None"]
+    assert done.stdout.splitlines() == [
+        "pending SystemExit: 3",
+        "pending GeneratorExit",
+        "delivered None",
+    ]
 
 
 # -- 12. the engines answer alike -----------------------------------------------------
@@ -807,9 +873,11 @@ async def test_a_question_mark_inside_a_quoted_literal_is_not_a_placeholder(
     async with store.transaction() as tx:
         await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('what?', ?)", (1.5,))
         await tx.execute(
-            "INSERT INTO sessions (id, created_at) VALUES (? || '-50%', 2) /* why? */", ("x",))
-        rows = await tx.query("SELECT id FROM sessions WHERE id LIKE '%?' OR id = ? "
-                              "ORDER BY id", ("x-50%",))
+            "INSERT INTO sessions (id, created_at) VALUES (? || '-50%', 2) /* why? */", ("x",)
+        )
+        rows = await tx.query(
+            "SELECT id FROM sessions WHERE id LIKE '%?' OR id = ? ORDER BY id", ("x-50%",)
+        )
     assert [r["id"] for r in rows] == ["what?", "x-50%"]
     assert raw.scalar("SELECT created_at FROM sessions WHERE id = 'what?'") == 1.5
 
@@ -861,14 +929,14 @@ async def test_an_ack_token_echoed_by_a_destination_never_reaches_error_history_
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", ack_required=True)
     token = str(raw.row(dispatch_id)["ack_token"])
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, notify_template=[sys.executable, str(script)],
-                                tick_seconds=3600)
+        worker = DispatchWorker(
+            store, notify_template=[sys.executable, str(script)], tick_seconds=3600
+        )
         await tg.start(worker.run)
         await wait_for(lambda: worker.counts["retried"] == 1)
         tg.cancel_scope.cancel()
     row = raw.row(dispatch_id)
-    assert "refused: {" in str(row["last_error"]) and '"ack_token": "***"' in str(
-        row["last_error"])
+    assert "refused: {" in str(row["last_error"]) and '"ack_token": "***"' in str(row["last_error"])
     history = json.dumps(raw.transitions(dispatch_id))
     assert token not in str(row["last_error"]) and token not in history
     assert token not in caplog.text

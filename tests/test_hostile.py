@@ -208,9 +208,36 @@ def deep(depth: int) -> Deep:
 
 SURROGATES = st.sampled_from(["\ud800", "\udbff", "\udc00", "\udfff", "\udc80"])
 NASTY_SNIPPETS = (
-    "", " ", "\t", "\x00", "\n", "\r\n", "\x1b[31m", "\x7f", "\x85", "\u2028", "\ufeff",
-    "\u200b", "$(touch x)", "`id`", "; rm -rf ~", "| cat", "&&", ">", "<", "'", '"', "*",
-    "~", "{payload}", "{deliver_to}", "%s", "\\", "\u00e9", "\u2603", "\U0001f600",
+    "",
+    " ",
+    "\t",
+    "\x00",
+    "\n",
+    "\r\n",
+    "\x1b[31m",
+    "\x7f",
+    "\x85",
+    "\u2028",
+    "\ufeff",
+    "\u200b",
+    "$(touch x)",
+    "`id`",
+    "; rm -rf ~",
+    "| cat",
+    "&&",
+    ">",
+    "<",
+    "'",
+    '"',
+    "*",
+    "~",
+    "{payload}",
+    "{deliver_to}",
+    "%s",
+    "\\",
+    "\u00e9",
+    "\u2603",
+    "\U0001f600",
 )
 hostile_text = st.lists(
     st.one_of(
@@ -221,8 +248,9 @@ hostile_text = st.lists(
     max_size=4,
 ).map("".join)
 huge_ints = st.one_of(
-    st.sampled_from([2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**300,
-                     10**400, -(10**400)]),
+    st.sampled_from(
+        [2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**64, 10**300, 10**400, -(10**400)]
+    ),
     # Past Python's int-to-str digit limit: repr() of these raises. Built
     # lazily, because hypothesis reprs the elements of sampled_from.
     st.builds(lambda: 10**5000),
@@ -336,8 +364,13 @@ def enqueue_arguments(draw: st.DrawFn) -> dict[str, Any]:
 
 
 BATCH_BODIES: tuple[dict[Any, Any] | None, ...] = (
-    None, {}, {"a": 1}, {"text": "$(touch x); rm -rf ~\n"}, {"nul": "a\x00b", "snow": "\u2603"},
-    {"nested": {"list": [1, "two", None, 3.5, {"deep": [True]}]}}, {"1": (1, 2), 2: "int key"},
+    None,
+    {},
+    {"a": 1},
+    {"text": "$(touch x); rm -rf ~\n"},
+    {"nul": "a\x00b", "snow": "\u2603"},
+    {"nested": {"list": [1, "two", None, 3.5, {"deep": [True]}]}},
+    {"1": (1, 2), 2: "int key"},
 )
 batch_items = st.fixed_dictionaries(
     {
@@ -360,8 +393,16 @@ each value is property (a)'s job; batches are about atomicity)."""
 CORRUPTIONS: dict[str, tuple[object, ...]] = {
     "kind": ("", "   ", "a\x00b", "\ud800", None, 5, b"k", ["k"]),
     "deliver_to": ("", " \t ", "a\nb", "seat\x00", "\x1b[0m", "\udfff", b"seat", None),
-    "body": ([1], "text", b"{}", {"s": {1}}, {"x": math.nan}, {"o": Opaque()}, {(1, 2): 1},
-             {"b": b"\xff"}),
+    "body": (
+        [1],
+        "text",
+        b"{}",
+        {"s": {1}},
+        {"x": math.nan},
+        {"o": Opaque()},
+        {(1, 2): 1},
+        {"b": b"\xff"},
+    ),
     "dedup_key": ("", 7, b"k", "k\x00"),
     "ack_required": (1, "yes", None),
     "max_attempts": (0, -1, 2.0, True, "8", None),
@@ -521,8 +562,9 @@ encoding_cases = st.one_of(
     # NUL is fine inside body text: JSON escapes it.
     st.tuples(
         st.just("body"),
-        st.one_of(st.builds(lambda v: {"text": v}, with_nul),
-                  st.builds(lambda k: {k: [k]}, with_nul)),
+        st.one_of(
+            st.builds(lambda v: {"text": v}, with_nul), st.builds(lambda k: {k: [k]}, with_nul)
+        ),
         st.none(),
     ),
 )
@@ -568,9 +610,9 @@ def test_max_attempts_beyond_the_database_integer_range_is_stored_or_refused_by_
     bridge: Bridge, value: int
 ) -> None:
     before = bridge.counts()
-    result = outcome(lambda: bridge.call(
-        enqueue_dispatch, kind="k", deliver_to="seat", max_attempts=value
-    ))
+    result = outcome(
+        lambda: bridge.call(enqueue_dispatch, kind="k", deliver_to="seat", max_attempts=value)
+    )
     if isinstance(result, BaseException):
         assert "max_attempts" in str(result)
         assert bridge.counts() == before
@@ -579,8 +621,10 @@ def test_max_attempts_beyond_the_database_integer_range_is_stored_or_refused_by_
 
 
 def test_enqueue_many_names_the_item_with_an_out_of_range_max_attempts(bridge: Bridge) -> None:
-    items = [{"kind": "k", "deliver_to": "a"}, {"kind": "k", "deliver_to": "b",
-                                                "max_attempts": 2**63}]
+    items = [
+        {"kind": "k", "deliver_to": "a"},
+        {"kind": "k", "deliver_to": "b", "max_attempts": 2**63},
+    ]
     with pytest.raises((TypeError, ValueError), match=r"^item 1: .*max_attempts"):
         bridge.call(enqueue_many, items=items)
     assert bridge.counts() == (0, 0)
@@ -590,8 +634,11 @@ def test_enqueue_many_names_the_item_with_an_out_of_range_max_attempts(bridge: B
 def test_enqueue_many_names_the_item_with_an_unknown_provenance_link(
     bridge: Bridge, column: str
 ) -> None:
-    items = [{"kind": "k", "deliver_to": "a"}, {"kind": "k", "deliver_to": "b"},
-             {"kind": "k", "deliver_to": "c", column: "ghost"}]
+    items = [
+        {"kind": "k", "deliver_to": "a"},
+        {"kind": "k", "deliver_to": "b"},
+        {"kind": "k", "deliver_to": "c", column: "ghost"},
+    ]
     with pytest.raises(ValueError, match=rf"^item 2: {column} 'ghost' does not exist"):
         bridge.call(enqueue_many, items=items)
     assert bridge.counts() == (0, 0)
@@ -608,8 +655,15 @@ def test_enqueue_many_names_the_item_with_an_unknown_provenance_link(
         ("body", nested(5000), ValueError),
         ("body", {"deep": [nested(2000)]}, ValueError),
     ],
-    ids=["kind-huge-int", "route-list-of-huge-int", "max-attempts-huge-negative",
-         "body-huge-int", "route-deep-dict", "body-deep-dict", "body-deep-list"],
+    ids=[
+        "kind-huge-int",
+        "route-list-of-huge-int",
+        "max-attempts-huge-negative",
+        "body-huge-int",
+        "route-deep-dict",
+        "body-deep-dict",
+        "body-deep-list",
+    ],
 )
 def test_a_value_without_a_printable_repr_is_still_refused_by_name(
     bridge: Bridge, name: str, value: object, expected: type[Exception]
@@ -662,8 +716,10 @@ async def test_a_one_mebibyte_body_with_a_set_deep_inside_is_a_value_error_writi
     with pytest.raises(ValueError, match="body"):
         await enqueue_dispatch(store, kind="big", deliver_to="seat", body=body)
     with pytest.raises(ValueError, match=r"^item 1: body"):
-        await enqueue_many(store, [{"kind": "k", "deliver_to": "a"},
-                                   {"kind": "big", "deliver_to": "seat", "body": body}])
+        await enqueue_many(
+            store,
+            [{"kind": "k", "deliver_to": "a"}, {"kind": "big", "deliver_to": "seat", "body": body}],
+        )
     assert raw.counts() == (0, 0)
 
 
@@ -696,8 +752,7 @@ async def test_a_one_mebibyte_payload_in_argv_is_a_recorded_failure_not_a_crash(
     )
     template = [sys.executable, "-I", "-S", "-c", "pass", "{payload}"]
     counts = await deliver_due_dispatches(store, notify_template=template)
-    assert counts == {"attempted": 1, "delivered": 0, "dead_letter": 1, "expired": 0,
-                      "retried": 0}
+    assert counts == {"attempted": 1, "delivered": 0, "dead_letter": 1, "expired": 0, "retried": 0}
     row = raw.row(dispatch_id)
     assert row["status"] == "dead_letter"
     assert str(row["last_error"]).startswith("cannot execute")
@@ -707,13 +762,25 @@ async def test_a_one_mebibyte_payload_in_argv_is_a_recorded_failure_not_a_crash(
 
 TOKENS = ("{payload}", "{deliver_to}")
 NEAR_TOKENS = (
-    "x{payload}", "{payload} ", " {payload}", "{PAYLOAD}", "{payload}}", "{{payload}}",
-    "{ payload }", "{deliver_to}x", "{Deliver_To}", "{deliver-to}", "$payload", "{payload",
-    "payload}", "{}", "{payload}{deliver_to}", "{payload}\x00", "{payload}\n",
+    "x{payload}",
+    "{payload} ",
+    " {payload}",
+    "{PAYLOAD}",
+    "{payload}}",
+    "{{payload}}",
+    "{ payload }",
+    "{deliver_to}x",
+    "{Deliver_To}",
+    "{deliver-to}",
+    "$payload",
+    "{payload",
+    "payload}",
+    "{}",
+    "{payload}{deliver_to}",
+    "{payload}\x00",
+    "{payload}\n",
 )
-template_elements = st.one_of(
-    st.sampled_from(TOKENS), st.sampled_from(NEAR_TOKENS), hostile_text
-)
+template_elements = st.one_of(st.sampled_from(TOKENS), st.sampled_from(NEAR_TOKENS), hostile_text)
 
 
 def encodes(text: str) -> bool:
@@ -774,8 +841,15 @@ invalid_templates = st.one_of(
     st.builds(
         with_a_non_str,
         st.lists(template_elements, max_size=5),
-        st.one_of(st.none(), st.integers(), st.binary(), st.lists(st.text(), max_size=2),
-                  st.tuples(st.text()), st.builds(Opaque), any_floats),
+        st.one_of(
+            st.none(),
+            st.integers(),
+            st.binary(),
+            st.lists(st.text(), max_size=2),
+            st.tuples(st.text()),
+            st.builds(Opaque),
+            any_floats,
+        ),
         st.integers(0, 5),
     ),
     st.builds(lambda n: ["x"] * n + [None], st.integers(10_000, 100_000)),
@@ -794,7 +868,10 @@ def test_command_transport_with_an_invalid_template_reports_failure_and_never_ra
     transport = CommandTransport(template)  # type: ignore[arg-type]
     assert transport.template is None
     delivery = Delivery(
-        dispatch_id="d", kind="k", deliver_to=route, attempt=1,
+        dispatch_id="d",
+        kind="k",
+        deliver_to=route,
+        attempt=1,
         payload=json.dumps({"cmd": f"$(touch {canary}); touch {canary}"}),
     )
     result = portal.call(transport, delivery)
@@ -805,11 +882,42 @@ def test_command_transport_with_an_invalid_template_reports_failure_and_never_ra
 
 def shell_pieces(canary: Path) -> list[str]:
     return [
-        f"touch {canary}", f"$(touch {canary})", f"`touch {canary}`", f"; touch {canary}",
-        f"| touch {canary}", f"&& touch {canary}", f"|| touch {canary}", f"> {canary}",
-        f">> {canary}", f"$(echo > {canary})", f"'; touch {canary}; '", f'"; touch {canary}; "',
-        f"%0atouch {canary}", "${IFS}", "$HOME", "~", "~root", "*", "?", "[a-z]", "!", "#",
-        "\\", "'", '"', "&", "|", ";", "(", ")", "{", "}", "<", ">", " ", "{payload}",
+        f"touch {canary}",
+        f"$(touch {canary})",
+        f"`touch {canary}`",
+        f"; touch {canary}",
+        f"| touch {canary}",
+        f"&& touch {canary}",
+        f"|| touch {canary}",
+        f"> {canary}",
+        f">> {canary}",
+        f"$(echo > {canary})",
+        f"'; touch {canary}; '",
+        f'"; touch {canary}; "',
+        f"%0atouch {canary}",
+        "${IFS}",
+        "$HOME",
+        "~",
+        "~root",
+        "*",
+        "?",
+        "[a-z]",
+        "!",
+        "#",
+        "\\",
+        "'",
+        '"',
+        "&",
+        "|",
+        ";",
+        "(",
+        ")",
+        "{",
+        "}",
+        "<",
+        ">",
+        " ",
+        "{payload}",
         "{deliver_to}",
     ]
 
@@ -818,9 +926,11 @@ def shell_pieces(canary: Path) -> list[str]:
 def shell_text(draw: st.DrawFn, canary: Path, *, newlines: bool) -> str:
     pieces = shell_pieces(canary) + (["\n", "\r\n", "\n\n"] if newlines else [])
     chars = plain_chars if newlines else route_chars
-    parts = draw(st.lists(
-        st.one_of(st.sampled_from(pieces), st.text(chars, max_size=6)), min_size=1, max_size=6
-    ))
+    parts = draw(
+        st.lists(
+            st.one_of(st.sampled_from(pieces), st.text(chars, max_size=6)), min_size=1, max_size=6
+        )
+    )
     return "".join(parts)
 
 
@@ -835,14 +945,25 @@ def test_routes_and_bodies_full_of_shell_syntax_reach_the_transport_verbatim(
     results = tmp_path / "received.json"
     route = data.draw(shell_text(canary, newlines=False).filter(lambda t: t.strip() != ""))
     kind = data.draw(shell_text(canary, newlines=False).filter(lambda t: t.strip() != ""))
-    body = data.draw(st.dictionaries(
-        st.one_of(st.sampled_from(shell_pieces(canary)), st.text(max_size=5)),
-        shell_text(canary, newlines=True),
-        max_size=4,
-    ))
+    body = data.draw(
+        st.dictionaries(
+            st.one_of(st.sampled_from(shell_pieces(canary)), st.text(max_size=5)),
+            shell_text(canary, newlines=True),
+            max_size=4,
+        )
+    )
     dispatch_id = bridge.call(enqueue_dispatch, kind=kind, deliver_to=route, body=body)
-    template = [sys.executable, "-I", "-S", "-c", RECORDER, str(results), "{deliver_to}",
-                "x{payload}", "{PAYLOAD}"]
+    template = [
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        RECORDER,
+        str(results),
+        "{deliver_to}",
+        "x{payload}",
+        "{PAYLOAD}",
+    ]
     if payload_in_argv:
         template.append("{payload}")
 
@@ -876,8 +997,7 @@ def yaml_tags(canary: Path) -> list[str]:
         f"!!python/object/apply:subprocess.call [[touch, {target}]]",
         f"!!python/object/apply:builtins.open [{target}, w]",
         f"!!python/object/new:builtins.open [{target}, w]",
-        f"!!python/object/apply:pathlib.Path.touch [!!python/object/apply:pathlib.Path "
-        f"[{target}]]",
+        f"!!python/object/apply:pathlib.Path.touch [!!python/object/apply:pathlib.Path [{target}]]",
         "!!python/name:os.system",
         "!!python/module:os",
         "!!python/object:builtins.object {}",
@@ -905,8 +1025,25 @@ yaml_scalars = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),
     st.floats(),
     st.text(yaml_text_chars, max_size=12),
-    st.sampled_from(["full", "normal", "INFO", "debug", "outbox.db", "sqlite:///x.db", "0x10",
-                     "1:30", "~", "yes", "no", "on", ".inf", "-.nan", "2024-01-01"]),
+    st.sampled_from(
+        [
+            "full",
+            "normal",
+            "INFO",
+            "debug",
+            "outbox.db",
+            "sqlite:///x.db",
+            "0x10",
+            "1:30",
+            "~",
+            "yes",
+            "no",
+            "on",
+            ".inf",
+            "-.nan",
+            "2024-01-01",
+        ]
+    ),
 )
 yaml_values = st.one_of(
     yaml_scalars,
@@ -982,18 +1119,22 @@ def yaml_documents(draw: st.DrawFn, canary: Path) -> bytes:
         scalar = "0x" + "f" * draw(st.integers(3600, 3700))
     else:
         scalar = draw(st.sampled_from(yaml_tags(canary)))
-    line = draw(st.sampled_from([
-        "{s}\n",
-        "store: {s}\n",
-        "log_level: {s}\n",
-        "dispatch:\n  notify_template: {s}\n",
-        "dispatch:\n  notify_template: [python3, {s}]\n",
-        "worker:\n  concurrency: {s}\n",
-        "worker:\n  tick_seconds: {s}\n",
-        "{s}: 1\n",
-        "? {s}\n: 1\n",
-        "- {s}\n",
-    ]))
+    line = draw(
+        st.sampled_from(
+            [
+                "{s}\n",
+                "store: {s}\n",
+                "log_level: {s}\n",
+                "dispatch:\n  notify_template: {s}\n",
+                "dispatch:\n  notify_template: [python3, {s}]\n",
+                "worker:\n  concurrency: {s}\n",
+                "worker:\n  tick_seconds: {s}\n",
+                "{s}: 1\n",
+                "? {s}\n: 1\n",
+                "- {s}\n",
+            ]
+        )
+    )
     text = line.format(s=scalar)
     return (text if draw(st.booleans()) else dumped + text).encode("utf-8")
 
@@ -1054,8 +1195,10 @@ def test_any_mapping_parses_or_is_refused_with_a_one_line_config_error_naming_th
         assert_one_line_naming(message, "cfg.yaml")
         paths = key_paths(data)
         # A long key may be shown cut short (``'abc...xyz'``): its start counts.
-        assert paths is None or "top level" in message or any(
-            path in message or repr(path)[:24] in message for path in paths
+        assert (
+            paths is None
+            or "top level" in message
+            or any(path in message or repr(path)[:24] in message for path in paths)
         ), f"names no key: {message!r}"
     else:
         assert isinstance(config, Config)
@@ -1080,8 +1223,16 @@ int-to-str digit limit, so a file can hold one."""
         (f"? {HUGE_HEX}\n: 1\n", "unknown key"),  # explicit key: it is over 1024 chars
         (f"worker:\n  ? {HUGE_HEX}\n  : 1\n", "unknown key"),
     ],
-    ids=["store", "log_level", "tick_seconds", "retry_jitter", "timeout_seconds",
-         "notify_template", "top-level-key", "worker-key"],
+    ids=[
+        "store",
+        "log_level",
+        "tick_seconds",
+        "retry_jitter",
+        "timeout_seconds",
+        "notify_template",
+        "top-level-key",
+        "worker-key",
+    ],
 )
 def test_a_huge_hex_integer_in_the_config_is_a_one_line_config_error(
     tmp_path: Path, text: str, key: str

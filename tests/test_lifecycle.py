@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -28,7 +30,7 @@ from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import Delivery
 
 if TYPE_CHECKING:
-    from conftest import RawDB
+    from .conftest import RawDB
 
 STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
 
@@ -99,6 +101,38 @@ async def test_reason_codes_equal_the_spec_table() -> None:
 async def test_status_set_and_edge_set_equal_the_spec() -> None:
     assert lc.STATUSES == frozenset(STATUSES)
     assert lc.EDGES == frozenset(SPEC_EDGES)
+
+
+async def test_every_member_is_documented_and_the_sql_vocabulary_comes_from_the_enums() -> None:
+    for enum_class in (lc.Status, lc.Reason, lc.Source):
+        assert enum_class.__doc__
+    source = Path(lc.__file__).read_text()
+    for member in (*lc.Status, *lc.Reason, *lc.Source):  # a docstring under each member
+        assert re.search(rf'= "{re.escape(member.value)}"\n\s+"""', source), member
+    assert set(lc.DUE_STATUSES) | set(lc.FINISHED_STATUSES) == lc.STATUSES
+    assert not set(lc.DUE_STATUSES) & set(lc.FINISHED_STATUSES)
+
+
+@pytest.mark.sqlite_only
+async def test_the_schema_check_and_partial_indexes_list_exactly_the_enum_statuses(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ddl = {
+        row["name"]: row["sql"]
+        for row in raw.rows("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL")
+    }
+    check = re.search(r"CHECK \(status IN \(([^)]*)\)\)", ddl["dispatch_outbox"])
+    assert check is not None
+    assert {part.strip().strip("'") for part in check.group(1).split(",")} == lc.STATUSES
+    due = re.search(r"WHERE (.*)$", ddl["ix_dispatch_outbox_status_next_attempt"].strip())
+    finished = re.search(r"WHERE (.*)$", ddl["ix_dispatch_outbox_finished_age"].strip())
+    assert due is not None and due.group(1) == lc.DUE_SQL
+    assert finished is not None and finished.group(1) == lc.FINISHED_SQL
+    for status in STATUSES:  # the database itself refuses anything else
+        raw.execute("UPDATE dispatch_outbox SET status = ? WHERE 0", (status,))
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    with pytest.raises(raw.error):
+        raw.execute("UPDATE dispatch_outbox SET status = 'lost' WHERE id = ?", (dispatch_id,))
 
 
 @pytest.mark.parametrize(("from_status", "to_status"), list(itertools.product(STATUSES, STATUSES)))
@@ -238,7 +272,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     # Path-specific transitions.
     def reasons(dispatch_id: str) -> list[tuple[str | None, str, str]]:
         return [
-            (t["previous_status"], str(t["status"]), str(t["reason_code"]))  # type: ignore[misc]
+            (t["previous_status"], str(t["status"]), str(t["reason_code"]))
             for t in raw.transitions(dispatch_id)
         ]
 

@@ -32,7 +32,7 @@ from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import Delivery, TransportResult
 
 if TYPE_CHECKING:
-    from conftest import RawDB
+    from .conftest import RawDB
 
 pytestmark = pytest.mark.anyio
 

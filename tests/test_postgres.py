@@ -20,37 +20,86 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     columns = raw.rows(
         "SELECT column_name, data_type, is_nullable, column_default FROM "
         "information_schema.columns WHERE table_name = 'dispatch_outbox' "
-        "ORDER BY ordinal_position")
+        "ORDER BY ordinal_position"
+    )
     assert [c["column_name"] for c in columns] == [
-        "id", "kind", "deliver_to", "payload", "dedup_key", "status", "attempt",
-        "max_attempts", "next_attempt_at", "ack_required", "ack_token", "session_id",
-        "schedule_run_id", "last_error", "created_at", "expires_at", "updated_at"]
+        "id",
+        "kind",
+        "deliver_to",
+        "payload",
+        "dedup_key",
+        "status",
+        "attempt",
+        "max_attempts",
+        "next_attempt_at",
+        "ack_required",
+        "ack_token",
+        "session_id",
+        "schedule_run_id",
+        "last_error",
+        "created_at",
+        "expires_at",
+        "updated_at",
+    ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
     not_null = {c["column_name"] for c in columns if c["is_nullable"] == "NO"}
-    assert not_null == {"id", "kind", "deliver_to", "payload", "status", "attempt",
-                        "max_attempts", "next_attempt_at", "ack_required", "created_at"}
+    assert not_null == {
+        "id",
+        "kind",
+        "deliver_to",
+        "payload",
+        "status",
+        "attempt",
+        "max_attempts",
+        "next_attempt_at",
+        "ack_required",
+        "created_at",
+    }
     defaults = {c["column_name"]: c["column_default"] for c in columns if c["column_default"]}
-    assert defaults == {"status": "'pending'::text", "attempt": "0", "max_attempts": "8",
-                        "ack_required": "0"}
-    indexes = {r["indexname"]: r["indexdef"] for r in raw.rows(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dispatch_outbox'")}
+    assert defaults == {
+        "status": "'pending'::text",
+        "attempt": "0",
+        "max_attempts": "8",
+        "ack_required": "0",
+    }
+    indexes = {
+        r["indexname"]: r["indexdef"]
+        for r in raw.rows(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'dispatch_outbox'"
+        )
+    }
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
     assert "(status, next_attempt_at, created_at)" in due
     assert "pending" in due and "delivering" in due
-    checks = [r["def"] for r in raw.rows(
-        "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
-        "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'c'")]
+    checks = [
+        r["def"]
+        for r in raw.rows(
+            "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
+            "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'c'"
+        )
+    ]
     assert any("dead_letter" in c and "expired" in c for c in checks)
-    fks = {r["def"] for r in raw.rows(
-        "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
-        "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'f'")}
-    assert fks == {"FOREIGN KEY (session_id) REFERENCES sessions(id)",
-                   "FOREIGN KEY (schedule_run_id) REFERENCES schedule_runs(id)"}
-    assert raw.rows("SELECT conname FROM pg_constraint WHERE "
-                    "conrelid = 'status_transitions'::regclass AND contype = 'f'") == []
+    fks = {
+        r["def"]
+        for r in raw.rows(
+            "SELECT pg_get_constraintdef(oid) AS def FROM pg_constraint "
+            "WHERE conrelid = 'dispatch_outbox'::regclass AND contype = 'f'"
+        )
+    }
+    assert fks == {
+        "FOREIGN KEY (session_id) REFERENCES sessions(id)",
+        "FOREIGN KEY (schedule_run_id) REFERENCES schedule_runs(id)",
+    }
+    assert (
+        raw.rows(
+            "SELECT conname FROM pg_constraint WHERE "
+            "conrelid = 'status_transitions'::regclass AND contype = 'f'"
+        )
+        == []
+    )
     assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION
 
 
@@ -86,8 +135,12 @@ async def test_concurrent_claims_from_two_hosts_never_overlap(
     every = [i for part in claimed for i in part]
     assert len(every) == len(set(every)) == 400
     assert sum(1 for part in claimed if part) >= 2  # the work really was shared
-    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering' "
-                      "AND attempt = 1") == 400
+    assert (
+        raw.scalar(
+            "SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering' AND attempt = 1"
+        )
+        == 400
+    )
 
 
 async def test_reads_run_concurrently_on_the_pool(store: SQLiteStore) -> None:

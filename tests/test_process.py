@@ -20,8 +20,7 @@ from trio_dispatch.transports import CommandTransport, Delivery
 from trio_dispatch.transports.process import lifeline_pid
 
 from .conftest import RawDB
-from .helpers import process_gone, wait_for
-from .test_worker_process import write_config
+from .helpers import process_gone, wait_for, write_config
 
 LAUNCHERS = ["setpriv", "preexec"]
 
@@ -39,20 +38,26 @@ def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 def start_worker_with(config: Path, launcher: str) -> subprocess.Popen[str]:
     """`trio-dispatch --config CONFIG worker` in a real process whose children
     get their parent-death signal the way ``launcher`` says."""
-    code = ("import sys, trio_dispatch.transports.process as p\n"
-            f"p.PDEATHSIG_LAUNCHER = {launcher!r}\n"
-            "from trio_dispatch.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+    code = (
+        "import sys, trio_dispatch.transports.process as p\n"
+        f"p.PDEATHSIG_LAUNCHER = {launcher!r}\n"
+        "from trio_dispatch.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
     return subprocess.Popen(
         [sys.executable, "-c", code, "--config", str(config), "worker"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
 def children_of(pid: int, needle: str) -> list[int]:
-    found = subprocess.run(["pgrep", "-P", str(pid), "-f", needle], capture_output=True,
-                           text=True).stdout.split()
+    found = subprocess.run(
+        ["pgrep", "-P", str(pid), "-f", needle], capture_output=True, text=True
+    ).stdout.split()
     return [int(child) for child in found]
+
 
 FAMILY_SCRIPT = """
 import os, subprocess, sys, time
@@ -82,8 +87,9 @@ async def test_a_sigkilled_worker_takes_its_transport_child_and_grandchild_with_
     script = tmp_path / "family.py"
     script.write_text(FAMILY_SCRIPT)
     pids_file = tmp_path / "pids"
-    config = write_config(tmp_path, db_path, [sys.executable, str(script), str(pids_file)],
-                          timeout=60)
+    config = write_config(
+        tmp_path, db_path, [sys.executable, str(script), str(pids_file)], timeout=60
+    )
     async with open_store(db_path) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
     if launcher == "setpriv" and process._find_setpriv() is None:
@@ -98,7 +104,8 @@ async def test_a_sigkilled_worker_takes_its_transport_child_and_grandchild_with_
         killed_at = time.monotonic()
         assert gone_within(child, 1.0), "the transport child outlived its SIGKILLed worker"
         assert gone_within(grandchild, 1.0 - (time.monotonic() - killed_at) + 0.2), (
-            "the transport's own child outlived the SIGKILLed worker")
+            "the transport's own child outlived the SIGKILLed worker"
+        )
     finally:
         worker.kill()
         for pid in (child, grandchild) if pids_file.exists() else ():
@@ -122,8 +129,9 @@ async def test_without_its_lifeline_the_parent_death_signal_still_kills_the_chil
     script = tmp_path / "family.py"
     script.write_text(FAMILY_SCRIPT)
     pids_file = tmp_path / "pids"
-    config = write_config(tmp_path, db_path, [sys.executable, str(script), str(pids_file)],
-                          timeout=60)
+    config = write_config(
+        tmp_path, db_path, [sys.executable, str(script), str(pids_file)], timeout=60
+    )
     async with open_store(db_path) as db:
         await enqueue_dispatch(db, kind="k", deliver_to="seat")
     worker = start_worker_with(config, launcher)
@@ -146,18 +154,27 @@ async def test_without_its_lifeline_the_parent_death_signal_still_kills_the_chil
 
 
 @pytest.mark.trio
-async def test_a_transport_child_outlives_the_ten_second_idle_of_pool_threads(
-    tmp_path: Path, launcher: str
+async def test_a_transport_child_outlives_the_idle_timeout_of_pool_threads(
+    tmp_path: Path, launcher: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A child tied by parent-death signal to one of trio's pool threads is
-    # killed when that thread retires (10 s idle), mid-send.
+    # killed when that thread retires (10 s idle), mid-send. The idle timeout
+    # is cut to 0.3 s here, so a pool thread surely retires during the send.
+    import threading
+
+    import trio
+
+    monkeypatch.setattr(trio._core._thread_cache, "IDLE_TIMEOUT", 0.3)
+    pool_thread = await trio.to_thread.run_sync(threading.get_ident)
     script = tmp_path / "slow.py"
-    script.write_text("import time, sys\ntime.sleep(11.5)\nprint('done', file=sys.stderr)\n"
-                      "sys.exit(3)\n")
+    script.write_text(
+        "import time, sys\ntime.sleep(1.5)\nprint('done', file=sys.stderr)\nsys.exit(3)\n"
+    )
     transport = CommandTransport([sys.executable, str(script)], timeout=30)
     delivery = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
     result = await transport(delivery)
     assert result.error == "done"  # it ran to its end, not killed by a signal
+    assert pool_thread not in {thread.ident for thread in threading.enumerate()}
 
 
 def test_the_lifeline_helper_ends_with_its_process_and_kills_nothing_else(
@@ -176,8 +193,7 @@ def test_the_lifeline_helper_ends_with_its_process_and_kills_nothing_else(
         "    print(result.ok, lifeline_pid(), flush=True)\n"
         "trio.run(main)\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     ok, helper = done.stdout.split()
     assert ok == "True"
@@ -217,5 +233,6 @@ async def test_both_launchers_keep_the_error_of_a_missing_or_unrunnable_command(
     denied = await CommandTransport([str(script)])(delivery)
     assert denied.error == f"cannot execute {str(script)!r}: Permission denied"
     argv0 = await CommandTransport([sys.executable, "-c", "import sys; sys.exit(sys.argv[0])"])(
-        delivery)
+        delivery
+    )
     assert argv0.error == "-c"  # the command sees its own argv, launcher or not

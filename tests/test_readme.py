@@ -38,8 +38,11 @@ def test_readme_worker_example_runs_and_delivers(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("to user-42, attempt 1: {")
-    rows = sqlite3.connect(tmp_path / "service.db").execute(
-        "SELECT status, attempt FROM dispatch_outbox").fetchall()
+    rows = (
+        sqlite3.connect(tmp_path / "service.db")
+        .execute("SELECT status, attempt FROM dispatch_outbox")
+        .fetchall()
+    )
     assert rows == [("delivered", 1)]
 
 

@@ -6,6 +6,7 @@ import multiprocessing
 import sqlite3
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,18 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     assert "WHERE status IN ('pending', 'delivering')" in due
     transitions = [c["name"] for c in raw.rows("PRAGMA table_info(status_transitions)")]
     assert transitions == [
-        "id", "entity_type", "entity_id", "previous_status", "status", "reason_code",
-        "reason_summary", "source", "actor", "evidence_refs", "metadata", "created_at",
+        "id",
+        "entity_type",
+        "entity_id",
+        "previous_status",
+        "status",
+        "reason_code",
+        "reason_summary",
+        "source",
+        "actor",
+        "evidence_refs",
+        "metadata",
+        "created_at",
     ]
     assert raw.rows("PRAGMA foreign_key_list(status_transitions)") == []
     tables = {r["name"] for r in raw.rows("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -84,8 +95,9 @@ async def test_status_check_constraint_rejects_unknown_status(store: SQLiteStore
 
 async def test_store_uses_wal_and_enforces_foreign_keys(store: SQLiteStore, raw: RawDB) -> None:
     assert raw.scalar("PRAGMA journal_mode") == "wal"
-    pragmas = await store.write(lambda c: (c.query_one("PRAGMA busy_timeout"),
-                                           c.query_one("PRAGMA foreign_keys")))
+    pragmas = await store.write(
+        lambda c: (c.query_one("PRAGMA busy_timeout"), c.query_one("PRAGMA foreign_keys"))
+    )
     assert pragmas == ({"timeout": 10_000}, {"foreign_keys": 1})
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
         async with store.transaction() as tx:
@@ -99,14 +111,14 @@ async def test_store_uses_wal_and_enforces_foreign_keys(store: SQLiteStore, raw:
 @pytest.mark.parametrize("form", ["path", "str", "url", "memory", "memory_url"])
 async def test_open_store_accepts_paths_urls_and_memory(tmp_path: Path, form: str) -> None:
     file = tmp_path / "a.db"
-    target: str | Path = {
+    targets: dict[str, str | Path] = {
         "path": file,
         "str": str(file),
         "url": f"sqlite:///{file}",  # sqlite:/// + absolute path = four slashes
         "memory": ":memory:",
         "memory_url": "sqlite:///:memory:",
-    }[form]
-    async with open_store(target) as db:
+    }
+    async with open_store(targets[form]) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
         assert (await get_dispatch(db, dispatch_id) or {})["status"] == "pending"
     if form.startswith("memory"):
@@ -196,23 +208,29 @@ async def test_a_version_1_database_gets_the_due_index_with_created_at_and_keeps
     conn = sqlite3.connect(db_path, isolation_level=None)
     for statement in MIGRATIONS[0]:
         conn.execute(statement)
-    conn.execute("CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, "
-                 "applied_at FLOAT NOT NULL)")
+    conn.execute(
+        "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"
+    )
     conn.execute("INSERT INTO trio_dispatch_schema VALUES (1, 0)")
-    conn.execute("INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, next_attempt_at, "
-                 "created_at) VALUES ('old1', 'k', 'seat', '{}', 1, 1)")
+    conn.execute(
+        "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, next_attempt_at, "
+        "created_at) VALUES ('old1', 'k', 'seat', '{}', 1, 1)"
+    )
     conn.close()
     async with open_store(db_path) as db:
         assert (await get_dispatch(db, "old1") or {})["status"] == "pending"
-    due = raw.scalar("SELECT sql FROM sqlite_master "
-                     "WHERE name = 'ix_dispatch_outbox_status_next_attempt'")
+    due = raw.scalar(
+        "SELECT sql FROM sqlite_master WHERE name = 'ix_dispatch_outbox_status_next_attempt'"
+    )
     assert "(status, next_attempt_at, created_at)" in due
-    assert [r["version"] for r in raw.rows("SELECT version FROM trio_dispatch_schema "
-                                           "ORDER BY version")] == [1, 2]
+    assert [
+        r["version"] for r in raw.rows("SELECT version FROM trio_dispatch_schema ORDER BY version")
+    ] == [1, 2]
     plan = raw.rows(
         "EXPLAIN QUERY PLAN SELECT id FROM dispatch_outbox "
         "WHERE status IN ('pending', 'delivering') AND status = 'pending' "
-        "AND next_attempt_at <= 5 ORDER BY next_attempt_at, created_at LIMIT 10")
+        "AND next_attempt_at <= 5 ORDER BY next_attempt_at, created_at LIMIT 10"
+    )
     assert not any("TEMP B-TREE" in row["detail"] for row in plan), plan
 
 
@@ -337,7 +355,9 @@ async def test_group_commit_keeps_each_callers_result_and_error_apart(
     async def producer(i: int) -> None:
         try:
             results[i] = await enqueue_dispatch(
-                store, kind="k", deliver_to=f"seat-{i}",
+                store,
+                kind="k",
+                deliver_to=f"seat-{i}",
                 session_id="known" if i % 3 else "unknown",
             )
         except ValueError as exc:
@@ -361,7 +381,7 @@ async def test_group_commit_shares_transactions_between_concurrent_writers(
 ) -> None:
     async with anyio.create_task_group() as tg:
         for i in range(200):
-            tg.start_soon(lambda i=i: enqueue_dispatch(store, kind="k", deliver_to=f"s{i}"))
+            tg.start_soon(partial(enqueue_dispatch, store, kind="k", deliver_to=f"s{i}"))
     assert raw.counts() == (200, 200)
     # 200 writers committed in fewer transactions than writers: WAL frames
     # are not a reliable count, so read the store's own batch counter.
@@ -384,8 +404,9 @@ async def test_several_processes_write_one_file_without_losing_rows(
     async with open_store(db_path):
         pass
     ctx = multiprocessing.get_context("spawn")
-    children = [ctx.Process(target=_enqueue_in_child, args=(str(db_path), f"p{k}", 150))
-                for k in range(3)]
+    children = [
+        ctx.Process(target=_enqueue_in_child, args=(str(db_path), f"p{k}", 150)) for k in range(3)
+    ]
     for child in children:
         child.start()
     async with open_store(db_path) as db:
@@ -439,8 +460,11 @@ async def test_a_full_disk_fails_only_the_unit_that_filled_it(
     async def call(name: str, value: str, delay: float) -> None:
         await anyio.sleep(delay)
         try:
-            await store.write(lambda c: c.execute(
-                "INSERT INTO sessions (id, created_at) VALUES (?, ?)", (name, value)))
+            await store.write(
+                lambda c: c.execute(
+                    "INSERT INTO sessions (id, created_at) VALUES (?, ?)", (name, value)
+                )
+            )
             outcomes[name] = "ok"
         except sqlite3.OperationalError as exc:
             outcomes[name] = str(exc)
@@ -464,8 +488,9 @@ async def test_a_transaction_sqlite_abandoned_commits_nothing_afterwards(
         async with store.transaction() as tx:
             await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('mine', 0)")
             with pytest.raises(sqlite3.OperationalError, match="full"):
-                await tx.execute("INSERT INTO sessions (id, created_at) VALUES ('big', ?)",
-                                 ("x" * 200_000,))
+                await tx.execute(
+                    "INSERT INTO sessions (id, created_at) VALUES ('big', ?)", ("x" * 200_000,)
+                )
             await enqueue_dispatch(tx, kind="k", deliver_to="seat")  # must not autocommit
     assert raw.counts() == (0, 0)
     assert raw.scalar("SELECT COUNT(*) FROM sessions") == 0
@@ -489,7 +514,7 @@ async def test_coalesced_writes_share_one_call_and_a_failing_item_fails_alone(
 ) -> None:
     calls: list[list[str]] = []
 
-    def insert_sessions(conn: Any, ids: list[str]) -> list[str]:
+    def insert_sessions(conn: Any, ids: list[str]) -> list[object]:
         calls.append(list(ids))
         for session_id in ids:
             if session_id == "bad":

@@ -4,6 +4,7 @@ timeouts with kill semantics, store faults, and graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -18,29 +19,10 @@ import trio
 from trio_dispatch import Delivery, enqueue_dispatch, open_store
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import asyncio_transport
-from trio_dispatch.worker import DispatchWorker
+from trio_dispatch.worker import DispatchWorker, WorkerStatistics
 
 from .conftest import RawDB
-
-
-async def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
-def statuses(raw: RawDB) -> dict[str, int]:
-    return {r["status"]: r["n"] for r in raw.rows(  # type: ignore[misc]
-        "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status")}
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1].startswith("Z")
-    except FileNotFoundError:
-        return True
-
+from .helpers import GRANDCHILD_SCRIPT, process_gone, statuses, wait_for
 
 # -- embedding -------------------------------------------------------------
 
@@ -66,9 +48,7 @@ async def test_nursery_start_returns_ready_and_an_enqueue_wakes_the_worker(
 
 
 @pytest.mark.anyio
-async def test_worker_runs_the_same_code_on_both_backends(
-    store: SQLiteStore, raw: RawDB
-) -> None:
+async def test_worker_runs_the_same_code_on_both_backends(store: SQLiteStore, raw: RawDB) -> None:
     async def send(delivery: Delivery) -> None:
         await anyio.sleep(0)
 
@@ -83,9 +63,7 @@ async def test_worker_runs_the_same_code_on_both_backends(
 
 
 @pytest.mark.anyio
-async def test_wake_scans_rows_written_by_another_process(
-    store: SQLiteStore, raw: RawDB
-) -> None:
+async def test_wake_scans_rows_written_by_another_process(store: SQLiteStore, raw: RawDB) -> None:
     async def send(delivery: Delivery) -> None:
         pass
 
@@ -138,15 +116,84 @@ async def test_a_retry_is_picked_up_when_due_without_waiting_for_the_tick(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600)
         await tg.start(worker.run)
-        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
-                       and raw.row(dispatch_id)["attempt"] == 1)
+        await wait_for(
+            lambda: (
+                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
+            )
+        )
         # Bring the 60 s backoff forward, as time passing would.
-        raw.execute("UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
-                    (time.time() + 0.3, dispatch_id))
+        raw.execute(
+            "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
+            (time.time() + 0.3, dispatch_id),
+        )
         worker.wake()  # re-read the earliest due time
         await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered", timeout=5)
         tg.cancel_scope.cancel()
     assert attempts == [1, 2]
+
+
+@pytest.mark.trio
+async def test_the_backoff_and_the_next_attempt_run_on_a_mock_clock(
+    db_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # The worker's wall clock tied to trio's virtual time: the 60 s backoff of
+    # ADR D4 passes in no real time, and the retry starts when it is due.
+    t0 = 1_000_000.0
+
+    def wall() -> float:  # read on the store's thread too: the clock object, not trio's API
+        return t0 + autojump_clock.current_time()
+
+    sends: list[tuple[int, float]] = []
+
+    async def send(delivery: Delivery) -> bool:
+        sends.append((delivery.attempt, trio.current_time()))
+        return delivery.attempt > 1
+
+    async with open_store(db_path) as store:
+        await enqueue_dispatch(store, kind="k", deliver_to="seat", now=t0)
+        async with trio.open_nursery() as nursery:
+            worker = DispatchWorker(store, transport=send, tick_seconds=3600, clock=wall)
+            await nursery.start(worker.run)
+            with trio.fail_after(600):
+                while worker.counts["delivered"] < 1:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    assert [attempt for attempt, _ in sends] == [1, 2]
+    # Due after the 60 s backoff, and taken then -- not at the 3,600 s tick.
+    # (Virtual time also jumps while the store's thread works, hence the slack.)
+    waited = sends[1][1] - sends[0][1]
+    assert 60 <= waited < 120, waited
+    assert worker.statistics().retried == 1
+
+
+def test_statistics_are_a_frozen_snapshot(db_path: Path) -> None:
+    async def send(delivery: Delivery) -> None:
+        pass
+
+    async def main() -> tuple[WorkerStatistics, WorkerStatistics]:
+        async with open_store(db_path) as store:
+            worker = DispatchWorker(store, transport=send, concurrency=3)
+            before = worker.statistics()
+            await enqueue_dispatch(store, kind="k", deliver_to="seat")
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                await wait_for(lambda: worker.counts["delivered"] == 1)
+                tg.cancel_scope.cancel()
+            return before, worker.statistics()
+
+    before, after = anyio.run(main)
+    assert (before.delivered, before.scans, before.running) == (0, 0, False)
+    assert (after.delivered, after.attempted, after.concurrency) == (1, 1, 3)
+    assert after.scans >= 1 and after.last_scan_at is not None and after.scan_errors == 0
+    assert after.counts == {
+        "attempted": 1,
+        "delivered": 1,
+        "dead_letter": 0,
+        "expired": 0,
+        "retried": 0,
+    }
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        after.delivered = 5  # type: ignore[misc]
 
 
 # -- concurrency -----------------------------------------------------------
@@ -186,13 +233,17 @@ async def test_each_scan_claims_at_most_batch_size_rows(
         await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}")
     caplog.set_level(logging.INFO, logger="trio_dispatch.worker")
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, transport=send, batch_size=4, concurrency=50,
-                                tick_seconds=3600)
+        worker = DispatchWorker(
+            store, transport=send, batch_size=4, concurrency=50, tick_seconds=3600
+        )
         await tg.start(worker.run)
         await wait_for(lambda: statuses(raw) == {"delivered": 25})
         tg.cancel_scope.cancel()
-    claimed = [int(r.getMessage().split("claimed=")[1].split()[0])
-               for r in caplog.records if r.getMessage().startswith("scan:")]
+    claimed = [
+        int(r.getMessage().split("claimed=")[1].split()[0])
+        for r in caplog.records
+        if r.getMessage().startswith("scan:")
+    ]
     # Scans claim at most batch_size; a finishing delivery may also take the
     # next due row for its slot in its finish transaction.
     assert max(claimed) == 4 and sum(claimed) <= 25
@@ -223,13 +274,6 @@ async def test_a_slow_transport_does_not_delay_other_deliveries(
 
 # -- timeouts and faults ---------------------------------------------------
 
-GRANDCHILD_SCRIPT = """
-import os, subprocess, sys, time
-child = subprocess.Popen(["sleep", "300"])
-open(sys.argv[1], "w").write(str(child.pid))
-time.sleep(300)
-"""
-
 
 @pytest.mark.anyio
 async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
@@ -240,12 +284,19 @@ async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
     pid_file = tmp_path / "pid"
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, notify_template=[sys.executable, str(script),
-                                                        str(pid_file)],
-                                timeout_seconds=0.5, kill_grace_seconds=0.2, tick_seconds=3600)
+        worker = DispatchWorker(
+            store,
+            notify_template=[sys.executable, str(script), str(pid_file)],
+            timeout_seconds=0.5,
+            kill_grace_seconds=0.2,
+            tick_seconds=3600,
+        )
         await tg.start(worker.run)
-        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
-                       and raw.row(dispatch_id)["attempt"] == 1)
+        await wait_for(
+            lambda: (
+                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
+            )
+        )
         tg.cancel_scope.cancel()
     assert "timeout after 0.5s" in str(raw.row(dispatch_id)["last_error"])
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.retry_backoff"
@@ -271,8 +322,7 @@ async def test_a_locked_database_is_logged_and_the_worker_resumes_after(
             async with anyio.create_task_group() as tg:
                 worker = DispatchWorker(db, transport=send, tick_seconds=0.2)
                 await tg.start(worker.run)
-                await wait_for(lambda: any("scan failed" in r.getMessage()
-                                           for r in caplog.records))
+                await wait_for(lambda: any("scan failed" in r.getMessage() for r in caplog.records))
                 assert raw.row(dispatch_id)["status"] == "pending"
                 blocker.execute("ROLLBACK")
                 await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
@@ -299,17 +349,17 @@ async def asyncio_only_send(delivery: Delivery) -> None:
 
 
 @pytest.mark.trio
-async def test_an_asyncio_only_callable_runs_from_a_trio_worker(
-    db_target: str, raw: RawDB
-) -> None:
+async def test_an_asyncio_only_callable_runs_from_a_trio_worker(db_target: str, raw: RawDB) -> None:
     async with open_store(db_target) as db, trio.open_nursery() as nursery:
-        worker = DispatchWorker(db, transport=asyncio_transport(asyncio_only_send),
-                                tick_seconds=3600)
+        worker = DispatchWorker(
+            db, transport=asyncio_transport(asyncio_only_send), tick_seconds=3600
+        )
         await nursery.start(worker.run)
         ok = await enqueue_dispatch(db, kind="k", deliver_to="seat")
         refused = await enqueue_dispatch(db, kind="k", deliver_to="refuse")
-        await wait_for(lambda: raw.row(ok)["status"] == "delivered"
-                       and raw.row(refused)["status"] == "pending")
+        await wait_for(
+            lambda: raw.row(ok)["status"] == "delivered" and raw.row(refused)["status"] == "pending"
+        )
         nursery.cancel_scope.cancel()
     assert raw.row(refused)["last_error"] == f"ConnectionRefusedError: {refused} refused"
 
@@ -319,8 +369,9 @@ async def test_an_asyncio_only_callable_also_runs_on_either_backend(
     store: SQLiteStore, raw: RawDB
 ) -> None:
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, transport=asyncio_transport(asyncio_only_send),
-                                tick_seconds=3600)
+        worker = DispatchWorker(
+            store, transport=asyncio_transport(asyncio_only_send), tick_seconds=3600
+        )
         await tg.start(worker.run)
         dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
         await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
@@ -343,8 +394,11 @@ async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
         worker = DispatchWorker(db, transport=send, timeout_seconds=0.3, tick_seconds=3600)
         await nursery.start(worker.run)
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
-        await wait_for(lambda: raw.row(dispatch_id)["status"] == "pending"
-                       and raw.row(dispatch_id)["attempt"] == 1)
+        await wait_for(
+            lambda: (
+                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
+            )
+        )
         nursery.cancel_scope.cancel()
     assert cancelled.is_set()
     assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
@@ -368,8 +422,9 @@ async def test_shutdown_lets_deliveries_finish_within_the_grace(
         tg.cancel_scope.cancel()
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"]) == ("delivered", 1)
-    assert "dispatch.pending.released" not in [t["reason_code"]
-                                               for t in raw.transitions(dispatch_id)]
+    assert "dispatch.pending.released" not in [
+        t["reason_code"] for t in raw.transitions(dispatch_id)
+    ]
 
 
 @pytest.mark.anyio
@@ -382,9 +437,13 @@ async def test_shutdown_kills_what_outlives_the_grace_and_releases_its_row(
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
     before = time.time()
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, notify_template=[sys.executable, str(script),
-                                                        str(pid_file)],
-                                grace_seconds=0.3, kill_grace_seconds=0.2, tick_seconds=3600)
+        worker = DispatchWorker(
+            store,
+            notify_template=[sys.executable, str(script), str(pid_file)],
+            grace_seconds=0.3,
+            kill_grace_seconds=0.2,
+            tick_seconds=3600,
+        )
         await tg.start(worker.run)
         await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
         stop_at = time.monotonic()
@@ -392,10 +451,13 @@ async def test_shutdown_kills_what_outlives_the_grace_and_releases_its_row(
     assert time.monotonic() - stop_at < 4
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"]) == ("pending", 1)
-    assert before <= row["next_attempt_at"] <= time.time()  # type: ignore[operator]
+    assert before <= row["next_attempt_at"] <= time.time()
     last = raw.transitions(dispatch_id)[-1]
     assert (last["previous_status"], last["reason_code"], last["source"]) == (
-        "delivering", "dispatch.pending.released", "scheduler")
+        "delivering",
+        "dispatch.pending.released",
+        "scheduler",
+    )
     await wait_for(lambda: process_gone(int(pid_file.read_text())), timeout=5)
 
 
@@ -421,10 +483,13 @@ async def test_shutdown_during_the_last_allowed_attempt_dead_letters_the_row(
 async def test_worker_arguments_are_checked_naming_the_value(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    for bad, match in [({"concurrency": 0}, "concurrency"), ({"batch_size": "9"}, "batch_size"),
-                       ({"tick_seconds": -1}, "tick_seconds"),
-                       ({"retry_jitter": 2.0}, "retry_jitter"),
-                       ({"transport": "echo"}, "transport")]:
+    for bad, match in [
+        ({"concurrency": 0}, "concurrency"),
+        ({"batch_size": "9"}, "batch_size"),
+        ({"tick_seconds": -1}, "tick_seconds"),
+        ({"retry_jitter": 2.0}, "retry_jitter"),
+        ({"transport": "echo"}, "transport"),
+    ]:
         with pytest.raises((ValueError, TypeError), match=match):
             DispatchWorker(store, **bad)  # type: ignore[arg-type]
     async with store.transaction() as tx:
@@ -446,7 +511,6 @@ async def test_a_worker_cannot_run_twice_at_once(store: SQLiteStore) -> None:
         tg.cancel_scope.cancel()
 
 
-
 @pytest.mark.anyio
 async def test_claims_committed_while_the_worker_is_cancelled_are_released_not_lost(
     store: SQLiteStore, raw: RawDB
@@ -456,8 +520,10 @@ async def test_claims_committed_while_the_worker_is_cancelled_are_released_not_l
     async def send(delivery: Delivery) -> None:
         sent.append(delivery.dispatch_id)
 
-    ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}", max_attempts=1)
-           for i in range(3)]
+    ids = [
+        await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}", max_attempts=1)
+        for i in range(3)
+    ]
 
     async def other_writer() -> None:
         # Holds the writer so the worker's first scan queues, then leads the
@@ -496,8 +562,9 @@ async def test_a_graceful_stop_leaves_no_row_delivering(store: SQLiteStore, raw:
     for i in range(60):
         await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}")
     async with anyio.create_task_group() as tg:
-        worker = DispatchWorker(store, transport=send, concurrency=4, tick_seconds=3600,
-                                grace_seconds=2)
+        worker = DispatchWorker(
+            store, transport=send, concurrency=4, tick_seconds=3600, grace_seconds=2
+        )
         await tg.start(worker.run)
         await anyio.sleep(0.2)  # mid-stream: slots are passing claims along
         tg.cancel_scope.cancel()
@@ -524,22 +591,38 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
                 await trio.sleep(0.5 if '"first"' in delivery.payload else 30)
             finally:
                 log.append((time.monotonic(), name, "end", delivery.attempt))
+
         return send
 
     async with open_store(db_path) as db1, open_store(db_path) as db2:
         await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "first"})
         await trio.sleep(0.01)
         second = await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "second"})
-        w1 = DispatchWorker(db1, transport=transport_for("w1"), concurrency=1,
-                            timeout_seconds=1, tick_seconds=0.2, listen=False)
-        w2 = DispatchWorker(db2, transport=transport_for("w2"), concurrency=1,
-                            timeout_seconds=1, tick_seconds=0.2, listen=False)
+        # A 1.5 s lease margin (5 s by default): the same race, a third the wait.
+        w1 = DispatchWorker(
+            db1,
+            transport=transport_for("w1"),
+            concurrency=1,
+            timeout_seconds=1,
+            tick_seconds=0.2,
+            listen=False,
+            lease_margin_seconds=1.5,
+        )
+        w2 = DispatchWorker(
+            db2,
+            transport=transport_for("w2"),
+            concurrency=1,
+            timeout_seconds=1,
+            tick_seconds=0.2,
+            listen=False,
+            lease_margin_seconds=1.5,
+        )
         async with trio.open_nursery() as nursery:
             await nursery.start(w1.run)
             await trio.sleep(0.1)  # w1 is sending "first"; its finish+claim will queue
-            async with db1.transaction() as tx:  # the app holds the writer 6.5 s
+            async with db1.transaction() as tx:  # the app holds the writer 2.8 s
                 await tx.query("SELECT 1")
-                await trio.sleep(6.5)  # longer than the 5 s lease margin
+                await trio.sleep(2.8)  # longer than the lease (1 s + 1.5 s margin)
             released = time.time()
             nursery.start_soon(w2.run)  # a second worker on the same file
             await wait_for(lambda: RawDB(db_path).row(second)["status"] == "pending", 10)
@@ -558,7 +641,10 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
             assert a_end <= b_start or b_end <= a_start, (spans, log)
     # The claim of "second" could commit only once the writer was free, and
     # its lease runs from then: a whole lease, not one spent while waiting.
-    claim = next(t for t in RawDB(db_path).transitions(second)
-                 if t["reason_code"] == "dispatch.delivering.attempt")
+    claim = next(
+        t
+        for t in RawDB(db_path).transitions(second)
+        if t["reason_code"] == "dispatch.delivering.attempt"
+    )
     assert claim["created_at"] >= released - 0.05
-    assert json.loads(claim["metadata"])["lease_until"] == claim["created_at"] + 6
+    assert json.loads(claim["metadata"])["lease_until"] == claim["created_at"] + 2.5

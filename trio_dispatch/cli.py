@@ -83,6 +83,7 @@ READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
 
 log = scrubbed_logger("trio_dispatch")
 
+
 class UsageError(Exception):
     """Bad usage or configuration: one line on stderr, exit 2."""
 
@@ -113,7 +114,10 @@ class StoreChoice:
 
 
 def resolve_store(
-    db: str | None, config: str | None, busy_timeout: float | None = None, *,
+    db: str | None,
+    config: str | None,
+    busy_timeout: float | None = None,
+    *,
     must_exist: bool = True,
 ) -> StoreChoice:
     """The store an operator command works on: ``--db``, else the ``store``
@@ -145,10 +149,14 @@ def resolve_store(
         engine, location = parse_target(target)
     except ValueError as exc:
         raise UsageError(f"{origin}: {exc}") from None
-    wait = busy_timeout if busy_timeout is not None else (
-        loaded.busy_timeout_seconds if loaded is not None else DEFAULT_BUSY_TIMEOUT_SECONDS)
+    wait = (
+        busy_timeout
+        if busy_timeout is not None
+        else (loaded.busy_timeout_seconds if loaded is not None else DEFAULT_BUSY_TIMEOUT_SECONDS)
+    )
     choice = StoreChoice(
-        target, wait,
+        target,
+        wait,
         durability=loaded.durability if loaded is not None else "full",
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
     )
@@ -185,7 +193,7 @@ async def serve(
         busy_timeout=config.busy_timeout_seconds,
         max_body_bytes=config.dispatch.max_body_bytes,
     ) as db:
-        worker = DispatchWorker.from_config(db, config)
+        worker = DispatchWorker(db, **config.worker_options())
         for warning in template_warnings(config.dispatch.notify_template):
             log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
@@ -193,7 +201,10 @@ async def serve(
                 await tg.start(worker.run)
                 log.info(
                     "worker started: store=%s concurrency=%d tick=%gs timeout=%gs",
-                    db.url, worker.concurrency, worker.tick_seconds, worker.timeout_seconds,
+                    db.url,
+                    worker.concurrency,
+                    worker.tick_seconds,
+                    worker.timeout_seconds,
                 )
                 if before_start is not None:
                     await before_start(db)
@@ -268,8 +279,19 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, flexible: i
 
 
 _LS_KEYS = (
-    "id", "kind", "deliver_to", "status", "attempt", "max_attempts", "next_attempt_at",
-    "created_at", "updated_at", "expires_at", "last_error", "dedup_key", "ack_required",
+    "id",
+    "kind",
+    "deliver_to",
+    "status",
+    "attempt",
+    "max_attempts",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "last_error",
+    "dedup_key",
+    "ack_required",
 )
 
 
@@ -310,7 +332,8 @@ def _status_arg(text: str) -> str:
     if text not in STATUSES:
         allowed = ", ".join(sorted(STATUSES))
         raise argparse.ArgumentTypeError(
-            f"invalid status {visible(repr(text))} (choose from {allowed})")
+            f"invalid status {visible(repr(text))} (choose from {allowed})"
+        )
     return text
 
 
@@ -329,16 +352,23 @@ async def _ls(db: Store, args: argparse.Namespace) -> int:
     now = time.time()
     table = [
         [
-            visible(r["id"]), visible(r["kind"]), visible(r["deliver_to"]),
-            visible(r["status"]), f"{r['attempt']}/{r['max_attempts']}",
-            relative_time(r["next_attempt_at"], now)
-            if r["status"] in DUE_STATUSES else "-",
+            visible(r["id"]),
+            visible(r["kind"]),
+            visible(r["deliver_to"]),
+            visible(r["status"]),
+            f"{r['attempt']}/{r['max_attempts']}",
+            relative_time(r["next_attempt_at"], now) if r["status"] in DUE_STATUSES else "-",
             visible(r["last_error"] or ""),
         ]
         for r in rows
     ]
-    print(_table(["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT", "LAST_ERROR"],
-                 table, flexible=6))
+    print(
+        _table(
+            ["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT", "LAST_ERROR"],
+            table,
+            flexible=6,
+        )
+    )
     return EXIT_OK
 
 
@@ -377,7 +407,8 @@ async def _history(db: Store, args: argparse.Namespace) -> int:
         [
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t["created_at"]))),
             visible(f"{t['previous_status'] or '-'} -> {t['status']}"),
-            visible(t["reason_code"]), visible(f"{t['source']}/{t['actor']}"),
+            visible(t["reason_code"]),
+            visible(f"{t['source']}/{t['actor']}"),
             visible(t["reason_summary"]),
         ]
         for t in transitions
@@ -398,12 +429,20 @@ async def _apply(
         applied, error = False, str(exc)
     row = await get_dispatch(db, args.id)
     if not applied and error is None:
-        error = (f"dispatch {args.id!r} not found" if row is None
-                 else f"dispatch {args.id!r} changed concurrently (now {row['status']}); "
-                      "nothing applied")
+        error = (
+            f"dispatch {args.id!r} not found"
+            if row is None
+            else f"dispatch {args.id!r} changed concurrently (now {row['status']}); nothing applied"
+        )
     if args.json:
-        _emit_json({"id": args.id, "applied": applied, "error": error,
-                    "status": None if row is None else row["status"]})
+        _emit_json(
+            {
+                "id": args.id,
+                "applied": applied,
+                "error": error,
+                "status": None if row is None else row["status"],
+            }
+        )
     elif applied:
         print(f"{verb} {visible(args.id)}" + ("" if row is None else f": now {row['status']}"))
     if error is not None:
@@ -412,36 +451,51 @@ async def _apply(
 
 
 async def _ack(db: Store, args: argparse.Namespace) -> int:
-    return await _apply(db, args, "acked", lambda: ack_dispatch(
-        db, args.id, args.token, actor=_actor("ack")))
+    return await _apply(
+        db, args, "acked", lambda: ack_dispatch(db, args.id, args.token, actor=_actor("ack"))
+    )
 
 
 async def _retry(db: Store, args: argparse.Namespace) -> int:
-    return await _apply(db, args, "retried", lambda: retry_dispatch(
-        db, args.id, actor=_actor("retry")))
+    return await _apply(
+        db, args, "retried", lambda: retry_dispatch(db, args.id, actor=_actor("retry"))
+    )
 
 
 async def _purge(db: Store, args: argparse.Namespace) -> int:
-    return await _apply(db, args, "purged", lambda: purge_dispatch(
-        db, args.id, actor=_actor("purge")))
+    return await _apply(
+        db, args, "purged", lambda: purge_dispatch(db, args.id, actor=_actor("purge"))
+    )
 
 
 async def _prune(db: Store, args: argparse.Namespace) -> int:
     statuses = sorted({s for group in args.status or [] for s in group}) or None
     try:
         count = await prune_dispatches(
-            db, older_than=args.older_than, statuses=statuses, dry_run=args.dry_run,
+            db,
+            older_than=args.older_than,
+            statuses=statuses,
+            dry_run=args.dry_run,
             actor=_actor("prune"),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     chosen = statuses or sorted(TERMINAL_STATUSES)
     if args.json:
-        _emit_json({"deleted": count, "dry_run": args.dry_run, "statuses": chosen,
-                    "older_than_seconds": args.older_than})
+        _emit_json(
+            {
+                "deleted": count,
+                "dry_run": args.dry_run,
+                "statuses": chosen,
+                "older_than_seconds": args.older_than,
+            }
+        )
         return EXIT_OK
-    age = ("the default age (delivered/acked 7d, dead_letter/expired 30d)"
-           if args.older_than is None else f"{args.older_than:g}s")
+    age = (
+        "the default age (delivered/acked 7d, dead_letter/expired 30d)"
+        if args.older_than is None
+        else f"{args.older_than:g}s"
+    )
     verb = "would delete" if args.dry_run else "deleted"
     print(f"{verb} {count} dispatches ({', '.join(chosen)}) older than {age}")
     return EXIT_OK
@@ -456,8 +510,10 @@ async def _stats(db: Store, args: argparse.Namespace) -> int:
         print(f"{status:<28}{stats['counts'][status]}")
     print(f"{'total':<28}{stats['total']}")
     age = stats["oldest_due_pending_age_seconds"]
-    print(f"{'oldest due pending':<28}"
-          f"{'-' if age is None else relative_time(time.time() - age, time.time())}")
+    print(
+        f"{'oldest due pending':<28}"
+        f"{'-' if age is None else relative_time(time.time() - age, time.time())}"
+    )
     print(f"{'dead letters (last 24 h)':<28}{stats['dead_letters_last_24h']}")
     return EXIT_OK
 
@@ -475,28 +531,33 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     store = mask_url(config.store_target())
     env = config.dispatch.env
     env_shown: dict[str, Any] = (
-        {"inherit": True} if env.inherit
-        else {"allow": list(env.allow)} if env.allow is not None
+        {"inherit": True}
+        if env.inherit
+        else {"allow": list(env.allow)}
+        if env.allow is not None
         else {"default": "all but secret-looking variables"}
     )
     if args.json:
-        _emit_json({
-            "path": str(path), "valid": True, "store": store,
-            "durability": config.durability,
-            "busy_timeout_seconds": config.busy_timeout_seconds,
-            "notify_template": None if template is None else list(template),
-            "timeout_seconds": config.dispatch.timeout_seconds,
-            "max_body_bytes": config.dispatch.max_body_bytes,
-            "env": env_shown,
-            "worker": dataclasses.asdict(config.worker),
-            "log_level": config.log_level,
-            "warnings": warnings,
-        })
+        _emit_json(
+            {
+                "path": str(path),
+                "valid": True,
+                "store": store,
+                "durability": config.durability,
+                "busy_timeout_seconds": config.busy_timeout_seconds,
+                "notify_template": None if template is None else list(template),
+                "timeout_seconds": config.dispatch.timeout_seconds,
+                "max_body_bytes": config.dispatch.max_body_bytes,
+                "env": env_shown,
+                "worker": dataclasses.asdict(config.worker),
+                "log_level": config.log_level,
+                "warnings": warnings,
+            }
+        )
     else:
         print(f"{visible(path)}: ok")
         print(f"  store: {visible(store)} (durability {config.durability})")
-        print(f"  notify_template: "
-              f"{visible(list(template)) if template else 'not configured'}")
+        print(f"  notify_template: {visible(list(template)) if template else 'not configured'}")
     for warning in warnings:
         print(f"trio-dispatch: warning: {visible(warning)}", file=sys.stderr)
     return EXIT_OK
@@ -506,8 +567,14 @@ async def _migrate(db: Store, args: argparse.Namespace) -> int:
     found = getattr(db, "found_schema_version", None)
     version = SCHEMA_VERSION
     if args.json:
-        _emit_json({"store": db.url, "from_version": found, "version": version,
-                    "changed": found != version})
+        _emit_json(
+            {
+                "store": db.url,
+                "from_version": found,
+                "version": version,
+                "changed": found != version,
+            }
+        )
     elif found is None:
         print(f"created the trio_dispatch schema (version {version}) in {visible(db.url)}")
     elif found != version:
@@ -518,8 +585,15 @@ async def _migrate(db: Store, args: argparse.Namespace) -> int:
 
 
 _STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]] = {
-    "ls": _ls, "show": _show, "history": _history, "ack": _ack, "retry": _retry,
-    "purge": _purge, "prune": _prune, "stats": _stats, "migrate": _migrate,
+    "ls": _ls,
+    "show": _show,
+    "history": _history,
+    "ack": _ack,
+    "retry": _retry,
+    "purge": _purge,
+    "prune": _prune,
+    "stats": _stats,
+    "migrate": _migrate,
 }
 
 
@@ -530,8 +604,10 @@ def _cmd_store(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with open_store(
-            choice.target, busy_timeout=choice.busy_timeout,
-            read_only=args.command in READ_COMMANDS, migrate=migrating,
+            choice.target,
+            busy_timeout=choice.busy_timeout,
+            read_only=args.command in READ_COMMANDS,
+            migrate=migrating,
             snapshot=args.command in READ_COMMANDS,
         ) as db:
             return await command(db, args)
@@ -555,18 +631,28 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 applied/found, 1 not applied or not found, 2 bad usage "
         "or configuration.",
     )
-    parser.add_argument("--db", metavar="PATH",
-                        help="the store (SQLite file, sqlite:/// or postgresql:// URL); "
-                             "overrides the configuration's")
-    parser.add_argument("--config", metavar="FILE",
-                        help=f"configuration file (default ${CONFIG_ENV_VAR}, "
-                             f"then ./{DEFAULT_CONFIG_NAME})")
-    parser.add_argument("--busy-timeout", type=_busy_timeout, metavar="SECONDS",
-                        help="how long to wait for another process's lock (default: the "
-                             f"configuration's busy_timeout_seconds, else "
-                             f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
-                                     parser_class=_Parser)
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        help="the store (SQLite file, sqlite:/// or postgresql:// URL); "
+        "overrides the configuration's",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration file (default ${CONFIG_ENV_VAR}, then ./{DEFAULT_CONFIG_NAME})",
+    )
+    parser.add_argument(
+        "--busy-timeout",
+        type=_busy_timeout,
+        metavar="SECONDS",
+        help="how long to wait for another process's lock (default: the "
+        f"configuration's busy_timeout_seconds, else "
+        f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})",
+    )
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
 
     def command(name: str, help: str, *, data: bool = True) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
@@ -578,8 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
     ls = command("ls", "list dispatches, newest first")
     ls.add_argument("--status", type=_status_arg, help="only this status")
     ls.add_argument("--kind", help="only this kind")
-    ls.add_argument("--limit", type=_positive_int, default=DEFAULT_LIST_LIMIT,
-                    help=f"at most this many (default {DEFAULT_LIST_LIMIT})")
+    ls.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=DEFAULT_LIST_LIMIT,
+        help=f"at most this many (default {DEFAULT_LIST_LIMIT})",
+    )
     show = command("show", "one dispatch, whole, payload pretty-printed")
     show.add_argument("id")
     show.add_argument("--show-token", action="store_true", help="print the ack token")
@@ -590,11 +680,19 @@ def build_parser() -> argparse.ArgumentParser:
     command("retry", "operator retry of a dead_letter or expired dispatch").add_argument("id")
     command("purge", "delete one dispatch (recorded in its history)").add_argument("id")
     prune = command("prune", "delete finished dispatches by age (recorded)")
-    prune.add_argument("--older-than", type=parse_duration, metavar="DURATION",
-                       help="e.g. 7d, 12h (default: delivered/acked 7d, "
-                            "dead_letter/expired 30d)")
-    prune.add_argument("--status", type=_status_list, action="append", metavar="STATUS[,...]",
-                       help="only these finished statuses (repeatable)")
+    prune.add_argument(
+        "--older-than",
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 7d, 12h (default: delivered/acked 7d, dead_letter/expired 30d)",
+    )
+    prune.add_argument(
+        "--status",
+        type=_status_list,
+        action="append",
+        metavar="STATUS[,...]",
+        help="only these finished statuses (repeatable)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     command("stats", "counts per status, oldest due pending, recent dead letters")
     command("migrate", "create the outbox schema, or bring it forward to this version")
@@ -613,7 +711,8 @@ def _positive_int(text: str) -> int:
         value = 0
     if not 1 <= value <= INT_MAX:
         raise argparse.ArgumentTypeError(
-            f"invalid limit {visible(repr(text))}: must be an integer from 1 to {INT_MAX}")
+            f"invalid limit {visible(repr(text))}: must be an integer from 1 to {INT_MAX}"
+        )
     return value
 
 
@@ -628,7 +727,8 @@ def _status_list(text: str) -> list[str]:
     statuses = [_status_arg(part.strip()) for part in text.split(",") if part.strip()]
     if not statuses:
         raise argparse.ArgumentTypeError(
-            f"invalid status list {visible(repr(text))}: name at least one status")
+            f"invalid status list {visible(repr(text))}: name at least one status"
+        )
     return statuses
 
 

@@ -12,6 +12,7 @@ failure, not a crash (ADR D3).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import re
 import stat
@@ -96,6 +97,31 @@ class Config:
             target = self.path.parent / target
         return str(target)
 
+    def worker_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``DispatchWorker`` this file sets: its
+        transport template, environment policy and worker settings."""
+        settings = self.worker_settings()
+        return {
+            "notify_template": (
+                None
+                if self.dispatch.notify_template is None
+                else list(self.dispatch.notify_template)
+            ),
+            "child_env": self.dispatch.env,
+            **{
+                field: getattr(settings, field)
+                for field in (
+                    "timeout_seconds",
+                    "tick_seconds",
+                    "concurrency",
+                    "batch_size",
+                    "grace_seconds",
+                    "retry_jitter",
+                    "listen",
+                )
+            },
+        }
+
     def worker_settings(self) -> WorkerSettings:
         """The worker's settings from this file (already checked)."""
         return WorkerSettings(
@@ -134,13 +160,8 @@ def _check_store(key: str, value: object) -> str:
         engine, _ = parse_target(value)
     except ValueError as exc:
         raise ValueError(f"{key}: {exc}") from None
-    if engine == "postgres":
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                f"{key} {mask_url(value)} needs psycopg: install trio_dispatch[postgres]"
-            ) from None
+    if engine == "postgres" and importlib.util.find_spec("psycopg") is None:
+        raise ValueError(f"{key} {mask_url(value)} needs psycopg: install trio_dispatch[postgres]")
     return value
 
 
@@ -173,8 +194,9 @@ def _check_env(key: str, value: object) -> ChildEnvironment:
     if value is None:
         return ChildEnvironment()
     if not isinstance(value, Mapping):
-        raise ValueError(f"{key} must be a mapping (allow: [NAME, ...] or inherit: true), "
-                         f"got {show(value)}")
+        raise ValueError(
+            f"{key} must be a mapping (allow: [NAME, ...] or inherit: true), got {show(value)}"
+        )
     unknown = [str(name) for name in value if name not in ("allow", "inherit")]
     if unknown:
         raise ValueError(f"unknown key {show(key + '.' + unknown[0])} (allowed: allow, inherit)")
@@ -188,8 +210,9 @@ def _check_env(key: str, value: object) -> ChildEnvironment:
                 f"{key}.allow must be a list of environment variable names, got {show(allow)}"
             )
         if inherit:
-            raise ValueError(f"{key}: give either allow (a list of names) or inherit: true, "
-                             "not both")
+            raise ValueError(
+                f"{key}: give either allow (a list of names) or inherit: true, not both"
+            )
         return ChildEnvironment(allow=tuple(allow))
     return ChildEnvironment(inherit=inherit)
 
@@ -199,13 +222,15 @@ _Schema = Mapping[str, "_Rule | _Schema"]
 _SCHEMA: Final[_Schema] = {
     "store": _Rule(_check_store, "outbox.db"),
     "durability": _Rule(_check_durability, "full"),
-    "busy_timeout_seconds": _Rule(lambda key, value: check_busy_timeout(value, key),
-                                  DEFAULT_BUSY_TIMEOUT_SECONDS),
+    "busy_timeout_seconds": _Rule(
+        lambda key, value: check_busy_timeout(value, key), DEFAULT_BUSY_TIMEOUT_SECONDS
+    ),
     "dispatch": {
         "notify_template": _Rule(_check_template, None),
         "timeout_seconds": _setting("timeout_seconds", WorkerSettings.timeout_seconds),
-        "max_body_bytes": _Rule(lambda key, value: require_int(key, value, minimum=1),
-                                DEFAULT_MAX_BODY_BYTES),
+        "max_body_bytes": _Rule(
+            lambda key, value: require_int(key, value, minimum=1), DEFAULT_MAX_BODY_BYTES
+        ),
         "env": _Rule(_check_env, None),
     },
     "worker": {
@@ -296,7 +321,8 @@ class _StrictLoader(yaml.SafeLoader):
                 break
             if first is not None:
                 raise yaml.constructor.ConstructorError(
-                    None, None,
+                    None,
+                    None,
                     f"duplicate key {show(key)} (first at line {first.start_mark.line + 1})",
                     key_node.start_mark,
                 )

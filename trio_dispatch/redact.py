@@ -54,7 +54,7 @@ def _password_span(text: str, start: int) -> tuple[int, int] | None:
         at = start + authority.rfind("@")
     else:
         colon = authority.find(":")
-        after = authority[colon + 1:] if colon >= 0 else ""
+        after = authority[colon + 1 :] if colon >= 0 else ""
         if colon < 0 or not after or after.isdigit():
             return None
         at = text.find("@", end, stop)
@@ -102,8 +102,9 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with every URL password masked and every known secret value
     (at least :data:`MIN_SCRUBBED_LENGTH` characters long) replaced by
     ``***``. Never raises."""
-    for secret in sorted({s for s in secrets if len(s) >= MIN_SCRUBBED_LENGTH}, key=len,
-                         reverse=True):
+    for secret in sorted(
+        {s for s in secrets if len(s) >= MIN_SCRUBBED_LENGTH}, key=len, reverse=True
+    ):
         text = text.replace(secret, MASK)
     return mask_url(text)
 
@@ -134,9 +135,7 @@ def visible(text: object) -> str:
     if value.isprintable():  # the common case: nothing to escape
         return value
     return "".join(
-        _escape(char)
-        if char != " " and unicodedata.category(char) in _HIDDEN_CATEGORIES
-        else char
+        _escape(char) if char != " " and unicodedata.category(char) in _HIDDEN_CATEGORIES else char
         for char in value
     )
 

@@ -21,6 +21,12 @@ DEFAULT_TICK_SECONDS: Final = 30.0
 DEFAULT_GRACE_SECONDS: Final = 5.0
 CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0
 """A claim's lease is the transport timeout plus this margin (10 + 5 = 15 s)."""
+LEASE_SAFETY_SECONDS: Final = 1.0
+"""A transport still running this close to its claim's lease end is
+cancelled, so no second claimant can ever overlap it."""
+MIN_LEASE_MARGIN_SECONDS: Final = LEASE_SAFETY_SECONDS + 0.5
+"""The smallest margin: a lease must outlive the transport's own timeout
+past the safety cut, or every attempt would be cut before its timeout."""
 MIN_SECONDS: Final = 0.001
 """The shortest tick and transport timeout: a millisecond."""
 
@@ -37,6 +43,10 @@ def _grace(name: str, value: object) -> float:
     return require_number(name, value, minimum=0.0)
 
 
+def _margin(name: str, value: object) -> float:
+    return require_number(name, value, minimum=MIN_LEASE_MARGIN_SECONDS)
+
+
 def _jitter(name: str, value: object) -> float:
     return require_number(name, value, minimum=0.0, maximum=1.0)
 
@@ -49,7 +59,7 @@ SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "grace_seconds": _grace,
     "retry_jitter": _jitter,
     "kill_grace_seconds": _grace,
-    "lease_margin_seconds": _grace,
+    "lease_margin_seconds": _margin,
     "listen": require_bool,
 }
 """``check(name, value)`` per setting: the value as the worker uses it, or

@@ -132,7 +132,7 @@ def uuid4_bytes() -> bytes:
         chunk = pool.chunks.popleft()
     except IndexError:
         fresh = os.urandom(_RandomPool.size)
-        pool.chunks.extend(fresh[i:i + 16] for i in range(16, _RandomPool.size, 16))
+        pool.chunks.extend(fresh[i : i + 16] for i in range(16, _RandomPool.size, 16))
         chunk = fresh[:16]
     raw = bytearray(chunk)
     raw[6] = (raw[6] & 0x0F) | 0x40

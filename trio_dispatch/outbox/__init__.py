@@ -17,8 +17,8 @@ world.
 
 from __future__ import annotations
 
+from ..settings import LEASE_SAFETY_SECONDS
 from .delivery import (
-    LEASE_SAFETY_SECONDS,
     attempt_deadline,
     call_transport,
     claim_due,

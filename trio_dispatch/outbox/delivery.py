@@ -14,14 +14,19 @@ import dataclasses
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
 import anyio
 
 from ..backoff import jittered_backoff
 from ..lifecycle import ACTOR_DELIVERY
 from ..redact import MASK
-from ..settings import CLAIM_LEASE_MARGIN_SECONDS, DEFAULT_BATCH_SIZE
+from ..settings import (
+    CLAIM_LEASE_MARGIN_SECONDS,
+    DEFAULT_BATCH_SIZE,
+    LEASE_SAFETY_SECONDS,
+    MIN_LEASE_MARGIN_SECONDS,
+)
 from ..store.base import Database
 from ..transports import (
     NOTIFY_TIMEOUT_SECONDS,
@@ -44,10 +49,6 @@ from .machine import (
     finish_many,
     release,
 )
-
-LEASE_SAFETY_SECONDS: Final = 1.0
-"""A transport still running this close to its claim's lease end is
-cancelled, so no second claimant can ever overlap it."""
 
 
 def require_store(db: object, caller: str) -> None:
@@ -120,8 +121,7 @@ async def finish_and_claim_next(
     one commit per delivery, not two, and its slot never waits for a scan.
     Returns the outcome, the next claim or None, and that scan's counters."""
     delay = jittered_backoff(claim.attempt, retry_jitter)
-    end = AttemptEnd(claim, result, clock(), delay, actor, next_lease=lease_seconds,
-                     clock=clock)
+    end = AttemptEnd(claim, result, clock(), delay, actor, next_lease=lease_seconds, clock=clock)
     return await db.write_many(finish_and_claim, end)
 
 
@@ -203,24 +203,28 @@ async def deliver_due_dispatches(
     timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
     retry_jitter: float = 0.0,
     actor: str = ACTOR_DELIVERY,
+    lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,
 ) -> dict[str, int]:
     """One due scan: expire, claim, send and finish up to ``batch_size`` due
     rows, one at a time; return ``{attempted, delivered, dead_letter,
     expired, retried}``.
 
     Each row is claimed (with :func:`claim_due`, as the worker claims) just
-    before its own send, so its lease -- ``timeout + 5`` seconds -- starts
-    when its transport does. The transport is ``transport`` if given, else
-    the argv ``notify_template`` (None or an invalid template is a recorded
-    transport failure, never an exception). No transaction is open while a
-    transport runs. Cancellation stops the scan; an attempt interrupted
-    mid-send stays ``delivering`` and is recovered when its lease ends.
+    before its own send, so its lease -- ``timeout + lease_margin_seconds``,
+    ``timeout + 5`` by default -- starts when its transport does. The
+    transport is ``transport`` if given, else the argv ``notify_template``
+    (None or an invalid template is a recorded transport failure, never an
+    exception). No transaction is open while a transport runs. Cancellation
+    stops the scan; an attempt interrupted mid-send stays ``delivering`` and
+    is recovered when its lease ends.
     """
     require_store(db, "deliver_due_dispatches")
     clock = clock_from(now)
     limit = require_int("batch_size", batch_size, minimum=1)
     timeout = require_number("timeout_seconds", timeout_seconds, minimum=0.0)
-    lease = timeout + CLAIM_LEASE_MARGIN_SECONDS
+    lease = timeout + require_number(
+        "lease_margin_seconds", lease_margin_seconds, minimum=MIN_LEASE_MARGIN_SECONDS
+    )
     sender: Transport = (
         CommandTransport(notify_template, timeout=timeout)
         if transport is None
@@ -240,7 +244,8 @@ async def deliver_due_dispatches(
                 result = await call_transport(sender, claim)
             if result is None:
                 result = lease_timeout_result(lease)
-            outcome = await finish_attempt(db, claim, result, retry_jitter=retry_jitter,
-                                           actor=actor, clock=clock)
+            outcome = await finish_attempt(
+                db, claim, result, retry_jitter=retry_jitter, actor=actor, clock=clock
+            )
             tally(counts, result, outcome)
     return counts

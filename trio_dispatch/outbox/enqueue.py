@@ -77,7 +77,10 @@ def prepare(
         kind=kind_,
         deliver_to=route,
         payload=dispatch_envelope_json(
-            dispatch_id=dispatch_id, kind=kind_, deliver_to=route, ack_token=token,
+            dispatch_id=dispatch_id,
+            kind=kind_,
+            deliver_to=route,
+            ack_token=token,
             body_json=body_json,
         ),
         dedup_key=key,
@@ -98,8 +101,9 @@ def prepare_items(items: Iterable[Mapping[str, Any]], max_body_bytes: int) -> li
     batch: list[NewDispatch] = []
     for index, item in enumerate(items):
         if not isinstance(item, Mapping):
-            raise TypeError(f"item {index} must be a mapping of enqueue arguments, got "
-                            f"{show(item)}")
+            raise TypeError(
+                f"item {index} must be a mapping of enqueue arguments, got {show(item)}"
+            )
         unknown = set(item) - ENQUEUE_KEYS
         if unknown:
             raise TypeError(
@@ -167,7 +171,9 @@ async def enqueue_dispatch(
 
 
 async def commit_new(
-    db: Database, batch: Sequence[NewDispatch], clock: Callable[[], float],
+    db: Database,
+    batch: Sequence[NewDispatch],
+    clock: Callable[[], float],
     name_items: bool = False,
 ) -> list[EnqueueResult]:
     """Write prepared dispatches in one transaction and wake this process's

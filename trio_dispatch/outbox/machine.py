@@ -69,8 +69,7 @@ class NewDispatch:
     @property
     def plain(self) -> bool:
         """No dedup key and no provenance link: nothing to look up first."""
-        return self.dedup_key is None and self.session_id is None and (
-            self.schedule_run_id is None)
+        return self.dedup_key is None and self.session_id is None and (self.schedule_run_id is None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +156,21 @@ def transition_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
         metadata = change.metadata
         if not isinstance(metadata, str):
             metadata = json.dumps(dict(metadata or {}))
-        rows.append((ENTITY_TYPE, change.dispatch_id, change.previous, change.status,
-                     change.reason, change.summary, change.source, change.actor, "[]",
-                     metadata, change.now))
+        rows.append(
+            (
+                ENTITY_TYPE,
+                change.dispatch_id,
+                change.previous,
+                change.status,
+                change.reason,
+                change.summary,
+                change.source,
+                change.actor,
+                "[]",
+                metadata,
+                change.now,
+            )
+        )
     return rows
 
 
@@ -177,17 +188,39 @@ def record(conn: Conn, changes: Sequence[Change]) -> None:
 
 
 def _enqueued(new: NewDispatch, now: float) -> Change:
-    return Change(new.id, None, Status.PENDING, Reason.ENQUEUED, f"enqueued kind={new.kind}",
-                  Source.SYSTEM, ACTOR_ENQUEUE, now, "{}")
+    return Change(
+        new.id,
+        None,
+        Status.PENDING,
+        Reason.ENQUEUED,
+        f"enqueued kind={new.kind}",
+        Source.SYSTEM,
+        ACTOR_ENQUEUE,
+        now,
+        "{}",
+    )
 
 
 # -- enqueue ---------------------------------------------------------------------
 
 
 def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
-    return (new.id, new.kind, new.deliver_to, new.payload, new.dedup_key, new.max_attempts, now,
-            int(new.ack_required), new.ack_token, new.session_id, new.schedule_run_id, now,
-            new.expires_at, now)
+    return (
+        new.id,
+        new.kind,
+        new.deliver_to,
+        new.payload,
+        new.dedup_key,
+        new.max_attempts,
+        now,
+        int(new.ack_required),
+        new.ack_token,
+        new.session_id,
+        new.schedule_run_id,
+        now,
+        new.expires_at,
+        now,
+    )
 
 
 def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
@@ -199,9 +232,10 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
         ("session_id", new.session_id, "sessions"),
         ("schedule_run_id", new.schedule_run_id, "schedule_runs"),
     ):
-        if value is not None and conn.query_one(
-            f"SELECT 1 AS found FROM {table} WHERE id = ?", (value,)
-        ) is None:
+        if (
+            value is not None
+            and conn.query_one(f"SELECT 1 AS found FROM {table} WHERE id = ?", (value,)) is None
+        ):
             raise ValueError(f"{column} {value!r} does not exist in {table}")
     if new.dedup_key is not None:
         hit = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
@@ -249,15 +283,15 @@ def insert_all(
     if len(plain) < 2:
         return [one(index, new) for index, new in enumerate(batch)]
     done = {result.id: result for result in insert_plain(conn, [(new, now) for new in plain])}
-    return [done[new.id] if new.id in done else one(index, new)
-            for index, new in enumerate(batch)]
+    return [done[new.id] if new.id in done else one(index, new) for index, new in enumerate(batch)]
 
 
 # -- claims ----------------------------------------------------------------------
 
 
-def select_due(conn: Conn, now: float, limit: int, columns: str = sql.COLUMNS, *,
-               lock: bool = False) -> list[Row]:
+def select_due(
+    conn: Conn, now: float, limit: int, columns: str = sql.COLUMNS, *, lock: bool = False
+) -> list[Row]:
     """Up to ``limit`` due rows, ordered by ``next_attempt_at, created_at``
     (SPEC B5): one ordered range read of the due index per live status,
     merged here; finished rows are not in the index."""
@@ -274,10 +308,17 @@ def select_due(conn: Conn, now: float, limit: int, columns: str = sql.COLUMNS, *
 def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
     """A due row past ``expires_at`` becomes ``expired`` (guarded on the
     status and attempt it was read with)."""
-    change = Change(row["id"], row["status"], Status.EXPIRED, Reason.DEADLINE,
-                    f"expires_at {row['expires_at']} passed before attempt {row['attempt'] + 1}",
-                    Source.SCHEDULER, actor, now,
-                    {"expires_at": row["expires_at"], "attempt": row["attempt"]})
+    change = Change(
+        row["id"],
+        row["status"],
+        Status.EXPIRED,
+        Reason.DEADLINE,
+        f"expires_at {row['expires_at']} passed before attempt {row['attempt'] + 1}",
+        Source.SCHEDULER,
+        actor,
+        now,
+        {"expires_at": row["expires_at"], "attempt": row["attempt"]},
+    )
     history = transition_rows([change])
     changed = conn.execute(sql.EXPIRE, (now, row["id"], row["status"], row["attempt"], now))
     if changed:
@@ -290,12 +331,21 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
     is dead-lettered instead of sent again (``max_attempts`` bounds every
     send)."""
     attempt = row["attempt"]
-    change = Change(row["id"], Status.DELIVERING, Status.DEAD_LETTER, Reason.MAX_ATTEMPTS,
-                    f"lease expired during attempt {attempt} of {row['max_attempts']}",
-                    Source.SCHEDULER, actor, now, {"attempt": attempt})
+    change = Change(
+        row["id"],
+        Status.DELIVERING,
+        Status.DEAD_LETTER,
+        Reason.MAX_ATTEMPTS,
+        f"lease expired during attempt {attempt} of {row['max_attempts']}",
+        Source.SCHEDULER,
+        actor,
+        now,
+        {"attempt": attempt},
+    )
     history = transition_rows([change])
     changed = conn.execute(
-        sql.SPEND, (now, "lease expired during the last attempt", row["id"], attempt, now))
+        sql.SPEND, (now, "lease expired during the last attempt", row["id"], attempt, now)
+    )
     if changed:
         insert_rows(conn, history)
     return bool(changed)
@@ -313,7 +363,9 @@ def claim_batch(
     claimant's lease had run out)."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     rows = select_due(
-        conn, at, limit,
+        conn,
+        at,
+        limit,
         f"id, {conn.row_key} AS row_key, status, attempt, max_attempts, expires_at, "
         "next_attempt_at, created_at",
         lock=True,
@@ -337,30 +389,42 @@ def claim_batch(
         # Selected in this same write transaction, so (status, attempt) are
         # still what was read, and the row key still names the same row; the
         # status guard restates it for the record.
-        won = conn.query(sql.claim_rows(conn.row_key, len(group)),
-                         (lease_until, at, *(row["row_key"] for row in group), previous))
+        won = conn.query(
+            sql.claim_rows(conn.row_key, len(group)),
+            (lease_until, at, *(row["row_key"] for row in group), previous),
+        )
         recovered = "lease expired; " if previous == Status.DELIVERING else ""
         if recovered:
             counts["recovered"] = counts.get("recovered", 0) + len(won)
         for row in won:
-            claims.append(Claim(
-                dispatch_id=row["id"],
-                kind=row["kind"],
-                deliver_to=row["deliver_to"],
-                payload=row["payload"] if isinstance(row["payload"], str)
-                else json.dumps(row["payload"]),
-                attempt=row["attempt"],
-                max_attempts=row["max_attempts"],
-                ack_required=bool(row["ack_required"]),
-                lease_until=lease_until,
-                ack_token=row["ack_token"],
-            ))
-            changes.append(Change(
-                row["id"], previous, Status.DELIVERING, Reason.ATTEMPT,
-                f"{recovered}attempt {row['attempt']} of {row['max_attempts']}",
-                Source.SCHEDULER, actor, at,
-                f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}',
-            ))
+            claims.append(
+                Claim(
+                    dispatch_id=row["id"],
+                    kind=row["kind"],
+                    deliver_to=row["deliver_to"],
+                    payload=row["payload"]
+                    if isinstance(row["payload"], str)
+                    else json.dumps(row["payload"]),
+                    attempt=row["attempt"],
+                    max_attempts=row["max_attempts"],
+                    ack_required=bool(row["ack_required"]),
+                    lease_until=lease_until,
+                    ack_token=row["ack_token"],
+                )
+            )
+            changes.append(
+                Change(
+                    row["id"],
+                    previous,
+                    Status.DELIVERING,
+                    Reason.ATTEMPT,
+                    f"{recovered}attempt {row['attempt']} of {row['max_attempts']}",
+                    Source.SCHEDULER,
+                    actor,
+                    at,
+                    f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}',
+                )
+            )
     record(conn, changes)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
     return claims, counts
@@ -391,26 +455,55 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
     claim, result, delay = end.claim, end.result, end.delay
     attempts_left = claim.attempt < claim.max_attempts
     if result.ok and not claim.ack_required:
-        return (Outcome.DELIVERED, Status.DELIVERED, Reason.TRANSPORT_OK,
-                f"transport succeeded on attempt {claim.attempt}", None)
+        return (
+            Outcome.DELIVERED,
+            Status.DELIVERED,
+            Reason.TRANSPORT_OK,
+            f"transport succeeded on attempt {claim.attempt}",
+            None,
+        )
     if result.ok and attempts_left:
-        return (Outcome.AWAITING_ACK, Status.PENDING, Reason.AWAITING_ACK,
-                f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s", None)
+        return (
+            Outcome.AWAITING_ACK,
+            Status.PENDING,
+            Reason.AWAITING_ACK,
+            f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s",
+            None,
+        )
     if result.ok:
-        return (Outcome.ACK_TIMEOUT, Status.DEAD_LETTER, Reason.ACK_TIMEOUT,
-                f"sent {claim.attempt} of {claim.max_attempts} times without an ack", None)
+        return (
+            Outcome.ACK_TIMEOUT,
+            Status.DEAD_LETTER,
+            Reason.ACK_TIMEOUT,
+            f"sent {claim.attempt} of {claim.max_attempts} times without an ack",
+            None,
+        )
     error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
     if result.permanent:
         # A failure no retry can fix (the OS refusing the argv as too
         # large): retrying would fail the same way for hours.
-        return (Outcome.DEAD_LETTER, Status.DEAD_LETTER, Reason.MAX_ATTEMPTS,
-                f"attempt {claim.attempt} failed permanently, no retry can succeed: "
-                f"{error[:200]}", error)
+        return (
+            Outcome.DEAD_LETTER,
+            Status.DEAD_LETTER,
+            Reason.MAX_ATTEMPTS,
+            f"attempt {claim.attempt} failed permanently, no retry can succeed: {error[:200]}",
+            error,
+        )
     if attempts_left:
-        return (Outcome.RETRY, Status.PENDING, Reason.RETRY_BACKOFF,
-                f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}", error)
-    return (Outcome.DEAD_LETTER, Status.DEAD_LETTER, Reason.MAX_ATTEMPTS,
-            f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}", error)
+        return (
+            Outcome.RETRY,
+            Status.PENDING,
+            Reason.RETRY_BACKOFF,
+            f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}",
+            error,
+        )
+    return (
+        Outcome.DEAD_LETTER,
+        Status.DEAD_LETTER,
+        Reason.MAX_ATTEMPTS,
+        f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}",
+        error,
+    )
 
 
 def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
@@ -435,16 +528,42 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             metadata["error"] = error
         if end.result.permanent:
             metadata["permanent"] = True
-        changes.append(Change(claim.dispatch_id, Status.DELIVERING, status, reason, summary,
-                              Source.SCHEDULER, end.actor, end.now, metadata))
-        params += [claim.dispatch_id, claim.attempt, claim.lease_until, status, next_at,
-                   end.now, error]
+        changes.append(
+            Change(
+                claim.dispatch_id,
+                Status.DELIVERING,
+                status,
+                reason,
+                summary,
+                Source.SCHEDULER,
+                end.actor,
+                end.now,
+                metadata,
+            )
+        )
+        params += [
+            claim.dispatch_id,
+            claim.attempt,
+            claim.lease_until,
+            status,
+            next_at,
+            end.now,
+            error,
+        ]
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
     applied = {row["id"] for row in conn.query(sql.finish_attempts(len(ends)), params)}
-    insert_rows(conn, [row for row, change in zip(history, changes, strict=True)
-                       if change.dispatch_id in applied])
-    return [plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
-            for end, plan in zip(ends, plans, strict=True)]
+    insert_rows(
+        conn,
+        [
+            row
+            for row, change in zip(history, changes, strict=True)
+            if change.dispatch_id in applied
+        ],
+    )
+    return [
+        plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
+        for end, plan in zip(ends, plans, strict=True)
+    ]
 
 
 def finish_and_claim(
@@ -480,11 +599,21 @@ def release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
     else:
         status, reason, outcome = Status.PENDING, Reason.RELEASED, Outcome.RELEASED
         summary = f"worker shutdown interrupted attempt {claim.attempt}; due now"
-    change = Change(claim.dispatch_id, Status.DELIVERING, status, reason, summary,
-                    Source.SCHEDULER, actor, now, {"attempt": claim.attempt})
+    change = Change(
+        claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        actor,
+        now,
+        {"attempt": claim.attempt},
+    )
     history = transition_rows([change])
-    if not conn.execute(sql.RELEASE, (status, now, now, claim.dispatch_id, claim.attempt,
-                                      claim.lease_until)):
+    if not conn.execute(
+        sql.RELEASE, (status, now, now, claim.dispatch_id, claim.attempt, claim.lease_until)
+    ):
         return Outcome.CONFLICT
     insert_rows(conn, history)
     return outcome
@@ -510,8 +639,9 @@ def cas_status(
     with, and record the transition. False (nothing written) on a conflict."""
     change = Change(row["id"], row["status"], to_status, reason, summary, source, actor, now)
     history = transition_rows([change])
-    changed = conn.execute(sql.set_status(assignments),
-                           (to_status, now, *params, row["id"], row["status"]))
+    changed = conn.execute(
+        sql.set_status(assignments), (to_status, now, *params, row["id"], row["status"])
+    )
     if changed:
         insert_rows(conn, history)
     return bool(changed)
@@ -520,8 +650,17 @@ def cas_status(
 def delete(conn: Conn, row: Row, reason: Reason, summary: str, actor: str, now: float) -> bool:
     """Remove a row (purge or retention) if it still has the status it was
     read with, recording who and when: its history is kept (SPEC B9)."""
-    change = Change(row["id"], row["status"], PURGED, reason, summary, Source.OPERATOR, actor,
-                    now, {"attempt": row["attempt"], "kind": row["kind"]})
+    change = Change(
+        row["id"],
+        row["status"],
+        PURGED,
+        reason,
+        summary,
+        Source.OPERATOR,
+        actor,
+        now,
+        {"attempt": row["attempt"], "kind": row["kind"]},
+    )
     history = transition_rows([change])
     deleted = conn.execute(sql.DELETE, (row["id"], row["status"]))
     if deleted:

@@ -118,7 +118,9 @@ async def retry_dispatch(
         return False
     if row["status"] not in RETRYABLE:
         raise InvalidTransition(
-            dispatch_id, row["status"], Status.PENDING,
+            dispatch_id,
+            row["status"],
+            Status.PENDING,
             "operator retry is only for dead_letter or expired dispatches",
         )
 
@@ -162,8 +164,9 @@ async def purge_dispatch(
         )
         if row is None:
             return False
-        return delete(conn, row, Reason.PURGED_OPERATOR, f"purged from {row['status']}",
-                      actor, clock())
+        return delete(
+            conn, row, Reason.PURGED_OPERATOR, f"purged from {row['status']}", actor, clock()
+        )
 
     return await db.write(purge)
 
@@ -214,6 +217,7 @@ async def prune_dispatches(
         for status in chosen
     }
     if dry_run:
+
         def count(conn: Conn) -> int:
             total = 0
             for status, cutoff in cutoffs.items():
@@ -228,8 +232,14 @@ async def prune_dispatches(
         for status, cutoff in cutoffs.items():
             rows = conn.query(sql.finished_older_than(status), (cutoff, PRUNE_CHUNK - removed))
             for row in rows:
-                removed += delete(conn, row, Reason.PURGED_RETENTION,
-                                  f"retention: {status} older than cutoff", actor, at)
+                removed += delete(
+                    conn,
+                    row,
+                    Reason.PURGED_RETENTION,
+                    f"retention: {status} older than cutoff",
+                    actor,
+                    at,
+                )
             if removed >= PRUNE_CHUNK:
                 break
         return removed

@@ -51,9 +51,7 @@ async def list_dispatches(
     """Rows newest first, optionally of one ``status`` (one of the six) and
     ``kind``, at most ``limit``."""
     if status is not None and status not in STATUSES:
-        raise ValueError(
-            f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}"
-        )
+        raise ValueError(f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}")
     limit = require_int("limit", limit, minimum=1)
     if kind is not None:
         require_text("kind", kind)
@@ -83,8 +81,7 @@ async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any
         return []
     rows = await db.read(
         lambda conn: conn.query(
-            "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
-            "ORDER BY id",
+            "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? ORDER BY id",
             (ENTITY_TYPE, dispatch_id),
         )
     )

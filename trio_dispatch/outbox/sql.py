@@ -80,9 +80,7 @@ SPEND: Final = (
 # Every write that ends an attempt is fenced on the claim: its attempt and
 # its lease (`next_attempt_at` as the claim set it). The attempt alone is not
 # unique once an operator retry resets it to 0; the lease time is.
-FENCE: Final = (
-    f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
-)
+FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
 
 
 def finish_attempts(count: int) -> str:

@@ -7,6 +7,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..redact import mask_url, one_line, url_secrets
 from ..values import show
@@ -26,8 +27,10 @@ from .base import (
     check_busy_timeout,
     parse_target,
 )
-from .postgres import PostgresStore
 from .sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -37,7 +40,6 @@ __all__ = [
     "Conn",
     "Database",
     "Durability",
-    "PostgresStore",
     "Row",
     "SQLiteStore",
     "SchemaError",
@@ -49,13 +51,11 @@ __all__ = [
 ]
 
 
-def _driver_errors() -> tuple[type[BaseException], ...]:
+def _driver_errors(engine: str) -> tuple[type[BaseException], ...]:
     errors: list[type[BaseException]] = [sqlite3.Error, OSError]
-    try:
+    if engine == "postgres":
         import psycopg
-    except ImportError:  # pragma: no cover - without the postgres extra
-        pass
-    else:
+
         errors.append(psycopg.Error)
     return tuple(errors)
 
@@ -114,28 +114,40 @@ async def open_store(
     if durability not in DURABILITIES:
         raise ValueError(f"durability must be one of {DURABILITIES}, got {show(durability)}")
     busy_timeout = check_busy_timeout(busy_timeout)
-    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or (
-        max_body_bytes < 1
+    if (
+        isinstance(max_body_bytes, bool)
+        or not isinstance(max_body_bytes, int)
+        or (max_body_bytes < 1)
     ):
         raise ValueError(f"max_body_bytes must be an int >= 1, got {show(max_body_bytes)}")
     raw = os.fspath(target)
     engine, location = parse_target(raw)
     store: SQLiteStore | PostgresStore
     if engine == "postgres":
-        store = PostgresStore(location, durability=durability, busy_timeout=busy_timeout,
-                              read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
+        from .postgres import PostgresStore  # psycopg is imported only for it
+
+        store = PostgresStore(
+            location,
+            durability=durability,
+            busy_timeout=busy_timeout,
+            read_only=read_only,
+            migrate=migrate,
+            max_body_bytes=max_body_bytes,
+        )
     else:
-        store = SQLiteStore(location, durability=durability, busy_timeout=busy_timeout,
-                            read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes,
-                            snapshot=snapshot)
+        store = SQLiteStore(
+            location,
+            durability=durability,
+            busy_timeout=busy_timeout,
+            read_only=read_only,
+            migrate=migrate,
+            max_body_bytes=max_body_bytes,
+            snapshot=snapshot,
+        )
     try:
-        await store._open()
-    except _driver_errors() as exc:
-        store._stop_writer_thread()
+        await store.open()
+    except _driver_errors(engine) as exc:
         raise _open_error(exc, engine, location, mask_url(raw)) from None
-    except BaseException:
-        store._stop_writer_thread()
-        raise
     try:
         yield store
     finally:

@@ -112,7 +112,7 @@ def parse_target(target: str) -> tuple[Engine, str]:
     if target.startswith(("postgresql://", "postgres://")):
         return "postgres", target
     if target.startswith("sqlite:"):
-        rest = target[len("sqlite:"):]
+        rest = target[len("sqlite:") :]
         if not rest.startswith("///"):
             raise ValueError(
                 f"store URL must look like sqlite:///relative.db or sqlite:////absolute.db, "

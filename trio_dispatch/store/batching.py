@@ -183,6 +183,12 @@ class BatchingStore(abc.ABC):
     # -- what an engine supplies (all called on the writer's thread) ---------
 
     @abc.abstractmethod
+    def _connect_all(self) -> None:
+        """Open the connections; create or migrate the schema (``migrate``),
+        or check that it is current. Raise, leaving nothing open, on
+        failure."""
+
+    @abc.abstractmethod
     def _begin(self) -> None:
         """Start a write transaction on the writer connection (waiting for
         other processes' writers as the engine allows)."""
@@ -205,6 +211,15 @@ class BatchingStore(abc.ABC):
         """Close every connection (the store is idle)."""
 
     # -- lifecycle -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect on the writer's thread (see :meth:`_connect_all`). If that
+        fails, the thread is stopped again and the error propagates."""
+        try:
+            await self._in_writer(self._connect_all)
+        except BaseException:
+            self._stop_writer_thread()
+            raise
 
     async def aclose(self) -> None:
         """Wait for the writer to go idle, then close the connections."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -23,11 +22,10 @@ from .base import (
     SchemaError,
     StoreError,
     T,
-    check_schema_version,
     parse_target,
 )
 from .batching import BatchingStore, BatchingTransaction
-from .schema import MIGRATIONS, SCHEMA_VERSION, SCHEMA_VERSION_TABLE
+from .schema import SQLITE, migrate, require_current
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -129,8 +127,11 @@ def _file_header(path: str) -> bytes:
 
 def _open_read_only(path: str, busy_timeout: float, *, immutable: bool) -> sqlite3.Connection:
     conn = sqlite3.connect(
-        _uri(path, "ro", immutable=immutable), timeout=busy_timeout, isolation_level=None,
-        check_same_thread=False, uri=True,
+        _uri(path, "ro", immutable=immutable),
+        timeout=busy_timeout,
+        isolation_level=None,
+        check_same_thread=False,
+        uri=True,
     )
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -180,41 +181,17 @@ def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sql
         return _open_read_only(path, busy_timeout, immutable=True)
 
 
-def _schema_version(conn: sqlite3.Connection) -> int | None:
-    """The recorded schema version, or None if the database has none."""
-    found = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (SCHEMA_VERSION_TABLE,)
-    ).fetchone()
-    if found is None:
-        return None
-    row = conn.execute(f"SELECT MAX(version) FROM {SCHEMA_VERSION_TABLE}").fetchone()
-    return int(row[0] or 0)
-
-
 def _migrate(conn: sqlite3.Connection, path: str) -> int | None:
-    """Bring the schema to :data:`SCHEMA_VERSION`, forward only, in one
-    IMMEDIATE transaction; return the version found before (None: none)."""
+    """:func:`~.schema.migrate` in one IMMEDIATE transaction (which keeps
+    other migrators out); return the version found before."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        recorded = _schema_version(conn)
-        check_schema_version(recorded, repr(path), SCHEMA_VERSION, migrating=True)
-        conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {SCHEMA_VERSION_TABLE} "
-            "(version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"
-        )
-        found = recorded or 0
-        for version in range(found, SCHEMA_VERSION):
-            for statement in MIGRATIONS[version]:
-                conn.execute(statement)
-            conn.execute(
-                f"INSERT INTO {SCHEMA_VERSION_TABLE} (version, applied_at) VALUES (?, ?)",
-                (version + 1, time.time()),
-            )
+        found = migrate(SQLiteConn(conn), SQLITE, repr(path))
     except BaseException:
         _rollback(conn)
         raise
     _commit(conn)
-    return recorded
+    return found
 
 
 def _rollback(conn: sqlite3.Connection | None) -> None:
@@ -257,8 +234,7 @@ class SQLiteStore(BatchingStore):
         if read_only and path == ":memory:":
             raise ValueError("a read-only store needs a database file, not ':memory:'")
         url = "sqlite:///:memory:" if path == ":memory:" else f"sqlite:///{path}"
-        super().__init__(url, read_only=read_only, migrate=migrate,
-                         max_body_bytes=max_body_bytes)
+        super().__init__(url, read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
         self.path = path
         self.snapshot = snapshot and read_only
         """A one-off read: an idle database is read without creating its
@@ -270,46 +246,44 @@ class SQLiteStore(BatchingStore):
         self._reader_conn: SQLiteConn | None = None
         self._read_limiter = anyio.CapacityLimiter(1)
 
-    async def _open(self) -> None:
+    def _connect_all(self) -> None:
         where = repr(self.path)
-
-        def open_read_only() -> None:
-            reader = _connect_read_only(self.path, busy_timeout=self.busy_timeout,
-                                        snapshot=self.snapshot)
+        if self.read_only:
+            reader = _connect_read_only(
+                self.path, busy_timeout=self.busy_timeout, snapshot=self.snapshot
+            )
             try:
-                self.found_schema_version = _schema_version(reader)
-                check_schema_version(self.found_schema_version, where, SCHEMA_VERSION,
-                                     migrating=False)
+                self.found_schema_version = require_current(SQLiteConn(reader), SQLITE, where)
             except BaseException:
                 reader.close()
                 raise
             self._reader, self._reader_conn = reader, SQLiteConn(reader)
-
-        def open_all() -> None:
-            writer = _connect(self.path, mode="rwc" if self.migrate else "rw",
-                              durability=self.durability, busy_timeout=self.busy_timeout,
-                              wal=self.migrate)
-            try:
-                if self.migrate:
-                    self.found_schema_version = _migrate(writer, self.path)
-                else:  # only an existing outbox may be put in WAL mode
-                    self.found_schema_version = _schema_version(writer)
-                    check_schema_version(self.found_schema_version, where, SCHEMA_VERSION,
-                                         migrating=False)
-                    _use_wal(writer, self.path)
-                if self.path != ":memory:":
-                    reader = _connect(self.path, mode="rw", durability=self.durability,
-                                      busy_timeout=self.busy_timeout)
-                    reader.execute("PRAGMA query_only = ON")
-                    self._reader = reader
-                    self._reader_conn = SQLiteConn(reader)
-            except BaseException:
-                writer.close()
-                raise
-            self._writer = writer
-            self._writer_conn = SQLiteConn(writer)
-
-        await self._in_writer(open_read_only if self.read_only else open_all)
+            return
+        writer = _connect(
+            self.path,
+            mode="rwc" if self.migrate else "rw",
+            durability=self.durability,
+            busy_timeout=self.busy_timeout,
+            wal=self.migrate,
+        )
+        try:
+            if self.migrate:
+                self.found_schema_version = _migrate(writer, self.path)
+            else:  # only an existing outbox may be put in WAL mode
+                self.found_schema_version = require_current(SQLiteConn(writer), SQLITE, where)
+                _use_wal(writer, self.path)
+            if self.path != ":memory:":
+                reader = _connect(
+                    self.path, mode="rw", durability=self.durability, busy_timeout=self.busy_timeout
+                )
+                reader.execute("PRAGMA query_only = ON")
+                self._reader = reader
+                self._reader_conn = SQLiteConn(reader)
+        except BaseException:
+            writer.close()
+            raise
+        self._writer = writer
+        self._writer_conn = SQLiteConn(writer)
 
     # -- the engine primitives -------------------------------------------------
 

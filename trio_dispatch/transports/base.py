@@ -67,8 +67,9 @@ class TransportResult:
         """A failure whose message is stripped and cut to the first
         :data:`LAST_ERROR_LIMIT` characters (never empty)."""
         text = clean_error(message.strip())
-        return cls(ok=False, error=text or "transport failed without a message",
-                   permanent=permanent)
+        return cls(
+            ok=False, error=text or "transport failed without a message", permanent=permanent
+        )
 
 
 class Transport(Protocol):

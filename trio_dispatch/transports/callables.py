@@ -9,7 +9,6 @@ from typing import Final
 
 import anyio
 import sniffio
-import trio_asyncio
 
 from .base import (
     NOTIFY_TIMEOUT_SECONDS,
@@ -62,7 +61,6 @@ class CallableTransport:
             return outcome
         return TransportResult.success()
 
-
     async def _invoke(self, delivery: Delivery) -> object:
         return await self.fn(delivery)
 
@@ -83,6 +81,8 @@ class AsyncioCallableTransport(CallableTransport):
     async def _invoke(self, delivery: Delivery) -> object:
         if sniffio.current_async_library() != "trio":
             return await self.fn(delivery)
+        import trio_asyncio  # only where asyncio code runs under trio (~0.1 s to import)
+
         if trio_asyncio.current_loop.get() is not None:
             return await trio_asyncio.aio_as_trio(self.fn)(delivery)
         async with trio_asyncio.open_loop():

@@ -79,8 +79,9 @@ class ChildEnvironment:
 
     def __post_init__(self) -> None:
         if self.allow is not None and self.inherit:
-            raise ValueError("dispatch.env: give either allow (a list of names) or "
-                             "inherit: true, not both")
+            raise ValueError(
+                "dispatch.env: give either allow (a list of names) or inherit: true, not both"
+            )
 
     def build(self, base: Mapping[str, str]) -> dict[str, str]:
         if self.inherit:
@@ -88,7 +89,8 @@ class ChildEnvironment:
         if self.allow is not None:
             return {name: base[name] for name in self.allow if name in base}
         return {
-            name: value for name, value in base.items()
+            name: value
+            for name, value in base.items()
             if name not in self.drop and not looks_secret(name, value)
         }
 
@@ -281,8 +283,7 @@ class CommandTransport:
         except OSError as exc:
             if is_too_big(exc):
                 size = sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in argv) + sum(
-                    len(k) + len(v.encode("utf-8", "surrogateescape")) + 2
-                    for k, v in env.items()
+                    len(k) + len(v.encode("utf-8", "surrogateescape")) + 2 for k, v in env.items()
                 )
                 return TransportResult.failure(
                     f"cannot execute {argv[0]!r}: the OS refuses an argv and environment of "

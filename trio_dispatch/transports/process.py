@@ -66,8 +66,9 @@ def _find_setpriv() -> str | None:
     if setpriv is None:
         return None
     try:
-        done = subprocess.run([setpriv, "--help"], capture_output=True, timeout=10,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [setpriv, "--help"], capture_output=True, timeout=10, stdin=subprocess.DEVNULL
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return setpriv if b"--pdeathsig" in done.stdout + done.stderr else None
@@ -164,8 +165,11 @@ class _Lifeline:
                     self._send(b"+%d\n" % pgid)
             except (OSError, subprocess.SubprocessError) as exc:
                 self._popen = self._fd = None
-                log.warning("lifeline helper unavailable (%s): a transport's own children "
-                            "may outlive a killed worker", exc)
+                log.warning(
+                    "lifeline helper unavailable (%s): a transport's own children "
+                    "may outlive a killed worker",
+                    exc,
+                )
 
     def unregister(self, pgid: int) -> None:
         with self._lock:

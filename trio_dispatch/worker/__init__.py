@@ -8,5 +8,4 @@ from .loop import FINISH_RETRY_DELAYS, DispatchWorker, Interrupted
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 
-__all__ = ["FINISH_RETRY_DELAYS", "DispatchWorker", "Interrupted", "SlotTable",
-           "WorkerStatistics"]
+__all__ = ["FINISH_RETRY_DELAYS", "DispatchWorker", "Interrupted", "SlotTable", "WorkerStatistics"]

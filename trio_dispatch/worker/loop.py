@@ -32,10 +32,8 @@ from typing import Any, Final
 
 import anyio
 import sniffio
-import trio_asyncio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..config import Config
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
@@ -162,8 +160,12 @@ class DispatchWorker:
         """Wake on other processes' enqueues where the store can tell
         (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
         self.transport: Transport = (
-            CommandTransport(notify_template, timeout=settings.timeout_seconds,
-                             kill_grace=settings.kill_grace_seconds, child_env=child_env)
+            CommandTransport(
+                notify_template,
+                timeout=settings.timeout_seconds,
+                kill_grace=settings.kill_grace_seconds,
+                child_env=child_env,
+            )
             if transport is None
             else as_transport(transport, timeout=settings.timeout_seconds)
         )
@@ -181,22 +183,6 @@ class DispatchWorker:
         self._scan_errors = 0
         self._lease_recoveries = 0
         self._last_scan_at: float | None = None
-
-    @classmethod
-    def from_config(cls, db: Store, config: Config, **overrides: Any) -> DispatchWorker:
-        """A worker with the ``dispatch`` and ``worker`` settings of a loaded
-        configuration file; keyword ``overrides`` win."""
-        settings: dict[str, Any] = {
-            "notify_template": (
-                None if config.dispatch.notify_template is None
-                else list(config.dispatch.notify_template)
-            ),
-            **{field: getattr(config.worker_settings(), field) for field in (
-                "timeout_seconds", "tick_seconds", "concurrency", "batch_size",
-                "grace_seconds", "retry_jitter", "listen")},
-            "child_env": config.dispatch.env,
-        }
-        return cls(db, **{**settings, **overrides})
 
     @property
     def in_flight(self) -> int:
@@ -235,6 +221,8 @@ class DispatchWorker:
         try:
             async with AsyncExitStack() as stack:
                 if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
+                    import trio_asyncio  # imported only when needed (~0.1 s)
+
                     await stack.enter_async_context(trio_asyncio.open_loop())
                 async with anyio.create_task_group() as deliveries:
                     listener = anyio.CancelScope()
@@ -266,7 +254,8 @@ class DispatchWorker:
                     self.log.log(
                         logging.WARNING if failures == 1 else logging.DEBUG,
                         "cross-process wake-ups unavailable; polling every %gs",
-                        self.tick_seconds, exc_info=True,
+                        self.tick_seconds,
+                        exc_info=True,
                     )
                 self.wake()  # catch up on anything enqueued meanwhile
                 await anyio.sleep(self.tick_seconds)
@@ -294,7 +283,10 @@ class DispatchWorker:
             # cancelled meanwhile. Bounded by the store's busy_timeout.
             with anyio.CancelScope(shield=True):
                 claims, counts = await claim_due(
-                    self.db, limit=limit, lease_seconds=self.lease_seconds, actor=self.actor,
+                    self.db,
+                    limit=limit,
+                    lease_seconds=self.lease_seconds,
+                    actor=self.actor,
                     clock=self.clock,
                 )
         except Exception:
@@ -309,7 +301,10 @@ class DispatchWorker:
         if counts["attempted"]:
             self.log.info(
                 "scan: claimed=%d expired=%d dead_letter=%d in_flight=%d",
-                len(claims), counts["expired"], counts["dead_letter"], len(self._slots),
+                len(claims),
+                counts["expired"],
+                counts["dead_letter"],
+                len(self._slots),
             )
         self._backlog = counts["attempted"] >= limit
         if self._backlog:
@@ -338,8 +333,11 @@ class DispatchWorker:
                 try:
                     claim = await self._attempt(current)
                 except Exception:
-                    self.log.exception("dispatch %s attempt %d: delivery task failed",
-                                       current.dispatch_id, current.attempt)
+                    self.log.exception(
+                        "dispatch %s attempt %d: delivery task failed",
+                        current.dispatch_id,
+                        current.attempt,
+                    )
                     self._free_slot(current)
                     return
 
@@ -398,12 +396,20 @@ class DispatchWorker:
             return await self._settle(claim, result), None
         try:
             outcome, next_claim, counts = await finish_and_claim_next(
-                self.db, claim, result, lease_seconds=self.lease_seconds,
-                retry_jitter=self.retry_jitter, actor=self.actor, clock=self.clock,
+                self.db,
+                claim,
+                result,
+                lease_seconds=self.lease_seconds,
+                retry_jitter=self.retry_jitter,
+                actor=self.actor,
+                clock=self.clock,
             )
         except Exception:
-            self.log.exception("dispatch %s attempt %d: recording the outcome failed",
-                               claim.dispatch_id, claim.attempt)
+            self.log.exception(
+                "dispatch %s attempt %d: recording the outcome failed",
+                claim.dispatch_id,
+                claim.attempt,
+            )
             outcome = None
         if outcome is None:  # retried outside the handler: no chained tracebacks
             return await self._settle(claim, result), None
@@ -417,15 +423,21 @@ class DispatchWorker:
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
-                    return await release_attempt(self.db, claim, actor=self.actor,
-                                                 clock=self.clock)
+                    return await release_attempt(self.db, claim, actor=self.actor, clock=self.clock)
                 return await finish_attempt(
-                    self.db, claim, result, retry_jitter=self.retry_jitter, actor=self.actor,
+                    self.db,
+                    claim,
+                    result,
+                    retry_jitter=self.retry_jitter,
+                    actor=self.actor,
                     clock=self.clock,
                 )
             except Exception:
-                self.log.exception("dispatch %s attempt %d: recording the outcome failed",
-                                   claim.dispatch_id, claim.attempt)
+                self.log.exception(
+                    "dispatch %s attempt %d: recording the outcome failed",
+                    claim.dispatch_id,
+                    claim.attempt,
+                )
                 if pause is None or self.clock() + pause >= claim.lease_until:
                     return None
                 await anyio.sleep(pause)
@@ -437,12 +449,20 @@ class DispatchWorker:
         label = "unrecorded" if outcome is None else outcome.value
         # Outside text (kind, a destination's stderr) made visible: it can
         # neither forge a log line nor reach a terminal as escapes.
-        detail = (f" error={visible(repr(error[:200]))}"
-                  if error and outcome is not Outcome.DELIVERED else "")
+        detail = (
+            f" error={visible(repr(error[:200]))}"
+            if error and outcome is not Outcome.DELIVERED
+            else ""
+        )
         self.log.info(
             "dispatch %s kind=%s attempt=%d/%d result=%s duration=%.0fms%s",
-            claim.dispatch_id, visible(claim.kind), claim.attempt, claim.max_attempts, label,
-            (time.monotonic() - started) * 1000, detail,
+            claim.dispatch_id,
+            visible(claim.kind),
+            claim.attempt,
+            claim.max_attempts,
+            label,
+            (time.monotonic() - started) * 1000,
+            detail,
         )
 
     async def _stop_deliveries(self) -> None:
@@ -450,7 +470,10 @@ class DispatchWorker:
         rows themselves, inside their shields)."""
         if not len(self._slots):
             return
-        self.log.info("stopping: waiting up to %gs for %d running deliveries",
-                      self.grace_seconds, len(self._slots))
+        self.log.info(
+            "stopping: waiting up to %gs for %d running deliveries",
+            self.grace_seconds,
+            len(self._slots),
+        )
         await self._slots.wait_drained(self.grace_seconds)
         self._slots.cancel_all()

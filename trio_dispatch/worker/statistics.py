@@ -38,6 +38,10 @@ class WorkerStatistics:
     @property
     def counts(self) -> dict[str, int]:
         """The five counters of ``deliver_due_dispatches``."""
-        return {"attempted": self.attempted, "delivered": self.delivered,
-                "dead_letter": self.dead_letter, "expired": self.expired,
-                "retried": self.retried}
+        return {
+            "attempted": self.attempted,
+            "delivered": self.delivered,
+            "dead_letter": self.dead_letter,
+            "expired": self.expired,
+            "retried": self.retried,
+        }
