@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import re
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from trio_dispatch import (
     get_dispatch,
     open_store,
 )
-from trio_dispatch.signal import uuid4_bytes
+from trio_dispatch.signal import uuid7_bytes
 from trio_dispatch.store import SQLiteStore
 
 from .conftest import RawDB
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.anyio
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 
 
-async def test_ids_are_uuid4_hex_and_token_exists_only_when_ack_required(
+async def test_ids_are_time_ordered_uuid7_hex_and_token_exists_only_when_ack_required(
     store: SQLiteStore, raw: RawDB
 ) -> None:
     plain = await enqueue_dispatch(store, kind="k", deliver_to="seat")
@@ -40,39 +41,51 @@ async def test_ids_are_uuid4_hex_and_token_exists_only_when_ack_required(
     assert HEX32.match(plain) and HEX32.match(acked)
     for value in (plain, acked):
         parsed = uuid.UUID(hex=value)
-        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+        stamp_ms = int.from_bytes(parsed.bytes[:6], "big")
+        assert abs(stamp_ms / 1000 - time.time()) < 60  # its first 48 bits: Unix ms
+    assert plain < acked  # made later, sorts later
     assert raw.row(plain)["ack_token"] is None
     assert raw.row(plain)["ack_required"] == 0
     token = raw.row(acked)["ack_token"]
     assert isinstance(token, str) and HEX32.match(token) and token != acked
-    assert uuid.UUID(hex=token).version == 4
+    assert token[:12] != acked[:12]  # a secret: random, not a timestamp
     assert raw.row(acked)["ack_required"] == 1
-    assert json.loads(str(raw.row(acked)["payload"]))["ack_token"] == token
+    payload = json.loads(str(raw.row(acked)["payload"]))
+    assert payload["ack_token"] == token
+    assert uuid.UUID(payload["id"]).version == 7
+
+
+async def test_ids_enqueued_one_after_another_sort_in_that_order(store: SQLiteStore) -> None:
+    ids = [await enqueue_dispatch(store, kind="k", deliver_to="seat") for _ in range(50)]
+    results = await enqueue_many(store, [{"kind": "k", "deliver_to": "s"}] * 500)
+    ids += [result.id for result in results]
+    assert ids == sorted(ids)
 
 
 def _ids_in_child(conn: Any) -> None:
-    conn.send([uuid4_bytes().hex() for _ in range(64)])
+    conn.send([uuid7_bytes().hex() for _ in range(64)])
     conn.close()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_never_reuses_its_parents_random_ids() -> None:
-    uuid4_bytes()  # the parent's pool now holds bytes a child would inherit
+    uuid7_bytes()  # the parent's pool now holds bytes a child would inherit
     parent_end, child_end = multiprocessing.get_context("fork").Pipe()
     child = multiprocessing.get_context("fork").Process(target=_ids_in_child, args=(child_end,))
     child.start()
     in_child = set(parent_end.recv())
     child.join(timeout=30)
-    in_parent = {uuid4_bytes().hex() for _ in range(64)}
+    in_parent = {uuid7_bytes().hex() for _ in range(64)}
     assert len(in_child) == len(in_parent) == 64
     assert not in_child & in_parent
 
 
-def test_ids_drawn_on_many_threads_are_all_distinct_uuid4() -> None:
+def test_ids_drawn_on_many_threads_are_all_distinct_uuid7() -> None:
     found: list[str] = []
 
     def draw() -> None:
-        found.extend(uuid4_bytes().hex() for _ in range(2000))
+        found.extend(uuid7_bytes().hex() for _ in range(2000))
 
     threads = [threading.Thread(target=draw) for _ in range(8)]
     for thread in threads:
@@ -81,7 +94,7 @@ def test_ids_drawn_on_many_threads_are_all_distinct_uuid4() -> None:
         thread.join()
     assert len(set(found)) == len(found) == 16000
     assert {(uuid.UUID(hex=v).version, uuid.UUID(hex=v).variant) for v in found} == {
-        (4, uuid.RFC_4122)
+        (7, uuid.RFC_4122)
     }
 
 
@@ -112,7 +125,7 @@ async def test_payload_is_the_dispatch_signal_envelope(store: SQLiteStore, raw: 
         "ack_token",
         "body",
     ]
-    assert uuid.UUID(payload["id"]).version == 4 and str(uuid.UUID(payload["id"])) == payload["id"]
+    assert uuid.UUID(payload["id"]).version == 7 and str(uuid.UUID(payload["id"])) == payload["id"]
     assert isinstance(payload["created_at"], float) and payload["created_at"] > 0
     assert payload["metadata"] == {"lion_class": "trio_dispatch.signal.DispatchSignal"}
     assert payload["data"] is None and payload["emitter_role"] is None

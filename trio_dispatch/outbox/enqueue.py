@@ -8,11 +8,12 @@ plain enqueues of a process share one group commit and two bulk statements.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
-from ..signal import dispatch_envelope_json, uuid4_bytes
+from ..signal import dispatch_envelope_json, uuid7_bytes
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
 from ..validate import (
     clock_from,
@@ -70,8 +71,9 @@ def prepare(
     expiry = None if expires_at is None else require_number("expires_at", expires_at)
     session = require_optional_id("session_id", session_id)
     run = require_optional_id("schedule_run_id", schedule_run_id)
-    dispatch_id = uuid4_bytes().hex()
-    token = uuid4_bytes().hex() if ack else None
+    dispatch_id = uuid7_bytes().hex()
+    # The ack token is a secret: 128 bits of the OS CSPRNG, never time-ordered.
+    token = secrets.token_hex(16) if ack else None
     return NewDispatch(
         id=dispatch_id,
         kind=kind_,
