@@ -543,3 +543,36 @@ async def test_coalesced_writes_share_one_call_and_a_failing_item_fails_alone(
     assert all(len(call) == 1 for call in calls[1:])
     assert calls[1:].count(["bad"]) == 1 and ["a"] in calls[1:] and ["b"] in calls[1:]
     assert {r["id"] for r in raw.rows("SELECT id FROM sessions")} == {"a", "b"}
+
+
+async def test_a_callers_transaction_costs_one_hop_per_statement_and_one_for_the_commit(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    def hops() -> int:
+        return store.stats["hops"]
+
+    before = hops()
+    async with store.transaction():
+        pass  # ran nothing: no BEGIN, no COMMIT
+    assert hops() == before
+    before = hops()
+    async with store.transaction() as tx:
+        await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)", ("s1", 1.0))
+    assert hops() - before == 2  # BEGIN rides with the INSERT; then COMMIT
+    before = hops()
+    async with store.transaction() as tx:
+        await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)", ("s2", 1.0))
+        await enqueue_dispatch(tx, kind="k", deliver_to="seat", session_id="s2")
+    assert hops() - before == 3
+    assert raw.counts() == (1, 1)
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 2
+
+
+async def test_a_transaction_whose_first_statement_fails_leaves_nothing_and_the_store_usable(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    with pytest.raises(raw.error):
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO no_such_table VALUES (1)")
+    await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    assert raw.counts() == (1, 1)

@@ -1,32 +1,34 @@
 """Group commit and caller-owned transactions, for any engine.
 
 Every write unit of work of this process goes through one writer connection
-on a worker thread (``anyio.to_thread``), so a store runs under trio and
-asyncio alike. Units that arrive while a batch is running are queued and the
-next batch runs them all in one transaction: the commit is paid once per
+on the store's own thread, so a store runs under trio and asyncio alike.
+Units that arrive while a batch is running are queued and the next batch
+runs them all in one transaction: the commit is paid once per
 batch. If a unit raises, the batch is rolled back, that unit keeps its
 error, and the others run again in a new transaction -- one caller's error
 never fails or undoes another's write, and every result reported was
 committed. An engine supplies the connection and five synchronous
 primitives (begin, commit, rollback, in-transaction, close).
 
-Under trio, the writer's work runs on the store's own thread, started on
-first use and stopped by :meth:`BatchingStore.aclose`: a job handed to it and
-its result handed back cost about 100 us on a 2-core VM, against 150-170 us
-for ``to_thread.run_sync`` (which also names the thread and takes a limiter
-on every call) -- a third of a single enqueue's time after
-its fsync. Under asyncio it is ``anyio.to_thread.run_sync``. Either way a
-lock serialises every use of the writer connection; a caller cancelled
-before its job is queued runs nothing, and one cancelled later waits for
-the job to end (the cancellation is raised afterwards).
+The writer's thread (a :class:`~trio_dispatch._threads.ServiceThread`) is
+started on first use and stopped by :meth:`BatchingStore.aclose`. Under trio
+and asyncio alike a job handed to it and its result handed back cost about
+100 us on a 2-core VM, against 150-170 us for ``to_thread.run_sync`` (which
+also names the thread and takes a limiter on every call). A lock serialises
+every use of the writer connection; a caller cancelled before its job is
+queued runs nothing, and one cancelled later waits for the job to end (the
+cancellation is raised afterwards).
+
+A caller-owned transaction (:meth:`BatchingStore.transaction`) costs one hop
+to the writer's thread per statement plus one for the commit: ``BEGIN``
+rides with the first statement, and a transaction that ran nothing commits
+nothing.
 """
 
 from __future__ import annotations
 
 import abc
-import contextvars
 import enum
-import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -34,10 +36,8 @@ from functools import partial
 from typing import Any
 
 import anyio
-import outcome
-import sniffio
-import trio
 
+from .._threads import ServiceThread
 from ..redact import mask_url
 from .base import DEFAULT_MAX_BODY_BYTES, Conn, ItemT, ResultT, Row, StoreError, T
 
@@ -97,52 +97,6 @@ def _run_step(conn: Conn, step: list[_Unit]) -> None:
         unit.result = result
 
 
-class _WriterThread:
-    """The store's own writer thread, for callers running under trio: jobs
-    go in through a queue and results come back through the caller's
-    :class:`trio.lowlevel.TrioToken`. As with ``to_thread.run_sync``, a
-    caller already cancelled raises at once and runs nothing; once queued,
-    its job runs to its end and the wait cannot be cancelled."""
-
-    def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[
-            tuple[Callable[[], Any], trio.lowlevel.TrioToken, trio.lowlevel.Task] | None
-        ] = queue.SimpleQueue()
-        # A daemon, so a store nobody closed cannot keep the interpreter alive.
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            fn, token, task = job
-            result = outcome.capture(fn)
-            try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-            except trio.RunFinishedError:  # pragma: no cover - the waiter cannot leave first
-                pass
-            # Hold nothing between jobs: an unclosed store stays collectable.
-            del job, fn, token, task, result
-
-    # KI-protected: a KeyboardInterrupt between queuing the job and parking
-    # would leave the thread to reschedule a task that is not waiting.
-    @trio.lowlevel.enable_ki_protection
-    async def run(self, fn: Callable[[], Any]) -> Any:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        job = partial(contextvars.copy_context().run, fn)
-        self._jobs.put((job, trio.lowlevel.current_trio_token(), trio.lowlevel.current_task()))
-        # Rescheduled with the job's outcome: its value is returned, its
-        # exception raised here.
-        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-
-    def stop(self) -> None:
-        """End the thread once the jobs already queued have run."""
-        self._jobs.put(None)
-        self._thread.join()
-
-
 class BatchingStore(abc.ABC):
     """The engine-independent half of a store (see the module docstring)."""
 
@@ -170,15 +124,16 @@ class BatchingStore(abc.ABC):
         self._writer_conn: Conn | None = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._writer_lock = threading.Lock()
-        self._writer_thread: _WriterThread | None = None
+        self._writer_thread: ServiceThread | None = None
         self._queue: list[_Unit] = []
         self._busy = False  # a batch or a caller's transaction holds the writer
         self._idle = anyio.Event()
         self._tx_owner: object | None = None
         self._listeners: list[Callable[[], None]] = []
         self._closed = False
-        self.stats = {"batches": 0, "units": 0}
-        """Write transactions run by group commit, and the units they held."""
+        self.stats = {"batches": 0, "units": 0, "hops": 0}
+        """Write transactions run by group commit, the units they held, and
+        the jobs handed to the writer's thread (each a round trip)."""
 
     # -- what an engine supplies (all called on the writer's thread) ---------
 
@@ -245,14 +200,12 @@ class BatchingStore(abc.ABC):
     async def _in_writer(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` with the writer connection to itself, on the
         writer's thread; wait for it to end even if cancelled meanwhile."""
-        job = partial(self._locked, fn, *args)
-        if sniffio.current_async_library() == "trio":
-            if self._writer_thread is None:
-                # Not the URL: it may hold a password.
-                self._writer_thread = _WriterThread(f"trio_dispatch writer {id(self):#x}")
-            result: T = await self._writer_thread.run(job)
-            return result
-        return await anyio.to_thread.run_sync(job, limiter=self._write_limiter)
+        if self._writer_thread is None:
+            # Not the URL in its name: it may hold a password.
+            self._writer_thread = ServiceThread(f"trio_dispatch writer {id(self):#x}")
+        self.stats["hops"] += 1
+        result: T = await self._writer_thread.run(partial(self._locked, fn, *args))
+        return result
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._writer_lock:
@@ -381,15 +334,16 @@ class BatchingStore(abc.ABC):
         self._tx_owner = anyio.get_current_task().id
         tx = BatchingTransaction(self, conn)
         try:
-            await self._in_writer(self._begin)
             try:
                 yield tx
             except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await self._in_writer(self._rollback)
+                if tx._begun:
+                    with anyio.CancelScope(shield=True):
+                        await self._in_writer(self._rollback)
                 raise
-            with anyio.CancelScope(shield=True):
-                await self._in_writer(tx._finish)
+            if tx._begun:
+                with anyio.CancelScope(shield=True):
+                    await self._in_writer(tx._finish)
         finally:
             tx._closed = True
             self._tx_owner = None
@@ -442,6 +396,7 @@ class BatchingTransaction:
         self._store = store
         self._conn = conn
         self._closed = False
+        self._begun = False  # BEGIN rides with the first statement's hop
         self._enqueued = False
         self._lost: RuntimeError | None = None
 
@@ -461,6 +416,9 @@ class BatchingTransaction:
         # the caller's transaction.
         if self._lost is not None:
             raise self._lost
+        if not self._begun:
+            self._store._begin()  # waits for other processes' writers as the engine allows
+            self._begun = True
         try:
             return fn()
         finally:
