@@ -161,21 +161,23 @@ def uuid7_bytes() -> bytes:
     millisecond still differ in their 62 random bits.
     """
     global _v7_ms, _v7_seq
-    rnd = _random_chunk()
+    rnd = int.from_bytes(_random_chunk(), "big")
     ms = time.time_ns() // 1_000_000
     if ms > _v7_ms:
-        _v7_ms, _v7_seq = ms, ((rnd[14] << 8) | rnd[15]) & 0x3FF
+        _v7_ms, _v7_seq = ms, rnd & 0x3FF
     else:
         _v7_seq += 1
         if _v7_seq > _V7_SEQ_MAX:
             _v7_ms, _v7_seq = _v7_ms + 1, 0
-    ms, seq = _v7_ms, _v7_seq
-    return bytes((
-        (ms >> 40) & 0xFF, (ms >> 32) & 0xFF, (ms >> 24) & 0xFF,
-        (ms >> 16) & 0xFF, (ms >> 8) & 0xFF, ms & 0xFF,
-        0x70 | (seq >> 8), seq & 0xFF,
-        (rnd[0] & 0x3F) | 0x80, *rnd[1:8],
-    ))  # fmt: skip
+    # ms(48) | version 7 (4) | seq(12) | variant 0b10 (2) | random (62)
+    value = (_v7_ms << 80) | (0x7 << 76) | (_v7_seq << 64) | (0x2 << 62) | (rnd >> 66)
+    return value.to_bytes(16, "big")
+
+
+def uuid_text(raw: bytes) -> str:
+    """``str(uuid.UUID(bytes=raw))`` without the object."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def dispatch_envelope_json(
@@ -185,16 +187,17 @@ def dispatch_envelope_json(
     the already-serialised ``body_json``: the same text as
     ``json.dumps(DispatchSignal(...).to_dict(mode="json"), ensure_ascii=False)``,
     built without serialising the body a second time (the enqueue hot path)."""
-    dumps = _dumps
+    quote = _quote
     head = _ENVELOPE_HEAD.format(
-        id=uuid.UUID(bytes=uuid7_bytes()),
+        id=uuid_text(uuid7_bytes()),
         created_at=time.time(),
-        dispatch_id=dumps(dispatch_id),
-        kind=dumps(kind),
-        deliver_to=dumps(deliver_to),
-        ack_token=dumps(ack_token),
+        dispatch_id=quote(dispatch_id),
+        kind=quote(kind),
+        deliver_to=quote(deliver_to),
+        ack_token="null" if ack_token is None else quote(ack_token),
     )
     return f"{head}{body_json}}}"
 
 
-_dumps = json.JSONEncoder(ensure_ascii=False).encode
+# JSON string quoting, non-ASCII kept (json.dumps(..., ensure_ascii=False) of a str).
+_quote: Final = json.encoder.encode_basestring  # the C one where built

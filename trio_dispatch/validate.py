@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
-import unicodedata
 from collections.abc import Callable
 from typing import Final
 
@@ -37,14 +37,18 @@ def require_non_empty(name: str, value: object) -> str:
     return text
 
 
+_CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""Unicode category Cc: the C0 controls, DEL and the C1 controls."""
+
+
 def require_route(value: object) -> str:
     text = require_non_empty("deliver_to", value)
-    for char in text:
-        if unicodedata.category(char) == "Cc":
-            raise ValueError(
-                f"deliver_to must not contain control characters "
-                f"(found {char!r}), got {show(value)}"
-            )
+    found = _CONTROL.search(text)
+    if found is not None:
+        raise ValueError(
+            f"deliver_to must not contain control characters "
+            f"(found {found.group()!r}), got {show(value)}"
+        )
     return text
 
 
