@@ -490,3 +490,31 @@ async def test_a_transport_object_returning_something_else_is_a_recorded_failure
     counts = await deliver_due_dispatches(store, now=T0, transport=Sloppy())
     assert counts["retried"] == 1
     assert raw.row(dispatch_id)["last_error"] == "transport returned None, not a TransportResult"
+
+
+async def test_a_pass_sends_only_the_rows_due_when_it_started(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # A transport that enqueues follow-ups: they are due at once, but they
+    # belong to the next pass, as a row that falls due again does.
+    first = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    sent: list[str] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.dispatch_id)
+        await enqueue_dispatch(store, kind="follow-up", deliver_to="seat", now=T0)
+
+    counts = await deliver_due_dispatches(store, now=T0, transport=send)
+    assert sent == [first] and counts["attempted"] == counts["delivered"] == 1
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'pending'") == 1
+
+
+async def test_a_pass_with_nothing_due_takes_no_write_lock(db_target: str, raw: RawDB) -> None:
+    async def send(delivery: Delivery) -> None:
+        raise AssertionError("nothing is due")
+
+    async with open_store(db_target):
+        pass
+    async with open_store(db_target, read_only=True) as reader:  # it could not write
+        counts = await deliver_due_dispatches(reader, transport=send)
+    assert counts == {"attempted": 0, "delivered": 0, "dead_letter": 0, "expired": 0, "retried": 0}

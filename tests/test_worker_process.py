@@ -113,3 +113,39 @@ async def test_a_sigkilled_worker_loses_nothing_its_rows_come_back_after_the_lea
         "dispatch.delivering.attempt",
     )
     assert "lease expired" in str(recovery["reason_summary"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_sigkilled_cli_worker_loses_nothing_its_row_comes_back_after_the_default_lease(
+    db_path: Path, raw: RawDB, tmp_path: Path
+) -> None:
+    # The command and the configuration file, with the default 5 s margin.
+    script = tmp_path / "hang.py"
+    script.write_text(GRANDCHILD_SCRIPT)
+    pid_file = tmp_path / "pid"
+    config = write_config(
+        tmp_path, db_path, [sys.executable, str(script), str(pid_file)], timeout=0.5
+    )
+    async with open_store(db_path) as db:
+        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+    worker = start_worker(config)  # timeout 0.5 s -> lease 5.5 s
+    try:
+        await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+    finally:
+        worker.kill()
+    claimed_at = float(raw.row(dispatch_id)["updated_at"])
+    assert raw.row(dispatch_id)["status"] == "delivering"
+    sent: list[int] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.attempt)
+
+    async with open_store(db_path) as db, anyio.create_task_group() as tg:
+        rescuer = DispatchWorker(db, transport=send, tick_seconds=0.2)
+        await tg.start(rescuer.run)
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered", timeout=20)
+        tg.cancel_scope.cancel()
+    assert sent == [2]
+    assert float(raw.row(dispatch_id)["updated_at"]) - claimed_at >= 5.5 - 0.1

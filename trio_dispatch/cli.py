@@ -38,7 +38,7 @@ from .config import (
     load_config,
     parse_config,
 )
-from .lifecycle import DUE_STATUSES, STATUSES, TERMINAL_STATUSES
+from .lifecycle import DUE_STATUSES, STATUSES, TERMINAL_STATUSES, Status
 from .outbox import (
     DEFAULT_LIST_LIMIT,
     ack_dispatch,
@@ -506,7 +506,7 @@ async def _stats(db: Store, args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(stats)
         return EXIT_OK
-    for status in ("pending", "delivering", "delivered", "acked", "dead_letter", "expired"):
+    for status in Status:
         print(f"{status:<28}{stats['counts'][status]}")
     print(f"{'total':<28}{stats['total']}")
     age = stats["oldest_due_pending_age_seconds"]

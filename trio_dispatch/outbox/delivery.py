@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -48,6 +48,7 @@ from .machine import (
     finish_and_claim,
     finish_many,
     release,
+    select_due,
 )
 
 
@@ -69,21 +70,28 @@ async def claim_due(
     lease_seconds: float = NOTIFY_TIMEOUT_SECONDS + CLAIM_LEASE_MARGIN_SECONDS,
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
+    ids: Sequence[str] | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
-    created_at``) and, in one transaction, expire those past ``expires_at``
-    and claim the rest, leased for ``lease_seconds`` from when the
-    transaction runs (``clock``, default the wall clock; or the fixed
-    ``now``). Returns the claims won and the counters of the scan
-    (``attempted``, ``expired``, ``dead_letter``). A row another claimant
-    took first is skipped silently."""
+    created_at``; or the rows ``ids`` names, those still due) and, in one
+    transaction, expire those past ``expires_at`` and claim the rest,
+    leased for ``lease_seconds`` from when the transaction runs (``clock``,
+    default the wall clock; or the fixed ``now``). Returns the claims won
+    and the counters of the scan (``attempted``, ``expired``,
+    ``dead_letter``). A row another claimant took first is skipped
+    silently."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
-        return claim_batch(conn, read_clock(), limit, lease_seconds, actor)
+        return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids)
 
     return await db.write(scan_and_claim)
+
+
+def due_ids(conn: Any, now: float, limit: int) -> list[str]:
+    """The ids of up to ``limit`` rows due at ``now``, oldest due first."""
+    return [row["id"] for row in select_due(conn, now, limit, "id, next_attempt_at, created_at")]
 
 
 async def finish_attempt(
@@ -231,13 +239,18 @@ async def deliver_due_dispatches(
         else as_transport(transport, timeout=timeout)
     )
     counts = dict.fromkeys(COUNTER_KEYS, 0)
-    claim_one = partial(claim_due, db, limit=1, lease_seconds=lease, actor=actor, clock=clock)
-    while counts["attempted"] < limit:
-        claims, scanned = await claim_one()
-        for key in ("attempted", "expired", "dead_letter"):
-            counts[key] += scanned[key]
-        if not scanned["attempted"]:
-            break
+    # The pass is bounded to the rows due when it starts (a snapshot read: a
+    # pass with nothing due takes no write lock); each is then claimed --
+    # with the worker's claim, by id -- just before its own send, so a row
+    # that falls due again during the pass is left for the next one.
+    due = await db.read(partial(due_ids, now=clock(), limit=limit))
+    for dispatch_id in due:
+        counts["attempted"] += 1
+        claims, scanned = await claim_due(
+            db, lease_seconds=lease, actor=actor, clock=clock, ids=[dispatch_id]
+        )
+        counts["expired"] += scanned["expired"]
+        counts["dead_letter"] += scanned["dead_letter"]
         for claim in claims:
             result: TransportResult | None = None
             with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):

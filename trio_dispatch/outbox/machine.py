@@ -88,6 +88,8 @@ class Claim:
     ack_token: str | None = dataclasses.field(default=None, repr=False)
     """Kept to mask it in failure texts: a destination that echoes its input
     must not put the token into ``last_error``, history or a log line."""
+    recovered: bool = False
+    """The row was ``delivering`` under an earlier claim whose lease ran out."""
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -228,14 +230,11 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     or -- its dedup key already committed -- return that row's id and write
     nothing. An unknown ``session_id``/``schedule_run_id`` is a ValueError
     naming it."""
-    for column, value, table in (
-        ("session_id", new.session_id, "sessions"),
-        ("schedule_run_id", new.schedule_run_id, "schedule_runs"),
+    for column, value, table, exists in (
+        ("session_id", new.session_id, "sessions", sql.SESSION_EXISTS),
+        ("schedule_run_id", new.schedule_run_id, "schedule_runs", sql.SCHEDULE_RUN_EXISTS),
     ):
-        if (
-            value is not None
-            and conn.query_one(f"SELECT 1 AS found FROM {table} WHERE id = ?", (value,)) is None
-        ):
+        if value is not None and conn.query_one(exists, (value,)) is None:
             raise ValueError(f"{column} {value!r} does not exist in {table}")
     if new.dedup_key is not None:
         hit = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
@@ -351,25 +350,38 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
     return bool(changed)
 
 
+_SCAN_COLUMNS: Final = (
+    "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
+    "created_at"
+)
+
+
 def claim_batch(
-    conn: Conn, at: float, limit: int, lease: float, actor: str
+    conn: Conn,
+    at: float,
+    limit: int,
+    lease: float,
+    actor: str,
+    *,
+    ids: Sequence[str] | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """The claim: one indexed select of up to ``limit`` due rows (locked
-    where rows lock), then in the same transaction expire those past their
-    deadline, dead-letter spent ones, and claim the rest with one statement
-    per previous status, each leased until ``at + lease``. Returns the
-    claims in scan order and the scan's counters (``attempted``,
-    ``expired``, ``dead_letter``, and ``recovered``: claims whose previous
-    claimant's lease had run out)."""
+    where rows lock) -- or, given ``ids``, those rows if they are still due
+    -- then in the same transaction expire those past their deadline,
+    dead-letter spent ones, and claim the rest with one statement per
+    previous status, each leased until ``at + lease``. Returns the claims
+    in scan order and the scan's counters (``attempted``, ``expired``,
+    ``dead_letter``; the others 0)."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
-    rows = select_due(
-        conn,
-        at,
-        limit,
-        f"id, {conn.row_key} AS row_key, status, attempt, max_attempts, expires_at, "
-        "next_attempt_at, created_at",
-        lock=True,
-    )
+    columns = _SCAN_COLUMNS.format(row_key=conn.row_key)
+    if ids is None:
+        rows = select_due(conn, at, limit, columns, lock=True)
+    else:
+        rows = [
+            row
+            for dispatch_id in ids[:limit]
+            for row in conn.query(sql.select_if_due(columns, conn.lock_clause), (dispatch_id, at))
+        ]
     counts["attempted"] = len(rows)
     fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
     for row in rows:
@@ -386,6 +398,8 @@ def claim_batch(
     for previous, group in fresh.items():
         if not group:
             continue
+        for row in group:  # every edge checked before the UPDATE runs
+            check_edge(row["id"], previous, Status.DELIVERING, source=Source.SCHEDULER)
         # Selected in this same write transaction, so (status, attempt) are
         # still what was read, and the row key still names the same row; the
         # status guard restates it for the record.
@@ -393,9 +407,7 @@ def claim_batch(
             sql.claim_rows(conn.row_key, len(group)),
             (lease_until, at, *(row["row_key"] for row in group), previous),
         )
-        recovered = "lease expired; " if previous == Status.DELIVERING else ""
-        if recovered:
-            counts["recovered"] = counts.get("recovered", 0) + len(won)
+        recovered = previous == Status.DELIVERING
         for row in won:
             claims.append(
                 Claim(
@@ -410,6 +422,7 @@ def claim_batch(
                     ack_required=bool(row["ack_required"]),
                     lease_until=lease_until,
                     ack_token=row["ack_token"],
+                    recovered=recovered,
                 )
             )
             changes.append(
@@ -418,7 +431,8 @@ def claim_batch(
                     previous,
                     Status.DELIVERING,
                     Reason.ATTEMPT,
-                    f"{recovered}attempt {row['attempt']} of {row['max_attempts']}",
+                    f"{'lease expired; ' if recovered else ''}attempt {row['attempt']} of "
+                    f"{row['max_attempts']}",
                     Source.SCHEDULER,
                     actor,
                     at,

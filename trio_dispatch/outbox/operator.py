@@ -18,6 +18,7 @@ from ..lifecycle import (
     Reason,
     Source,
     Status,
+    check_edge,
 )
 from ..store.base import Conn, Database
 from ..validate import clock_from, findable, require_bool, require_dispatch_id, require_number
@@ -72,6 +73,9 @@ async def ack_dispatch(
     given = ack_token.encode("utf-8", "surrogatepass")
     if not hmac.compare_digest(given, stored.encode("utf-8")):
         raise ValueError(f"ack token does not match dispatch {dispatch_id!r}")
+    # Checked here too, so a refused ack never enters (and rolls back) a
+    # group commit shared with other callers; the write checks it again.
+    check_edge(dispatch_id, row["status"], Status.ACKED, source=Source.CONSUMER)
     return await db.write(
         lambda conn: cas_status(
             conn,
@@ -159,9 +163,7 @@ async def purge_dispatch(
     clock = clock_from(now)
 
     def purge(conn: Conn) -> bool:
-        row = conn.query_one(
-            "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?", (dispatch_id,)
-        )
+        row = conn.query_one(sql.SELECT_FOR_REMOVAL, (dispatch_id,))
         if row is None:
             return False
         return delete(

@@ -64,11 +64,7 @@ async def list_dispatches(
     if kind is not None:
         clauses.append("kind = ?")
         params.append(kind)
-    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
-    query = (
-        f"SELECT {sql.COLUMNS} FROM dispatch_outbox {where}"
-        "ORDER BY created_at DESC, id DESC LIMIT ?"
-    )
+    query = sql.list_newest(f"WHERE {' AND '.join(clauses)} " if clauses else "")
     rows = await db.read(lambda conn: conn.query(query, (*params, limit)))
     return [row for row in map(decode, rows) if row is not None]
 

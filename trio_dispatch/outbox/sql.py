@@ -36,6 +36,20 @@ INSERT_TRANSITION: Final = (
 )
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
+SELECT_FOR_REMOVAL: Final = "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?"
+SELECT_TRANSITIONS: Final = (
+    "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? ORDER BY id"
+)
+SESSION_EXISTS: Final = "SELECT 1 AS found FROM sessions WHERE id = ?"
+SCHEDULE_RUN_EXISTS: Final = "SELECT 1 AS found FROM schedule_runs WHERE id = ?"
+
+
+def list_newest(where: str) -> str:
+    """Rows newest first under ``where`` (``""`` or ``"WHERE ... "`` of
+    ``?`` terms), at most ``?`` of them."""
+    return f"SELECT {COLUMNS} FROM dispatch_outbox {where}ORDER BY created_at DESC, id DESC LIMIT ?"
+
+
 SELECT_BY_ID: Final = f"SELECT {COLUMNS} FROM dispatch_outbox WHERE id = ?"
 
 
@@ -47,6 +61,14 @@ def select_due(status: Status, columns: str, lock_clause: str) -> str:
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
         f"AND status = '{status}' AND next_attempt_at <= ? "
         f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
+    )
+
+
+def select_if_due(columns: str, lock_clause: str) -> str:
+    """One row by id, if it is due (a live status, ``next_attempt_at <= ?``)."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox WHERE id = ? AND {DUE_SQL} "
+        f"AND next_attempt_at <= ?{lock_clause}"
     )
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from ..lifecycle import DUE_SQL, FINISHED_SQL, STATUS_CHECK_SQL
+from ..lifecycle import DUE_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
 from .base import Conn, check_schema_version
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
@@ -48,7 +48,7 @@ _V1: Final = (
         deliver_to       TEXT NOT NULL,
         payload          JSON NOT NULL,
         dedup_key        TEXT NULL,
-        status           TEXT NOT NULL DEFAULT 'pending'
+        status           TEXT NOT NULL DEFAULT '{Status.PENDING}'
                          CHECK ({STATUS_CHECK_SQL}),
         attempt          INTEGER NOT NULL DEFAULT 0,
         max_attempts     INTEGER NOT NULL DEFAULT 8,

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import sniffio
@@ -76,6 +76,9 @@ from ..transports import (
 )
 from .slots import SlotTable
 from .statistics import WorkerStatistics
+
+if TYPE_CHECKING:  # the configuration file is the caller's business, not the loop's
+    from ..config import Config
 
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
@@ -188,6 +191,12 @@ class DispatchWorker:
         self._lease_recoveries = 0
         self._last_scan_at: float | None = None
 
+    @classmethod
+    def from_config(cls, db: Store, config: Config, **overrides: Any) -> DispatchWorker:
+        """A worker with the settings of a loaded configuration file
+        (:meth:`Config.worker_options`); keyword ``overrides`` win."""
+        return cls(db, **{**config.worker_options(), **overrides})
+
     @property
     def in_flight(self) -> int:
         """Deliveries running now."""
@@ -297,7 +306,7 @@ class DispatchWorker:
             self._scan_errors += 1
             self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
             return self.tick_seconds
-        self._add_scan_counts(counts)
+        self._add_scan_counts(counts, claims)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
             self._slots.take(claim, self._attempt_scope(claim))
@@ -375,11 +384,12 @@ class DispatchWorker:
             scope.cancel()
         return next_claim
 
-    def _add_scan_counts(self, counts: dict[str, int]) -> None:
-        """Add what a scan did besides claiming (rows seen, expired, spent)."""
+    def _add_scan_counts(self, counts: dict[str, int], claims: list[Claim]) -> None:
+        """Add what a scan did besides claiming (rows seen, expired, spent)
+        and how many of its claims recovered an expired lease."""
         for key in ("attempted", "expired", "dead_letter"):
             self.counts[key] += counts[key]
-        self._lease_recoveries += counts.get("recovered", 0)
+        self._lease_recoveries += sum(claim.recovered for claim in claims)
         self._scans += 1
         self._last_scan_at = self.clock()
 
@@ -417,7 +427,7 @@ class DispatchWorker:
             outcome = None
         if outcome is None:  # retried outside the handler: no chained tracebacks
             return await self._settle(claim, result), None
-        self._add_scan_counts(counts)
+        self._add_scan_counts(counts, [] if next_claim is None else [next_claim])
         return outcome, next_claim
 
     async def _settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
