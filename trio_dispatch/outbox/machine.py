@@ -236,20 +236,24 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     ):
         if value is not None and conn.query_one(exists, (value,)) is None:
             raise ValueError(f"{column} {value!r} does not exist in {table}")
-    if new.dedup_key is not None:
-        hit = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
-        if hit is not None:
-            return EnqueueResult(str(hit["id"]), True)
+    # The insert comes first: a key already committed makes it do nothing
+    # (and the first row's id is read after), so the write lock -- or, on
+    # PostgreSQL, the wait for a concurrent same-key transaction -- comes
+    # before any read, and a read never sees a snapshot older than the
+    # winner (B3).
     if conn.execute(sql.INSERT_DISPATCH, _row(new, now)) == 0:
-        # Another writer committed the same key after our select (possible
-        # across PostgreSQL sessions): the first committed row wins (B3).
         winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
         if winner is None:
             raise RuntimeError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
-        return EnqueueResult(str(winner["id"]), True)
+        return EnqueueResult(_text(winner["id"]), True)
     record(conn, [_enqueued(new, now)])
     conn.announce_enqueue()
     return EnqueueResult(new.id, False)
+
+
+def _text(value: object) -> str:
+    # A caller's own sqlite3 connection may return text as bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list[EnqueueResult]:

@@ -165,3 +165,14 @@ DEAD_LETTERS_SINCE: Final = (
     f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_SQL} "
     f"AND status = '{Status.DEAD_LETTER}' AND {AGE} >= ?"
 )
+
+
+def undo_enqueue(count: int) -> tuple[str, str]:
+    """Delete ``count`` just-enqueued dispatches (by id) and their
+    transitions: the undo of a failed enqueue in a caller's transaction
+    where no savepoint is at hand."""
+    marks = ", ".join("?" * count)
+    return (
+        f"DELETE FROM status_transitions WHERE entity_id IN ({marks})",
+        f"DELETE FROM dispatch_outbox WHERE id IN ({marks})",
+    )

@@ -11,8 +11,6 @@ host wake at once; the tick remains the fallback.
 
 from __future__ import annotations
 
-import functools
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -27,7 +25,8 @@ from .base import (
     T,
 )
 from .batching import BatchingStore
-from .schema import POSTGRES, migrate, require_current
+from .placeholders import to_paramstyle
+from .schema import MIGRATION_LOCK, POSTGRES, migrate, require_current
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     import psycopg
@@ -39,66 +38,15 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
 CHANNEL: Final = "trio_dispatch"
-_MIGRATION_LOCK: Final = 727_274_001  # pg_advisory_xact_lock key: one migrator at a time
 READERS: Final = 4
 """Connections in the read pool (and reads running at once)."""
 
 log = scrubbed_logger("trio_dispatch.store")
 
 
-_DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
-
-
-@functools.lru_cache(maxsize=512)
 def _placeholders(sql: str) -> str:
-    """The outbox's portable SQL for psycopg: each ``?`` placeholder becomes
-    ``%s`` -- but not a ``?`` inside a quoted literal (``'...'``,
-    ``E'...'``, ``$tag$...$tag$``), a quoted identifier or a comment, as
-    on SQLite -- and every ``%`` is doubled (psycopg reads ``%`` anywhere,
-    literals included)."""
-    out: list[str] = []
-    i, n = 0, len(sql)
-    while i < n:
-        char = sql[i]
-        if char in "'\"":
-            escapes = (
-                char == "'"
-                and i > 0
-                and sql[i - 1] in "Ee"
-                and (i < 2 or not (sql[i - 2].isalnum() or sql[i - 2] == "_"))
-            )
-            j = i + 1
-            while j < n:
-                if escapes and sql[j] == "\\":
-                    j += 2
-                    continue
-                if sql[j] == char:
-                    if j + 1 < n and sql[j + 1] == char:  # a doubled quote
-                        j += 2
-                        continue
-                    break
-                j += 1
-            end = min(j + 1, n)
-        elif sql.startswith("--", i):
-            newline = sql.find("\n", i)
-            end = n if newline < 0 else newline + 1
-        elif sql.startswith("/*", i):
-            close = sql.find("*/", i + 2)
-            end = n if close < 0 else close + 2
-        elif (
-            char == "$"
-            and (tag := _DOLLAR_TAG.match(sql, i)) is not None
-            and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_"))
-        ):
-            close = sql.find(tag.group(), tag.end())
-            end = n if close < 0 else close + len(tag.group())
-        else:
-            out.append("%s" if char == "?" else "%%" if char == "%" else char)
-            i += 1
-            continue
-        out.append(sql[i:end].replace("%", "%%"))
-        i = end
-    return "".join(out)
+    """The outbox's portable SQL (``?`` placeholders) in psycopg's style."""
+    return to_paramstyle(sql, "format")
 
 
 class PostgresConn:
@@ -228,7 +176,7 @@ class PostgresStore(BatchingStore):
         try:
             if self.migrate:
                 with writer.transaction():  # one migrator at a time, on any host
-                    writer.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    writer.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
                     self.found_schema_version = migrate(PostgresConn(writer), POSTGRES, self.url)
             else:
                 self.found_schema_version = require_current(

@@ -25,6 +25,8 @@ from ..lifecycle import DUE_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
 from .base import Conn, check_schema_version
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
+MIGRATION_LOCK: Final = 727_274_001
+"""The PostgreSQL advisory lock key a migrator holds: one at a time."""
 FINISHED_STATUSES_SQL: Final = FINISHED_SQL
 """A query that wants the finished-age index must repeat this term verbatim."""
 

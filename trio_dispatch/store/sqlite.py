@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import anyio
+import anyio.abc
 import sqlite_utils
 
 from .base import (
@@ -39,6 +40,8 @@ __all__ = [
 ]
 
 _HEADER: Final = b"SQLite format 3\x00"
+DATA_VERSION_POLL_SECONDS: Final = 0.025
+"""How often a listening worker asks SQLite whether anyone else committed."""
 _WAL_VERSION: Final = 2  # file header bytes 18 and 19 in WAL mode
 
 
@@ -325,6 +328,55 @@ class SQLiteStore(BatchingStore):
                 reader.execute("COMMIT")
 
         return await anyio.to_thread.run_sync(run, limiter=self._read_limiter)
+
+    # -- cross-process wake-ups ------------------------------------------------
+
+    def _poller_connection(self) -> sqlite3.Connection:
+        # Opened as the store's own reader is: a read-only store's is
+        # read-only; otherwise a read-write connection that never writes
+        # (a mode=ro one can outlive the -shm file it mapped, and then fail
+        # with "disk I/O error" once the last writer closes).
+        if self.read_only:
+            return _connect_read_only(self.path, busy_timeout=self.busy_timeout, snapshot=False)
+        conn = _connect(
+            self.path, mode="rw", durability=self.durability, busy_timeout=self.busy_timeout
+        )
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    async def listen(
+        self,
+        callback: Callable[[], None],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``callback`` (in the event loop) within
+        :data:`DATA_VERSION_POLL_SECONDS` of any commit another connection
+        or process makes to this file, until cancelled: a dedicated
+        read-only connection polls ``PRAGMA data_version``, which changes
+        when anyone else commits -- no table is read. An in-memory store has
+        no other connection: it returns only when cancelled."""
+        if self.path == ":memory:":
+            task_status.started()
+            await anyio.sleep_forever()
+        conn = await anyio.to_thread.run_sync(self._poller_connection)
+        limiter = anyio.CapacityLimiter(1)
+
+        def data_version() -> int:
+            return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+        try:
+            seen = await anyio.to_thread.run_sync(data_version, limiter=limiter)
+            task_status.started()
+            while True:
+                await anyio.sleep(DATA_VERSION_POLL_SECONDS)
+                version = await anyio.to_thread.run_sync(data_version, limiter=limiter)
+                if version != seen:
+                    seen = version
+                    callback()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(conn.close, limiter=limiter)
 
 
 SQLiteTransaction = BatchingTransaction

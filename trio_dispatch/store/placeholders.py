@@ -1,0 +1,83 @@
+"""The outbox's portable SQL in a driver's parameter style.
+
+Statements are written with ``?`` placeholders (SQLite's ``qmark`` style).
+A driver with another style gets each ``?`` rewritten -- but not a ``?``
+inside a quoted literal (``'...'``, ``E'...'``, ``$tag$...$tag$``), a quoted
+identifier or a comment, so a caller's own SQL means the same on every
+engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Final, Literal
+
+Paramstyle = Literal["qmark", "format", "pyformat", "numeric_dollar", "numeric"]
+PARAMSTYLES: Final = ("qmark", "format", "pyformat", "numeric_dollar", "numeric")
+
+_DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+@functools.lru_cache(maxsize=1024)
+def to_paramstyle(sql: str, style: str) -> str:
+    """``sql`` (``?`` placeholders) in ``style``: ``qmark`` unchanged;
+    ``format``/``pyformat`` ``%s`` with every other ``%`` doubled (psycopg
+    reads ``%`` anywhere, literals included); ``numeric_dollar`` ``$1, $2,
+    ...``; ``numeric`` ``:1, :2, ...``. ValueError for any other style."""
+    if style == "qmark":
+        return sql
+    if style not in PARAMSTYLES:
+        raise ValueError(f"unsupported DB-API paramstyle {style!r}")
+    percent = style in ("format", "pyformat")
+    out: list[str] = []
+    number = 0
+    i, n = 0, len(sql)
+    while i < n:
+        char = sql[i]
+        if char in "'\"":
+            escapes = (
+                char == "'"
+                and i > 0
+                and sql[i - 1] in "Ee"
+                and (i < 2 or not (sql[i - 2].isalnum() or sql[i - 2] == "_"))
+            )
+            j = i + 1
+            while j < n:
+                if escapes and sql[j] == "\\":
+                    j += 2
+                    continue
+                if sql[j] == char:
+                    if j + 1 < n and sql[j + 1] == char:  # a doubled quote
+                        j += 2
+                        continue
+                    break
+                j += 1
+            end = min(j + 1, n)
+        elif sql.startswith("--", i):
+            newline = sql.find("\n", i)
+            end = n if newline < 0 else newline + 1
+        elif sql.startswith("/*", i):
+            close = sql.find("*/", i + 2)
+            end = n if close < 0 else close + 2
+        elif (
+            char == "$"
+            and (tag := _DOLLAR_TAG.match(sql, i)) is not None
+            and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_"))
+        ):
+            close = sql.find(tag.group(), tag.end())
+            end = n if close < 0 else close + len(tag.group())
+        else:
+            if char == "?":
+                number += 1
+                out.append(
+                    "%s" if percent else f"${number}" if style == "numeric_dollar" else f":{number}"
+                )
+            else:
+                out.append("%%" if percent and char == "%" else char)
+            i += 1
+            continue
+        piece = sql[i:end]
+        out.append(piece.replace("%", "%%") if percent else piece)
+        i = end
+    return "".join(out)

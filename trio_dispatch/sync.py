@@ -1,0 +1,428 @@
+"""Enqueue inside the transaction you already have (SPEC section 9).
+
+An outbox is transactional only if its row commits with the caller's own
+writes. These functions write through the caller's connection, inside the
+caller's current transaction, and never commit, roll back or close it::
+
+    import sqlite3
+    from trio_dispatch import sync as outbox
+
+    conn = sqlite3.connect("app.db")
+    with conn:                                   # the caller's transaction
+        conn.execute("INSERT INTO orders (id) VALUES (?)", ("o-1",))
+        outbox.enqueue_dispatch(conn, kind="order.created", deliver_to="billing",
+                                body={"order": "o-1"})
+    # both rows committed, or neither
+
+``conn`` is a ``sqlite3.Connection``, a ``psycopg.Connection``, an SQLAlchemy
+``Connection`` or ``Session`` (asyncio SQLAlchemy: call these from
+``await session.run_sync(...)``), or the connection a store hands a unit of
+work (``await db.write(lambda conn: ...)``: the whole unit then rides in one
+group commit). Anything else is a ``TypeError`` naming its type.
+
+The validation, the envelope, the SQL and the transition row are the async
+API's own (:mod:`trio_dispatch.outbox`); one small adapter per connection
+kind is all that differs:
+
+- the dispatch and its ``dispatch.pending.enqueued`` transition are written
+  atomically: inside a savepoint on PostgreSQL, so after any error the
+  caller's transaction is still usable with nothing of the failed enqueue in
+  it; on SQLite, where a failed statement leaves the transaction usable, a
+  failure after the first write deletes what the enqueue wrote;
+- a connection in autocommit mode (``sqlite3`` with ``isolation_level=None``
+  or ``autocommit=True``, psycopg ``autocommit=True``, SQLAlchemy
+  ``AUTOCOMMIT``) has no transaction to join: the enqueue is its own
+  transaction and **commits at once**;
+- on PostgreSQL the enqueue sends ``NOTIFY trio_dispatch`` in the caller's
+  transaction: listening workers wake when it commits, never before, and
+  never for a rollback. SQLite workers notice any commit within 50 ms
+  (``PRAGMA data_version``), not at their tick.
+
+A same-key race between two callers' transactions returns the winner's id
+and never aborts either transaction (PostgreSQL waits for the other
+transaction, as for any unique key; SQLite waits up to ``busy_timeout`` for
+the write lock). On SQLite a transaction that reads before it enqueues
+should begin ``IMMEDIATE`` (``isolation_level="IMMEDIATE"``), as any SQLite
+transaction that reads then writes should.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+from .outbox import sql
+from .outbox.enqueue import DEFAULT_MAX_ATTEMPTS, prepare, prepare_items
+from .outbox.machine import EnqueueResult, NewDispatch, insert_all
+from .store.base import DEFAULT_MAX_BODY_BYTES, Conn, Row, SchemaError
+from .store.placeholders import to_paramstyle
+from .store.schema import MIGRATION_LOCK, POSTGRES, SQLITE, Dialect, migrate
+from .validate import clock_from
+
+__all__ = ["EnqueueResult", "enqueue_dispatch", "enqueue_many", "install_schema"]
+
+CHANNEL: Final = "trio_dispatch"
+SUPPORTED: Final = (
+    "a sqlite3.Connection, a psycopg.Connection, or an SQLAlchemy Connection or Session"
+)
+_SAVEPOINT: Final = "trio_dispatch_enqueue"
+
+
+class _Adapter(Conn, Protocol):
+    """A caller's connection seen as a :class:`~trio_dispatch.store.base.Conn`,
+    plus how its engine makes an enqueue atomic."""
+
+    dialect: Dialect
+    where: str
+
+    def atomic(self, ids: Sequence[str]) -> contextlib.AbstractContextManager[None]:
+        """A block whose writes -- rows of the dispatches ``ids`` -- all
+        stay or all go, leaving the caller's transaction usable."""
+
+
+# -- sqlite3 ----------------------------------------------------------------------
+
+
+class _SQLite3:
+    """A ``sqlite3.Connection`` of the caller's."""
+
+    lock_clause = ""
+    row_key = "rowid"
+    dialect = SQLITE
+    where = "this SQLite database"
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _cursor(self) -> sqlite3.Cursor:
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # the caller's row factory is theirs
+        return cursor
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._cursor().execute(sql, params).rowcount
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return self._cursor().executemany(sql, rows).rowcount
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        cursor = self._cursor().execute(sql, params)
+        names = [column[0] for column in cursor.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def announce_enqueue(self) -> None:
+        """SQLite workers notice the commit themselves (``data_version``)."""
+
+    def _autocommit(self) -> bool:
+        mode = getattr(self._conn, "autocommit", None)  # Python 3.12+
+        if mode is True:
+            return True
+        return mode is not False and self._conn.isolation_level is None
+
+    @contextlib.contextmanager
+    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+        conn = self._conn
+        own = not conn.in_transaction and self._autocommit()
+        if own:  # no transaction to join: this enqueue is its own, and commits
+            conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if own:
+                conn.execute("ROLLBACK")
+            else:
+                _undo(self, ids)
+            raise
+        if own:
+            conn.execute("COMMIT")
+
+
+# -- psycopg ----------------------------------------------------------------------
+
+
+class _Psycopg:
+    """A ``psycopg.Connection`` of the caller's."""
+
+    lock_clause = " FOR UPDATE SKIP LOCKED"
+    row_key = "id"
+    dialect = POSTGRES
+    where = "this PostgreSQL database"
+
+    def __init__(self, conn: Any) -> None:
+        from .store.postgres import PostgresConn
+
+        self._conn = conn
+        self._inner = PostgresConn(conn)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._inner.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return self._inner.executemany(sql, rows)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._inner.query(sql, params)
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        return self._inner.query_one(sql, params)
+
+    def announce_enqueue(self) -> None:
+        self._inner.announce_enqueue()  # delivered when the caller commits
+
+    @contextlib.contextmanager
+    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+        conn = self._conn
+        if conn.autocommit:  # no transaction to join: its own, committed at once
+            with conn.transaction():
+                yield
+            return
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")  # psycopg begins the caller's transaction
+        try:
+            yield
+        except BaseException:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            raise
+        conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+
+
+# -- SQLAlchemy -------------------------------------------------------------------
+
+
+class _SQLAlchemy:
+    """An SQLAlchemy ``Connection`` (a ``Session`` gives its own): statements
+    go through ``exec_driver_sql`` in the dialect's parameter style, so the
+    Connection's own transaction (autobegin included) covers them, with any
+    driver, the asyncio ones under ``run_sync`` too."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        dialect = conn.dialect
+        if dialect.name == "sqlite":
+            self.dialect, self.lock_clause, self.row_key = SQLITE, "", "rowid"
+        elif dialect.name == "postgresql":
+            self.dialect, self.lock_clause, self.row_key = POSTGRES, " FOR UPDATE SKIP LOCKED", "id"
+        else:
+            raise TypeError(
+                f"an SQLAlchemy connection to {dialect.name!r}: trio_dispatch supports "
+                "SQLite and PostgreSQL"
+            )
+        self._style = str(dialect.paramstyle)
+        self.where = f"this {dialect.name} database"
+
+    def _sql(self, sql: str) -> str:
+        return to_paramstyle(sql, self._style)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return int(self._conn.exec_driver_sql(self._sql(sql), tuple(params)).rowcount)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        result = self._conn.exec_driver_sql(self._sql(sql), [tuple(row) for row in rows])
+        return int(result.rowcount)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        result = self._conn.exec_driver_sql(self._sql(sql), tuple(params))
+        return [dict(row) for row in result.mappings()]
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def announce_enqueue(self) -> None:
+        if self.dialect is POSTGRES:
+            self._conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+    def _autocommit(self) -> bool:
+        level = self._conn.get_isolation_level()
+        return str(level).upper() == "AUTOCOMMIT"
+
+    @contextlib.contextmanager
+    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+        if self.dialect is POSTGRES and not self._autocommit():
+            with self._conn.begin_nested():  # a savepoint in the caller's transaction
+                yield
+            return
+        # SQLite (where SQLAlchemy's savepoints need a driver workaround) and
+        # autocommit: each statement stands alone; a failure after the
+        # first write deletes what the enqueue wrote.
+        try:
+            yield
+        except BaseException:
+            _undo(self, ids)
+            raise
+
+
+# -- a store's own connection (a unit of work) --------------------------------------
+
+
+class _Unit:
+    """The connection a store hands a unit of work: already one transaction
+    that commits or rolls back as a whole."""
+
+    def __init__(self, conn: Conn, dialect: Dialect) -> None:
+        self._conn = conn
+        self.dialect = dialect
+        self.lock_clause = conn.lock_clause
+        self.row_key = conn.row_key
+        self.where = "this store"
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self._conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return self._conn.executemany(sql, rows)
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self._conn.query(sql, params)
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        return self._conn.query_one(sql, params)
+
+    def announce_enqueue(self) -> None:
+        self._conn.announce_enqueue()
+
+    @contextlib.contextmanager
+    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+        yield  # the unit itself is rolled back if it raises
+
+
+def _undo(adapter: _Adapter, ids: Sequence[str]) -> None:
+    """Delete what a failed enqueue wrote; keep the original error if this
+    fails too (the transaction is then lost anyway)."""
+    if not ids:
+        return
+    with contextlib.suppress(Exception):
+        for statement in sql.undo_enqueue(len(ids)):
+            adapter.execute(statement, ids)
+
+
+def _adapt(conn: object) -> _Adapter:
+    """The adapter for a caller's connection, or TypeError naming its type."""
+    if isinstance(conn, sqlite3.Connection):
+        return _SQLite3(conn)
+    module = type(conn).__module__
+    if module.startswith("psycopg"):
+        import psycopg
+
+        if isinstance(conn, psycopg.Connection):
+            return _Psycopg(conn)
+        if isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(
+                "a psycopg.AsyncConnection cannot be used from synchronous code: "
+                "use a psycopg.Connection, or the async API on a store"
+            )
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.orm import Session
+
+        if isinstance(conn, Session):
+            return _SQLAlchemy(conn.connection())  # begins the session's transaction
+        if isinstance(conn, Connection):
+            return _SQLAlchemy(conn)
+    from .store.sqlite import SQLiteConn
+
+    if isinstance(conn, SQLiteConn):
+        return _Unit(conn, SQLITE)
+    if module == "trio_dispatch.store.postgres":  # loaded, so psycopg is there
+        from .store.postgres import PostgresConn
+
+        if isinstance(conn, PostgresConn):
+            return _Unit(conn, POSTGRES)
+    raise TypeError(
+        f"conn must be {SUPPORTED}; got a {type(conn).__module__}.{type(conn).__qualname__}"
+    )
+
+
+def _is_missing_schema(exc: BaseException) -> bool:
+    text = str(getattr(exc, "orig", None) or exc)
+    return ("dispatch_outbox" in text or "status_transitions" in text) and (
+        "no such table" in text or "does not exist" in text
+    )
+
+
+def _write(
+    conn: object, batch: Sequence[NewDispatch], now: float, name_items: bool
+) -> list[EnqueueResult]:
+    adapter = _adapt(conn)
+    try:
+        with adapter.atomic([new.id for new in batch]):
+            return insert_all(adapter, batch, now, name_items=name_items)
+    except Exception as exc:
+        if _is_missing_schema(exc):
+            raise SchemaError(
+                f"{adapter.where} has no trio_dispatch schema: create it with "
+                "trio_dispatch.sync.install_schema(conn) or `trio-dispatch migrate`"
+            ) from None
+        raise
+
+
+def enqueue_dispatch(
+    conn: object,
+    *,
+    kind: str,
+    deliver_to: str,
+    body: dict[str, Any] | None = None,
+    dedup_key: str | None = None,
+    ack_required: bool = False,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    expires_at: float | None = None,
+    session_id: str | None = None,
+    schedule_run_id: str | None = None,
+    now: float | None = None,
+) -> str:
+    """Write one dispatch and its ``dispatch.pending.enqueued`` transition in
+    the caller's current transaction on ``conn``; return its id (the first
+    row's id on a dedup hit, writing nothing). Never commits, rolls back or
+    closes ``conn`` (in autocommit mode the enqueue is its own transaction).
+
+    Raises ``TypeError``/``ValueError`` naming a bad argument before anything
+    is written, :class:`~trio_dispatch.store.base.SchemaError` naming
+    ``install_schema`` and ``trio-dispatch migrate`` when the database has no
+    outbox tables, and ``TypeError`` naming the type of an unsupported
+    ``conn``; after any of these the caller's transaction is open and
+    usable, with nothing of this enqueue in it.
+    """
+    _adapt(conn)  # an unsupported connection is refused before anything else
+    new = prepare(
+        kind=kind,
+        deliver_to=deliver_to,
+        body=body,
+        dedup_key=dedup_key,
+        ack_required=ack_required,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        session_id=session_id,
+        schedule_run_id=schedule_run_id,
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+    )
+    return _write(conn, [new], clock_from(now)(), name_items=False)[0].id
+
+
+def enqueue_many(
+    conn: object, items: Iterable[Mapping[str, Any]], *, now: float | None = None
+) -> list[EnqueueResult]:
+    """:func:`enqueue_dispatch` for each item, all or none, in the caller's
+    transaction; one :class:`EnqueueResult` per item, in order. An invalid
+    item raises, naming its index, before anything is written."""
+    _adapt(conn)
+    batch = prepare_items(items, DEFAULT_MAX_BODY_BYTES)
+    return _write(conn, batch, clock_from(now)(), name_items=True) if batch else []
+
+
+def install_schema(conn: object) -> None:
+    """Create the outbox tables in ``conn``'s database, or bring them forward
+    to this version -- idempotently, in the caller's current transaction
+    (commit it afterwards; in autocommit mode it commits at once). A newer
+    schema raises :class:`~trio_dispatch.store.base.SchemaError` and changes
+    nothing."""
+    adapter = _adapt(conn)
+    with adapter.atomic(()):
+        if adapter.dialect is POSTGRES:  # one migrator at a time, across hosts
+            adapter.query_one(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK}) AS locked")
+        migrate(adapter, adapter.dialect, adapter.where)
