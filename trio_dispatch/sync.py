@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -90,6 +91,7 @@ class _SQLite3:
 
     lock_clause = ""
     row_key = "rowid"
+    writes_in_with = False
     dialect = SQLITE
     where = "this SQLite database"
 
@@ -151,6 +153,7 @@ class _Psycopg:
 
     lock_clause = " FOR UPDATE SKIP LOCKED"
     row_key = "id"
+    writes_in_with = True
     dialect = POSTGRES
     where = "this PostgreSQL database"
 
@@ -182,6 +185,12 @@ class _Psycopg:
             with conn.transaction():
                 yield
             return
+        if len(ids) == 1 and conn in _SCHEMA_SEEN:
+            # One enqueue is one statement (a data-modifying WITH): it cannot
+            # half-fail, a dedup hit does not raise, and the schema is known
+            # to be there, so no savepoint round trips are needed.
+            yield
+            return
         conn.execute(f"SAVEPOINT {_SAVEPOINT}")  # psycopg begins the caller's transaction
         try:
             yield
@@ -190,6 +199,12 @@ class _Psycopg:
             conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
             raise
         conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        if ids:
+            _SCHEMA_SEEN.add(conn)
+
+
+_SCHEMA_SEEN: Final[weakref.WeakSet[Any]] = weakref.WeakSet()
+"""psycopg connections an enqueue has already succeeded on."""
 
 
 # -- SQLAlchemy -------------------------------------------------------------------
@@ -206,8 +221,10 @@ class _SQLAlchemy:
         dialect = conn.dialect
         if dialect.name == "sqlite":
             self.dialect, self.lock_clause, self.row_key = SQLITE, "", "rowid"
+            self.writes_in_with = False
         elif dialect.name == "postgresql":
             self.dialect, self.lock_clause, self.row_key = POSTGRES, " FOR UPDATE SKIP LOCKED", "id"
+            self.writes_in_with = True
         else:
             raise TypeError(
                 f"an SQLAlchemy connection to {dialect.name!r}: trio_dispatch supports "
@@ -270,6 +287,7 @@ class _Unit:
         self.dialect = dialect
         self.lock_clause = conn.lock_clause
         self.row_key = conn.row_key
+        self.writes_in_with = conn.writes_in_with
         self.where = "this store"
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
@@ -347,9 +365,8 @@ def _is_missing_schema(exc: BaseException) -> bool:
 
 
 def _write(
-    conn: object, batch: Sequence[NewDispatch], now: float, name_items: bool
+    adapter: _Adapter, batch: Sequence[NewDispatch], now: float, name_items: bool
 ) -> list[EnqueueResult]:
-    adapter = _adapt(conn)
     try:
         with adapter.atomic([new.id for new in batch]):
             return insert_all(adapter, batch, now, name_items=name_items)
@@ -388,7 +405,7 @@ def enqueue_dispatch(
     ``conn``; after any of these the caller's transaction is open and
     usable, with nothing of this enqueue in it.
     """
-    _adapt(conn)  # an unsupported connection is refused before anything else
+    adapter = _adapt(conn)  # an unsupported connection is refused before anything else
     new = prepare(
         kind=kind,
         deliver_to=deliver_to,
@@ -401,7 +418,7 @@ def enqueue_dispatch(
         schedule_run_id=schedule_run_id,
         max_body_bytes=DEFAULT_MAX_BODY_BYTES,
     )
-    return _write(conn, [new], clock_from(now)(), name_items=False)[0].id
+    return _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
 
 
 def enqueue_many(
@@ -410,9 +427,9 @@ def enqueue_many(
     """:func:`enqueue_dispatch` for each item, all or none, in the caller's
     transaction; one :class:`EnqueueResult` per item, in order. An invalid
     item raises, naming its index, before anything is written."""
-    _adapt(conn)
+    adapter = _adapt(conn)
     batch = prepare_items(items, DEFAULT_MAX_BODY_BYTES)
-    return _write(conn, batch, clock_from(now)(), name_items=True) if batch else []
+    return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
 
 
 def install_schema(conn: object) -> None:

@@ -241,14 +241,23 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
     # winner (B3).
-    if conn.execute(sql.INSERT_DISPATCH, _row(new, now)) == 0:
-        winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
-        if winner is None:
-            raise RuntimeError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
-        return EnqueueResult(_text(winner["id"]), True)
-    record(conn, [_enqueued(new, now)])
-    conn.announce_enqueue()
-    return EnqueueResult(new.id, False)
+    if conn.writes_in_with:  # row, history and NOTIFY in one round trip
+        entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
+        inserted = (
+            conn.query_one(sql.INSERT_DISPATCH_RECORDED, (*_row(new, now), entity_type, *history))
+            is not None
+        )
+    else:
+        inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
+        if inserted:
+            record(conn, [_enqueued(new, now)])
+            conn.announce_enqueue()
+    if inserted:
+        return EnqueueResult(new.id, False)
+    winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
+    if winner is None:
+        raise RuntimeError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
+    return EnqueueResult(_text(winner["id"]), True)
 
 
 def _text(value: object) -> str:

@@ -35,6 +35,18 @@ INSERT_TRANSITION: Final = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
+INSERT_DISPATCH_RECORDED: Final = (
+    f"WITH inserted AS ({INSERT_DISPATCH} RETURNING id), "
+    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
+    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    "SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM inserted RETURNING entity_id) "
+    "SELECT entity_id AS id, pg_notify('trio_dispatch', '') AS announced FROM recorded"
+)
+"""PostgreSQL only (SQLite has no data-modifying ``WITH``): :data:`INSERT_DISPATCH`,
+its :data:`INSERT_TRANSITION` row and the ``NOTIFY`` in one statement, one
+round trip. Parameters: the row's, then the transition's without its
+``entity_id``. Returns the new id, or no row when the dedup key is taken."""
+
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
 SELECT_FOR_REMOVAL: Final = "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?"
 SELECT_TRANSITIONS: Final = (

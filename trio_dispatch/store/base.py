@@ -146,6 +146,12 @@ class Conn(Protocol):
         table's own b-tree, no probe of the random-uuid primary key index),
         ``id`` on PostgreSQL."""
 
+    @property
+    def writes_in_with(self) -> bool:
+        """Whether a ``WITH`` clause may write (PostgreSQL): then an enqueue
+        is one statement (:data:`~trio_dispatch.outbox.sql.INSERT_DISPATCH_RECORDED`),
+        not three round trips."""
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed."""
 

@@ -54,6 +54,7 @@ class PostgresConn:
 
     lock_clause = " FOR UPDATE SKIP LOCKED"
     row_key = "id"
+    writes_in_with = True
 
     __slots__ = ("_conn",)
 

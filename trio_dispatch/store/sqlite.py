@@ -52,6 +52,7 @@ class SQLiteConn:
 
     lock_clause = ""  # BEGIN IMMEDIATE already excludes other writers
     row_key = "rowid"
+    writes_in_with = False
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
