@@ -53,3 +53,38 @@ def test_readme_commands_exist_and_ci_runs_the_test_command() -> None:
         assert f"{command} " in text
         assert (root / command).stat().st_mode & 0o111
     assert "./scripts/test" in (root / ".ci" / "run").read_text()
+
+
+def test_readme_own_connection_examples_commit_the_order_and_its_dispatch_together(
+    tmp_path: Path,
+) -> None:
+    blocks = _python_blocks()
+    plain = next(block for block in blocks if "def place_order" in block)
+    orm = next(block for block in blocks if "Session(engine)" in block)
+    (tmp_path / "plain.py").write_text(plain)
+    (tmp_path / "orm.py").write_text(orm)
+    printed = []
+    for script in ("plain.py", "orm.py"):
+        done = subprocess.run(
+            [sys.executable, script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.strip())
+    conn = sqlite3.connect(tmp_path / "shop.db")
+    orders = [row[0] for row in conn.execute("SELECT id FROM orders ORDER BY id")]
+    assert orders == ["o-1", "o-2"]
+    dispatches = conn.execute(
+        "SELECT id, kind, deliver_to, status, payload FROM dispatch_outbox ORDER BY created_at"
+    ).fetchall()
+    assert [(kind, to, status) for _, kind, to, status, _ in dispatches] == [
+        ("order.placed", "billing", "pending"),
+        ("order.placed", "billing", "pending"),
+    ]
+    assert printed[0] == dispatches[0][0]  # the sqlite3 example prints its dispatch id
+    assert '"order": "o-1"' in dispatches[0][4]
+    assert '"order": "o-2"' in dispatches[1][4]
+    history = conn.execute(
+        "SELECT entity_id, reason_code FROM status_transitions ORDER BY id"
+    ).fetchall()
+    assert history == [(row[0], "dispatch.pending.enqueued") for row in dispatches]
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)

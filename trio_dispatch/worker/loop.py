@@ -2,8 +2,9 @@
 
 The worker owns one task group. Its claim loop wakes on a tick, on
 :meth:`DispatchWorker.wake` (every in-process enqueue calls it through the
-store; a store that can :class:`~trio_dispatch.store.base.Listener` reaches it
-on any host's enqueue), or when the earliest retry falls due. It claims only
+store; a :class:`~trio_dispatch.store.base.Listener` store reaches it on
+another process's commit: PostgreSQL ``LISTEN``/``NOTIFY`` from any host,
+SQLite ``PRAGMA data_version`` polled on an idle connection), or when the earliest retry falls due. It claims only
 as many due rows as it has free delivery slots (:class:`.SlotTable`), so a
 claimed row never waits for a slot while its lease runs; ``concurrency``
 slots bound the transports running at once. Each claimed row is delivered by
@@ -164,8 +165,8 @@ class DispatchWorker:
         self.retry_jitter = settings.retry_jitter
         self.lease_seconds = settings.lease_seconds
         self.listen = settings.listen
-        """Wake on other processes' enqueues where the store can tell
-        (PostgreSQL LISTEN/NOTIFY); False polls on the tick only."""
+        """Wake on other processes' enqueues (PostgreSQL LISTEN/NOTIFY,
+        SQLite ``data_version`` polling); False polls on the tick only."""
         self.transport: Transport = (
             CommandTransport(
                 notify_template,
