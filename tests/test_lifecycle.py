@@ -27,7 +27,7 @@ from trio_dispatch import (
 from trio_dispatch import lifecycle as lc
 from trio_dispatch.outbox import Outcome, claim_due, release_attempt
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transports import Delivery
+from trio_dispatch.transports import Delivery, TransportResult
 
 if TYPE_CHECKING:
     from .conftest import RawDB
@@ -62,6 +62,7 @@ SPEC_REASON_CODES = frozenset(
         "dispatch.pending.retry_backoff",
         "dispatch.dead_letter.max_attempts",
         "dispatch.dead_letter.ack_timeout",
+        "dispatch.dead_letter.gone",
         "dispatch.expired.deadline",
         "dispatch.acked.consumer",
         "dispatch.pending.operator_retry",
@@ -78,6 +79,7 @@ DELIVERY_CODES = frozenset(
         "dispatch.pending.retry_backoff",
         "dispatch.dead_letter.max_attempts",
         "dispatch.dead_letter.ack_timeout",
+        "dispatch.dead_letter.gone",
         "dispatch.expired.deadline",
         "dispatch.pending.released",
     }
@@ -210,12 +212,15 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     ack_timeout = await add("ok", ack_required=True, max_attempts=1)
     expired = await add("ok", expires_at=T0)
     fast_acked = await add("fast-ack", ack_required=True, max_attempts=3)
+    gone = await add("gone", max_attempts=5)
 
     sent: list[str] = []
     fast_ack_results: list[bool] = []
 
-    async def transport(delivery: Delivery) -> bool:
+    async def transport(delivery: Delivery) -> bool | TransportResult:
         sent.append(delivery.dispatch_id)
+        if delivery.deliver_to == "gone":
+            return TransportResult.failure("HTTP 410: no such hook", gone=True)
         if delivery.deliver_to == "fail":
             raise RuntimeError("destination refused")
         if delivery.deliver_to == "fast-ack":
@@ -228,16 +233,16 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     counts = await deliver_due_dispatches(store, now=T0, transport=transport)
 
     assert counts == {
-        "attempted": 9,
+        "attempted": 10,
         "delivered": 4,  # delivered, awaiting, ack_timeout, recovered (fast ack conflicts)
-        "dead_letter": 3,  # dead, ack_timeout, spent
+        "dead_letter": 4,  # dead, ack_timeout, spent, gone
         "expired": 1,
         "retried": 1,
     }
     assert fast_ack_results == [True]
     assert spent not in sent and expired not in sent
     assert sorted(sent) == sorted(
-        [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked]
+        [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked, gone]
     )
 
     # Worker shutdown interrupting an attempt: released, due at once.
@@ -265,6 +270,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert final[expired]["status"] == "pending"
     assert final[fast_acked]["status"] == "acked"
     assert final[spent]["status"] == "dead_letter"
+    assert (final[gone]["status"], final[gone]["attempt"]) == ("dead_letter", 1)
     assert final[spent]["attempt"] == 1  # no second send on the spent lease
     assert (final[released]["status"], final[released]["attempt"]) == ("pending", 1)
     assert final[released]["next_attempt_at"] == T0 + 6
@@ -308,6 +314,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         ("pending", "expired", "dispatch.expired.deadline"),
         ("expired", "pending", "dispatch.pending.operator_retry"),
     ]
+    assert reasons(gone)[-1] == ("delivering", "dead_letter", "dispatch.dead_letter.gone")
     assert reasons(fast_acked) == [
         (None, "pending", "dispatch.pending.enqueued"),
         ("pending", "delivering", "dispatch.delivering.attempt"),

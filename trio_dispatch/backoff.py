@@ -1,9 +1,13 @@
-"""Retry backoff: the ADR schedule, with optional jitter."""
+"""Retry backoff: the ADR schedule or a configured one, with optional jitter."""
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 from typing import Final
+
+from .values import show
 
 BASE_BACKOFF_SECONDS: Final = 30
 MAX_BACKOFF_SECONDS: Final = 1800
@@ -18,14 +22,60 @@ def backoff_seconds(attempt: int) -> float:
     return float(min(BASE_BACKOFF_SECONDS * (2**attempt), MAX_BACKOFF_SECONDS))
 
 
-def jittered_backoff(attempt: int, jitter: float, *, rng: random.Random | None = None) -> float:
-    """``backoff_seconds(attempt)`` spread by up to ``+-jitter`` of itself.
+MAX_SCHEDULE_SECONDS: Final = 10 * 365 * 86400
+"""The longest delay a retry schedule may name: ten years."""
 
-    ``jitter`` is a fraction in ``[0, 1]``; 0 returns the exact ADR schedule.
+
+def check_retry_schedule(name: str, value: object) -> tuple[float, ...] | None:
+    """A retry schedule as the worker uses it: None (the ADR backoff) or a
+    non-empty list of seconds, each a finite number from 0 to
+    :data:`MAX_SCHEDULE_SECONDS`. Raises ``ValueError`` naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
+        raise ValueError(
+            f"{name} must be a non-empty list of seconds (before attempt 2, 3, ...), "
+            f"got {show(value)}"
+        )
+    delays = []
+    for index, item in enumerate(value):
+        if (
+            isinstance(item, bool)
+            or not isinstance(item, int | float)
+            or not math.isfinite(item)
+            or not 0 <= item <= MAX_SCHEDULE_SECONDS
+        ):
+            raise ValueError(
+                f"{name}[{index}] must be a number of seconds from 0 to "
+                f"{MAX_SCHEDULE_SECONDS}, got {show(item)}"
+            )
+        delays.append(float(item))
+    return tuple(delays)
+
+
+def retry_delay(attempt: int, schedule: Sequence[float] | None = None) -> float:
+    """Seconds before the attempt after ``attempt``: ``schedule[attempt - 1]``
+    (the last value repeating) when a schedule is configured, else
+    :func:`backoff_seconds`."""
+    if not schedule:
+        return backoff_seconds(attempt)
+    return float(schedule[min(max(attempt, 1), len(schedule)) - 1])
+
+
+def jittered_backoff(
+    attempt: int,
+    jitter: float,
+    *,
+    rng: random.Random | None = None,
+    schedule: Sequence[float] | None = None,
+) -> float:
+    """:func:`retry_delay` spread by up to ``+-jitter`` of itself.
+
+    ``jitter`` is a fraction in ``[0, 1]``; 0 returns the exact schedule.
     """
     if not 0.0 <= jitter <= 1.0:
         raise ValueError(f"retry jitter must be between 0 and 1, got {jitter!r}")
-    delay = backoff_seconds(attempt)
+    delay = retry_delay(attempt, schedule)
     if jitter == 0.0:
         return delay
     spread = (rng or random).uniform(-jitter, jitter)

@@ -88,6 +88,8 @@ class Reason(enum.StrEnum):
     MAX_ATTEMPTS = "dispatch.dead_letter.max_attempts"
     """The transport failed with no attempt left, or for good (E2BIG), or the
     last attempt's lease ran out."""
+    GONE = "dispatch.dead_letter.gone"
+    """The destination said it no longer exists (HTTP 410): no further attempt."""
     ACK_TIMEOUT = "dispatch.dead_letter.ack_timeout"
     """An ack was required and every allowed send went unacknowledged."""
     DEADLINE = "dispatch.expired.deadline"

@@ -9,9 +9,10 @@ accepts exactly what the worker accepts, with the same limits.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from .backoff import check_retry_schedule
 from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 
@@ -51,6 +52,10 @@ def _jitter(name: str, value: object) -> float:
     return require_number(name, value, minimum=0.0, maximum=1.0)
 
 
+def _optional_count(name: str, value: object) -> int | None:
+    return None if value is None else _count(name, value)
+
+
 SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "concurrency": _count,
     "batch_size": _count,
@@ -61,6 +66,8 @@ SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "kill_grace_seconds": _grace,
     "lease_margin_seconds": _margin,
     "listen": require_bool,
+    "retry_schedule": check_retry_schedule,
+    "per_destination_concurrency": _optional_count,
 }
 """``check(name, value)`` per setting: the value as the worker uses it, or
 ``TypeError``/``ValueError`` whose message starts with ``name``."""
@@ -89,6 +96,12 @@ class WorkerSettings:
     """Wake on other processes' enqueues where the store can tell."""
     lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS
     """A claim's lease is ``timeout_seconds`` plus this."""
+    retry_schedule: Sequence[float] | None = None
+    """Seconds before attempt 2, 3, ... (the last repeats); None: the ADR
+    backoff."""
+    per_destination_concurrency: int | None = None
+    """Most deliveries to one ``deliver_to`` at once; None: no cap below
+    ``concurrency``."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

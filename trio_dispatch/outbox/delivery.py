@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from ..backoff import jittered_backoff
+from ..backoff import check_retry_schedule, jittered_backoff
 from ..lifecycle import ACTOR_DELIVERY
 from ..redact import MASK
 from ..settings import (
@@ -36,9 +36,11 @@ from ..transports import (
     as_transport,
     describe_exception,
     must_propagate,
+    opened,
 )
 from ..validate import clock_from, require_int, require_number
 from ..values import show
+from .caps import DestinationCaps
 from .machine import (
     COUNTER_KEYS,
     AttemptEnd,
@@ -71,6 +73,7 @@ async def claim_due(
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
     ids: Sequence[str] | None = None,
+    caps: DestinationCaps | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
     created_at``; or the rows ``ids`` names, those still due) and, in one
@@ -79,12 +82,13 @@ async def claim_due(
     default the wall clock; or the fixed ``now``). Returns the claims won
     and the counters of the scan (``attempted``, ``expired``,
     ``dead_letter``). A row another claimant took first is skipped
-    silently."""
+    silently. With ``caps``, no destination gets more attempts than its cap
+    allows (:class:`~.caps.DestinationCaps`)."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
-        return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids)
+        return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids, caps=caps)
 
     return await db.write(scan_and_claim)
 
@@ -103,13 +107,16 @@ async def finish_attempt(
     retry_jitter: float = 0.0,
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
+    retry_schedule: Sequence[float] | None = None,
 ) -> Outcome:
     """Record the end of ``claim``'s attempt (status, ``last_error``, due time
     and transition) in one transaction, fenced on ``(delivering,
     claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
-    the row moved on (acked, purged, or recovered by another claimant)."""
+    the row moved on (acked, purged, or recovered by another claimant). A
+    retry waits ``retry_schedule``'s delay (the ADR backoff without one),
+    or the destination's ``Retry-After`` if that is later."""
     read_clock = clock or clock_from(now)
-    delay = jittered_backoff(claim.attempt, retry_jitter)
+    delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
     end = AttemptEnd(claim, result, read_clock(), delay, actor)
     return await db.write_many(finish_many, end)
 
@@ -123,13 +130,17 @@ async def finish_and_claim_next(
     retry_jitter: float = 0.0,
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] = time.time,
+    retry_schedule: Sequence[float] | None = None,
+    caps: DestinationCaps | None = None,
 ) -> tuple[Outcome, Claim | None, dict[str, int]]:
     """:func:`finish_attempt`, and in the same transaction claim the next due
     row (if any) for the delivery slot this attempt frees: a busy worker pays
     one commit per delivery, not two, and its slot never waits for a scan.
     Returns the outcome, the next claim or None, and that scan's counters."""
-    delay = jittered_backoff(claim.attempt, retry_jitter)
-    end = AttemptEnd(claim, result, clock(), delay, actor, next_lease=lease_seconds, clock=clock)
+    delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
+    end = AttemptEnd(
+        claim, result, clock(), delay, actor, next_lease=lease_seconds, clock=clock, caps=caps
+    )
     return await db.write_many(finish_and_claim, end)
 
 
@@ -212,6 +223,7 @@ async def deliver_due_dispatches(
     retry_jitter: float = 0.0,
     actor: str = ACTOR_DELIVERY,
     lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,
+    retry_schedule: Sequence[float] | None = None,
 ) -> dict[str, int]:
     """One due scan: expire, claim, send and finish up to ``batch_size`` due
     rows, one at a time; return ``{attempted, delivered, dead_letter,
@@ -222,11 +234,14 @@ async def deliver_due_dispatches(
     ``timeout + 5`` by default -- starts when its transport does. The
     transport is ``transport`` if given, else the argv ``notify_template``
     (None or an invalid template is a recorded transport failure, never an
-    exception). No transaction is open while a transport runs. Cancellation
+    exception). A failed attempt is retried after ``retry_schedule``'s delay
+    (seconds before attempt 2, 3, ...; the last repeats) or, without one,
+    the ADR backoff. No transaction is open while a transport runs. Cancellation
     stops the scan; an attempt interrupted mid-send stays ``delivering`` and
     is recovered when its lease ends.
     """
     require_store(db, "deliver_due_dispatches")
+    schedule = check_retry_schedule("retry_schedule", retry_schedule)
     clock = clock_from(now)
     limit = require_int("batch_size", batch_size, minimum=1)
     timeout = require_number("timeout_seconds", timeout_seconds, minimum=0.0)
@@ -244,6 +259,22 @@ async def deliver_due_dispatches(
     # with the worker's claim, by id -- just before its own send, so a row
     # that falls due again during the pass is left for the next one.
     due = await db.read(partial(due_ids, now=clock(), limit=limit))
+    async with opened(sender):  # one HTTP client for the pass, say
+        await _deliver_each(db, due, sender, counts, lease, clock, actor, retry_jitter, schedule)
+    return counts
+
+
+async def _deliver_each(
+    db: Database,
+    due: Sequence[str],
+    sender: Transport,
+    counts: dict[str, int],
+    lease: float,
+    clock: Callable[[], float],
+    actor: str,
+    retry_jitter: float,
+    schedule: Sequence[float] | None,
+) -> None:
     for dispatch_id in due:
         counts["attempted"] += 1
         claims, scanned = await claim_due(
@@ -258,7 +289,12 @@ async def deliver_due_dispatches(
             if result is None:
                 result = lease_timeout_result(lease)
             outcome = await finish_attempt(
-                db, claim, result, retry_jitter=retry_jitter, actor=actor, clock=clock
+                db,
+                claim,
+                result,
+                retry_jitter=retry_jitter,
+                actor=actor,
+                clock=clock,
+                retry_schedule=schedule,
             )
             tally(counts, result, outcome)
-    return counts

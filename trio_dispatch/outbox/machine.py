@@ -37,6 +37,10 @@ from ..lifecycle import (
 from ..store.base import Conn, Row
 from ..transports import LAST_ERROR_LIMIT, Delivery, TransportResult
 from . import sql
+from .caps import DestinationCaps
+
+MAX_RETRY_AFTER_SECONDS: Final = 86400.0
+"""The longest a destination's ``Retry-After`` may delay the next attempt."""
 
 COUNTER_KEYS: Final = ("attempted", "delivered", "dead_letter", "expired", "retried")
 """The counters of a delivery pass (ADR D4/D5 meanings)."""
@@ -302,16 +306,25 @@ def insert_all(
 
 
 def select_due(
-    conn: Conn, now: float, limit: int, columns: str = sql.COLUMNS, *, lock: bool = False
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str = sql.COLUMNS,
+    *,
+    lock: bool = False,
+    skip: Sequence[str] = (),
 ) -> list[Row]:
     """Up to ``limit`` due rows, ordered by ``next_attempt_at, created_at``
     (SPEC B5): one ordered range read of the due index per live status,
-    merged here; finished rows are not in the index."""
+    merged here; finished rows are not in the index. Rows whose
+    ``deliver_to`` is in ``skip`` are left out."""
     lock_clause = conn.lock_clause if lock else ""
     rows = [
         row
         for status in (Status.PENDING, Status.DELIVERING)
-        for row in conn.query(sql.select_due(status, columns, lock_clause), (now, limit))
+        for row in conn.query(
+            sql.select_due(status, columns, lock_clause, skip=len(skip)), (now, *skip, limit)
+        )
     ]
     rows.sort(key=lambda row: (row["next_attempt_at"], row["created_at"]))
     return rows[:limit]
@@ -365,7 +378,7 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
 
 _SCAN_COLUMNS: Final = (
     "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
-    "created_at"
+    "created_at, deliver_to"
 )
 
 
@@ -377,6 +390,7 @@ def claim_batch(
     actor: str,
     *,
     ids: Sequence[str] | None = None,
+    caps: DestinationCaps | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """The claim: one indexed select of up to ``limit`` due rows (locked
     where rows lock) -- or, given ``ids``, those rows if they are still due
@@ -384,11 +398,14 @@ def claim_batch(
     dead-letter spent ones, and claim the rest with one statement per
     previous status, each leased until ``at + lease``. Returns the claims
     in scan order and the scan's counters (``attempted``, ``expired``,
-    ``dead_letter``; the others 0)."""
+    ``dead_letter``; the others 0). With ``caps``, destinations at their
+    cap are left out and no more rows are claimed for one destination than
+    its cap has room for; the claims are counted against it."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.row_key)
     if ids is None:
-        rows = select_due(conn, at, limit, columns, lock=True)
+        skip = caps.full(at) if caps is not None else ()
+        rows = select_due(conn, at, limit, columns, lock=True, skip=skip)
     else:
         rows = [
             row
@@ -404,6 +421,13 @@ def claim_batch(
             counts["dead_letter"] += spend(conn, row, at, actor)
         else:
             fresh[Status(row["status"])].append(row)
+    if caps is not None:
+        candidates = {row["id"] for group in fresh.values() for row in group}
+        allowed = {row["id"] for row in caps.fit([r for r in rows if r["id"] in candidates], at)}
+        fresh = {
+            status: [row for row in group if row["id"] in allowed]
+            for status, group in fresh.items()
+        }
     order = {row["id"]: index for index, row in enumerate(rows)}
     lease_until = at + lease
     claims: list[Claim] = []
@@ -454,6 +478,9 @@ def claim_batch(
             )
     record(conn, changes)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
+    if caps is not None:
+        for claim in claims:
+            caps.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)
     return claims, counts
 
 
@@ -474,12 +501,27 @@ class AttemptEnd:
     """With :func:`finish_and_claim`: the lease of the slot's next claim."""
     clock: Callable[[], float] | None = None
     """With :func:`finish_and_claim`: the wall clock the next claim reads."""
+    caps: DestinationCaps | None = None
+    """With :func:`finish_and_claim`: the worker's per-destination caps."""
+
+    @property
+    def retry_after(self) -> float | None:
+        """The destination's own "not before" (capped), if it gave one."""
+        after = self.result.retry_after
+        return None if after is None else min(after, MAX_RETRY_AFTER_SECONDS)
+
+    @property
+    def wait(self) -> float:
+        """Seconds until the row is due again: the schedule's delay, or the
+        destination's ``Retry-After`` if that is later."""
+        after = self.retry_after
+        return self.delay if after is None else max(self.delay, after)
 
 
 def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]:
     """(outcome, new status, reason code, summary, last_error) of one
     attempt's end, per ADR D4/D5."""
-    claim, result, delay = end.claim, end.result, end.delay
+    claim, result, delay = end.claim, end.result, end.wait
     attempts_left = claim.attempt < claim.max_attempts
     if result.ok and not claim.ack_required:
         return (
@@ -506,6 +548,14 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
             None,
         )
     error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+    if result.gone:
+        return (
+            Outcome.DEAD_LETTER,
+            Status.DEAD_LETTER,
+            Reason.GONE,
+            f"attempt {claim.attempt}: the destination is gone, no further attempt: {error[:200]}",
+            error,
+        )
     if result.permanent:
         # A failure no retry can fix (the OS refusing the argv as too
         # large): retrying would fail the same way for hours.
@@ -547,7 +597,7 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     params: list[Any] = []
     for end, (_, status, reason, summary, error) in zip(ends, plans, strict=True):
         claim = end.claim
-        next_at = end.now + end.delay if status == Status.PENDING else end.now
+        next_at = end.now + end.wait if status == Status.PENDING else end.now
         metadata: dict[str, Any] = {"attempt": claim.attempt}
         if status == Status.PENDING:
             metadata["next_attempt_at"] = next_at
@@ -555,6 +605,8 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             metadata["error"] = error
         if end.result.permanent:
             metadata["permanent"] = True
+        if end.retry_after is not None and not end.result.ok:
+            metadata["retry_after_seconds"] = end.retry_after
         changes.append(
             Change(
                 claim.dispatch_id,
@@ -604,12 +656,15 @@ def finish_and_claim(
     outcomes = finish_many(conn, ends)
     nexts: list[Claim | None] = [None] * len(ends)
     counts = [dict.fromkeys(COUNTER_KEYS, 0) for _ in ends]
-    groups: dict[tuple[float, str, Callable[[], float] | None], list[int]] = {}
+    Key = tuple[float, str, Callable[[], float] | None, DestinationCaps | None]
+    groups: dict[Key, list[int]] = {}
     for index, end in enumerate(ends):
-        groups.setdefault((end.next_lease, end.actor, end.clock), []).append(index)
-    for (lease, actor, clock), indexes in groups.items():
+        if end.caps is not None:  # the ended attempts make room first
+            end.caps.drop([end.claim.dispatch_id])
+        groups.setdefault((end.next_lease, end.actor, end.clock, end.caps), []).append(index)
+    for (lease, actor, clock, caps), indexes in groups.items():
         assert clock is not None
-        claims, scanned = claim_batch(conn, clock(), len(indexes), lease, actor)
+        claims, scanned = claim_batch(conn, clock(), len(indexes), lease, actor, caps=caps)
         counts[indexes[0]] = scanned
         for index, claim in zip(indexes, claims, strict=False):
             nexts[index] = claim

@@ -6,10 +6,11 @@ no row can hold (a NUL, a lone surrogate) with "not found" on every engine.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final
 
-from ..lifecycle import ENTITY_TYPE, STATUSES
+from ..lifecycle import ENTITY_TYPE, STATUSES, Status
 from ..store.base import Conn, Database, Row
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
@@ -84,9 +85,11 @@ async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any
     return [row for row in map(decode, rows) if row is not None]
 
 
-async def next_due_at(db: Database) -> float | None:
-    """When the earliest pending or delivering row falls due, or None."""
-    row = await db.read(lambda conn: conn.query_one(sql.NEXT_DUE))
+async def next_due_at(db: Database, *, skip: Sequence[str] = ()) -> float | None:
+    """When the earliest pending or delivering row falls due, or None;
+    rows whose ``deliver_to`` is in ``skip`` left out."""
+    statement = sql.next_due(len(skip))
+    row = await db.read(lambda conn: conn.query_one(statement, tuple(skip)))
     return None if row is None else float(row["due"])
 
 
@@ -116,13 +119,87 @@ async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str,
     return await db.read(collect)
 
 
+COUNT_CAP: Final = 10_000
+"""Status counts for metrics and the dashboard stop at this many (a
+bounded query: a scrape costs the same at a million finished rows)."""
+
+
+async def bounded_stats(
+    db: Database, *, now: float | None = None, cap: int = COUNT_CAP
+) -> dict[str, Any]:
+    """:func:`dispatch_stats` with bounded queries only: ``counts`` per
+    status up to ``cap`` each, ``capped`` (the statuses that reached it:
+    their real count is higher), ``oldest_due_pending_age_seconds``, and
+    ``dead_letters_last_24h`` (also up to ``cap``). Every query reads a
+    partial index and stops at the cap, whatever the table holds."""
+    at = clock_from(now)()
+    cap = require_int("cap", cap, minimum=1)
+
+    def collect(conn: Conn) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for status in sorted(STATUSES):
+            row = conn.query_one(sql.count_capped(Status(status)), (cap,))
+            counts[status] = int(row["n"]) if row else 0
+        oldest = conn.query_one(sql.OLDEST_DUE_PENDING, (at,))
+        dead = conn.query_one(sql.DEAD_LETTERS_SINCE_CAPPED, (at - 86400.0, cap))
+        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        dead_letters = int(dead["n"]) if dead else 0
+        return {
+            "counts": counts,
+            "capped": sorted(status for status, n in counts.items() if n >= cap),
+            "cap": cap,
+            "oldest_due_pending_age_seconds": None if due is None else max(0.0, at - due),
+            "dead_letters_last_24h": dead_letters,
+            "dead_letters_capped": dead_letters >= cap,
+        }
+
+    return await db.read(collect)
+
+
+async def list_page(
+    db: Database,
+    *,
+    status: str | None = None,
+    kind: str | None = None,
+    before: tuple[float, str] | None = None,
+    limit: int = DEFAULT_LIST_LIMIT,
+) -> list[dict[str, Any]]:
+    """One page of :func:`list_dispatches`: rows newest first that come
+    after ``before`` (the ``(created_at, id)`` of the last row of the
+    previous page), at most ``limit``."""
+    if before is None:
+        return await list_dispatches(db, status=status, kind=kind, limit=limit)
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}")
+    limit = require_int("limit", limit, minimum=1)
+    clauses, params = [], []
+    if status is not None:
+        clauses.append("status = ?")
+        params.append(status)
+    if kind is not None:
+        require_text("kind", kind)
+        if not findable(kind):
+            return []
+        clauses.append("kind = ?")
+        params.append(kind)
+    created, last_id = before
+    query = sql.list_page(" AND ".join(clauses))
+    rows = await db.read(
+        lambda conn: conn.query(query, (*params, created, created, last_id, limit))
+    )
+    return [row for row in map(decode, rows) if row is not None]
+
+
 __all__ = [
+    "COUNT_CAP",
     "DEFAULT_LIST_LIMIT",
+    "bounded_stats",
     "decode",
     "dispatch_stats",
     "get_dispatch",
     "get_row",
     "list_dispatches",
+    "list_page",
     "list_transitions",
     "next_due_at",
 ]

@@ -65,13 +65,16 @@ def list_newest(where: str) -> str:
 SELECT_BY_ID: Final = f"SELECT {COLUMNS} FROM dispatch_outbox WHERE id = ?"
 
 
-def select_due(status: Status, columns: str, lock_clause: str) -> str:
+def select_due(status: Status, columns: str, lock_clause: str, skip: int = 0) -> str:
     """Due rows of one live status, oldest due first (SPEC B5). The verbatim
     partial-index term lets the planner read the due index in order and
-    stop after ``LIMIT`` rows: the cost follows the limit, not the table."""
+    stop after ``LIMIT`` rows: the cost follows the limit, not the table.
+    With ``skip``, that many ``deliver_to`` values (parameters after the
+    due time) are left out."""
+    skipped = f"AND deliver_to NOT IN ({', '.join('?' * skip)}) " if skip else ""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}' AND next_attempt_at <= ? "
+        f"AND status = '{status}' AND next_attempt_at <= ? {skipped}"
         f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
     )
 
@@ -168,6 +171,17 @@ NEXT_DUE: Final = (
     "ORDER BY next_attempt_at LIMIT 1"
 )
 
+
+def next_due(skip: int) -> str:
+    """:data:`NEXT_DUE` leaving out ``skip`` ``deliver_to`` values."""
+    if not skip:
+        return NEXT_DUE
+    return (
+        f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND deliver_to NOT IN ({', '.join('?' * skip)}) ORDER BY next_attempt_at LIMIT 1"
+    )
+
+
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
 OLDEST_DUE_PENDING: Final = (
     f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
@@ -187,4 +201,34 @@ def undo_enqueue(count: int) -> tuple[str, str]:
     return (
         f"DELETE FROM status_transitions WHERE entity_id IN ({marks})",
         f"DELETE FROM dispatch_outbox WHERE id IN ({marks})",
+    )
+
+
+def count_capped(status: Status) -> str:
+    """How many rows have ``status``, counted up to the ``?`` cap through
+    the partial index that holds that status, so the cost follows the cap,
+    never the table (metrics and the dashboard read it at every scrape)."""
+    index_term = DUE_SQL if status in (Status.PENDING, Status.DELIVERING) else FINISHED_SQL
+    return (
+        "SELECT COUNT(*) AS n FROM (SELECT 1 FROM dispatch_outbox "
+        f"WHERE {index_term} AND status = '{status}' LIMIT ?) AS capped"
+    )
+
+
+DEAD_LETTERS_SINCE_CAPPED: Final = (
+    "SELECT COUNT(*) AS n FROM (SELECT 1 FROM dispatch_outbox "
+    f"WHERE {FINISHED_SQL} AND status = '{Status.DEAD_LETTER}' AND {AGE} >= ? LIMIT ?) AS capped"
+)
+""":data:`DEAD_LETTERS_SINCE`, counted up to a cap."""
+
+
+def list_page(where: str) -> str:
+    """Rows newest first under ``where`` (``?`` terms, may be empty) and
+    strictly before the ``(created_at, id)`` of the two parameters that
+    follow, at most ``?`` of them: keyset paging, so a deep page costs what
+    the first one does."""
+    older = "(created_at < ? OR (created_at = ? AND id < ?))"
+    clause = f"WHERE {where} AND {older} " if where else f"WHERE {older} "
+    return (
+        f"SELECT {COLUMNS} FROM dispatch_outbox {clause}ORDER BY created_at DESC, id DESC LIMIT ?"
     )

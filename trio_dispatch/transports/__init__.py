@@ -5,7 +5,9 @@
 - :mod:`.command`: :class:`CommandTransport`, the argv template run as a
   child process that never outlives the worker (:mod:`.process`);
 - :mod:`.callables`: an async Python callable as a transport, and one written
-  for asyncio run from trio.
+  for asyncio run from trio;
+- :mod:`.webhook`: :class:`~.webhook.WebhookTransport`, signed HTTP delivery
+  (the ``http`` extra; imported on first use).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .base import (
     clean_error,
     describe_exception,
     must_propagate,
+    opened,
 )
 from .callables import (
     AsyncioCallableTransport,
@@ -68,6 +71,7 @@ __all__ = [
     "looks_secret",
     "must_propagate",
     "needs_asyncio_loop",
+    "opened",
     "render_argv",
     "template_warnings",
 ]

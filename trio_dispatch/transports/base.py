@@ -11,7 +11,9 @@ never swallowed.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -48,27 +50,47 @@ class TransportResult:
     ``last_error`` for a failure: NUL characters replaced and cut to
     :data:`LAST_ERROR_LIMIT` characters, however the result was built.
     ``permanent`` marks a failure no retry can fix (the OS refusing the
-    argv as too large): the dispatch is dead-lettered at once."""
+    argv as too large): the dispatch is dead-lettered at once. ``gone``
+    means the destination said it no longer exists (HTTP 410): dead-lettered
+    at once with ``dispatch.dead_letter.gone``. ``retry_after`` is the
+    destination's own "not before" (HTTP ``Retry-After``), in seconds from
+    now: the next attempt waits at least that long (capped at 24 h)."""
 
     ok: bool
     error: str | None = None
     permanent: bool = False
+    gone: bool = False
+    retry_after: float | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None:
             object.__setattr__(self, "error", clean_error(str(self.error)))
+        if self.retry_after is not None:
+            wait = float(self.retry_after)
+            object.__setattr__(self, "retry_after", max(0.0, wait) if math.isfinite(wait) else None)
 
     @classmethod
     def success(cls) -> TransportResult:
         return cls(ok=True)
 
     @classmethod
-    def failure(cls, message: str, *, permanent: bool = False) -> TransportResult:
+    def failure(
+        cls,
+        message: str,
+        *,
+        permanent: bool = False,
+        gone: bool = False,
+        retry_after: float | None = None,
+    ) -> TransportResult:
         """A failure whose message is stripped and cut to the first
         :data:`LAST_ERROR_LIMIT` characters (never empty)."""
         text = clean_error(message.strip())
         return cls(
-            ok=False, error=text or "transport failed without a message", permanent=permanent
+            ok=False,
+            error=text or "transport failed without a message",
+            permanent=permanent,
+            gone=gone,
+            retry_after=retry_after,
         )
 
 
@@ -110,3 +132,15 @@ def must_propagate(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None
     return isinstance(exc, stop)
+
+
+@contextlib.asynccontextmanager
+async def opened(transport: object) -> AsyncIterator[None]:
+    """Keep what a transport holds open (an HTTP client's connections) for
+    the block, if it has an ``opened()`` context; others need nothing."""
+    enter = getattr(transport, "opened", None)
+    if enter is None:
+        yield
+        return
+    async with enter():
+        yield

@@ -4,18 +4,20 @@ The worker owns one task group. Its claim loop wakes on a tick, on
 :meth:`DispatchWorker.wake` (every in-process enqueue calls it through the
 store; a :class:`~trio_dispatch.store.base.Listener` store reaches it on
 another process's commit: PostgreSQL ``LISTEN``/``NOTIFY`` from any host,
-SQLite ``PRAGMA data_version`` polled on an idle connection), or when the earliest retry falls due. It claims only
-as many due rows as it has free delivery slots (:class:`.SlotTable`), so a
-claimed row never waits for a slot while its lease runs; ``concurrency``
-slots bound the transports running at once. Each claimed row is delivered by
-its own task, cut at its own lease end (less a safety margin) whatever the
-transport does; its outcome is written through the store's group commit,
-and in the same transaction the slot takes the next due row, so a busy
-worker pays one commit per delivery. A delivery task lives as long as its
-slot keeps finding rows: measured, a worker with 64 slots started 64 tasks
-for 10,000 back-to-back deliveries, so a pool of long-lived slot tasks would
-save nothing; an idle worker starts one task per claim (microseconds beside
-the millisecond a wake-up takes).
+SQLite ``PRAGMA data_version`` polled on an idle connection), or when the
+earliest retry falls due. It claims only as many due rows as it has free
+delivery slots (:class:`.SlotTable`), so a claimed row never waits for a
+slot while its lease runs; ``concurrency`` slots bound the transports
+running at once, and ``per_destination_concurrency`` (optional) those to one
+``deliver_to`` (:class:`~trio_dispatch.outbox.caps.DestinationCaps`). Each
+claimed row is delivered by its own task, cut at its own lease end (less a
+safety margin) whatever the transport does; its outcome is written through
+the store's group commit, and in the same transaction the slot takes the
+next due row, so a busy worker pays one commit per delivery. A delivery task
+lives as long as its slot keeps finding rows: measured, a worker with 64
+slots started 64 tasks for 10,000 back-to-back deliveries, so a pool of
+long-lived slot tasks would save nothing; an idle worker starts one task per
+claim (microseconds beside the millisecond a wake-up takes).
 
 Shutdown (the worker's scope is cancelled): claiming stops at once; running
 deliveries get ``grace_seconds`` to finish; any still running are then
@@ -31,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Final
 
@@ -55,6 +57,7 @@ from ..outbox import (
     require_store,
     tally,
 )
+from ..outbox.caps import DestinationCaps
 from ..redact import scrubbed_logger, visible
 from ..settings import (
     CLAIM_LEASE_MARGIN_SECONDS,
@@ -74,7 +77,9 @@ from ..transports import (
     TransportResult,
     as_transport,
     needs_asyncio_loop,
+    opened,
 )
+from .metrics import DeliveryMetrics
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 
@@ -141,6 +146,8 @@ class DispatchWorker:
         child_env: ChildEnvironment | None = None,
         lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,
         clock: Callable[[], float] = time.time,
+        retry_schedule: Sequence[float] | None = None,
+        per_destination_concurrency: int | None = None,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
@@ -154,6 +161,8 @@ class DispatchWorker:
             kill_grace_seconds=kill_grace_seconds,
             listen=listen,
             lease_margin_seconds=lease_margin_seconds,
+            retry_schedule=retry_schedule,
+            per_destination_concurrency=per_destination_concurrency,
         )
         """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         settings = self.settings
@@ -163,6 +172,7 @@ class DispatchWorker:
         self.timeout_seconds = settings.timeout_seconds
         self.grace_seconds = settings.grace_seconds
         self.retry_jitter = settings.retry_jitter
+        self.retry_schedule = settings.retry_schedule
         self.lease_seconds = settings.lease_seconds
         self.listen = settings.listen
         """Wake on other processes' enqueues (PostgreSQL LISTEN/NOTIFY,
@@ -182,7 +192,14 @@ class DispatchWorker:
         self.clock = clock
         self.counts: dict[str, int] = dict.fromkeys(COUNTER_KEYS, 0)
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
+        self.metrics = DeliveryMetrics()
+        """Attempts by outcome and kind, and their durations (``/metrics``)."""
         self._slots = SlotTable(settings.concurrency)
+        self._caps = (
+            None
+            if settings.per_destination_concurrency is None
+            else DestinationCaps(settings.per_destination_concurrency)
+        )
         self._closing = False  # shutdown began: claim nothing more
         self._wake: anyio.Event | None = None
         self._backlog = False
@@ -238,6 +255,7 @@ class DispatchWorker:
                     import trio_asyncio  # imported only when needed (~0.1 s)
 
                     await stack.enter_async_context(trio_asyncio.open_loop())
+                await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
                 async with anyio.create_task_group() as deliveries:
                     listener = anyio.CancelScope()
                     if self.listen and isinstance(self.db, Listener):
@@ -302,6 +320,7 @@ class DispatchWorker:
                     lease_seconds=self.lease_seconds,
                     actor=self.actor,
                     clock=self.clock,
+                    caps=self._caps,
                 )
         except Exception:
             self._scan_errors += 1
@@ -323,11 +342,13 @@ class DispatchWorker:
         self._backlog = counts["attempted"] >= limit
         if self._backlog:
             return 0.0
-        return await self._idle_delay()
+        # Rows of a destination at its cap wait for one of its attempts to
+        # end (which wakes the loop), not for their due time.
+        return await self._idle_delay(self._caps.full(self.clock()) if self._caps else ())
 
-    async def _idle_delay(self) -> float:
+    async def _idle_delay(self, skip: Sequence[str] = ()) -> float:
         try:
-            due = await next_due_at(self.db)
+            due = await next_due_at(self.db, skip=skip)
         except Exception:
             self.log.exception("reading the next due time failed")
             return self.tick_seconds
@@ -374,11 +395,17 @@ class DispatchWorker:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
                 tally(self.counts, result, outcome)
+            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK):
+                # Its new due time may come before the loop's planned wake-up
+                # (a short retry schedule, a Retry-After): re-read it.
+                self.wake()
             self._log_outcome(claim, outcome, started, result.error)
         if next_claim is None:
             self._free_slot(claim)
             return None
         # The slot passes to the next claim without ever being free.
+        if self._caps is not None:
+            self._caps.drop([claim.dispatch_id])
         scope = self._attempt_scope(next_claim)
         self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
@@ -399,7 +426,9 @@ class DispatchWorker:
         return anyio.CancelScope(deadline=attempt_deadline(claim, self.clock))
 
     def _free_slot(self, claim: Claim) -> None:
-        if self._slots.release(claim) and self._backlog:
+        if self._caps is not None:
+            self._caps.drop([claim.dispatch_id])
+        if self._slots.release(claim) and (self._backlog or self._caps is not None):
             self.wake()
 
     async def _settle_and_claim(
@@ -418,6 +447,8 @@ class DispatchWorker:
                 retry_jitter=self.retry_jitter,
                 actor=self.actor,
                 clock=self.clock,
+                retry_schedule=self.retry_schedule,
+                caps=self._caps,
             )
         except Exception:
             self.log.exception(
@@ -446,6 +477,7 @@ class DispatchWorker:
                     retry_jitter=self.retry_jitter,
                     actor=self.actor,
                     clock=self.clock,
+                    retry_schedule=self.retry_schedule,
                 )
             except Exception:
                 self.log.exception(
@@ -462,6 +494,7 @@ class DispatchWorker:
         self, claim: Claim, outcome: Outcome | None, started: float, error: str | None
     ) -> None:
         label = "unrecorded" if outcome is None else outcome.value
+        self.metrics.observe(claim.kind, label, time.monotonic() - started)
         # Outside text (kind, a destination's stderr) made visible: it can
         # neither forge a log line nor reach a terminal as escapes.
         detail = (

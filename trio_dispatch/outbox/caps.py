@@ -1,0 +1,75 @@
+"""Per-destination concurrency: at most ``limit`` attempts to one
+``deliver_to`` at once in one worker, so a slow destination cannot hold
+every slot while rows for the others wait (SPEC section 10).
+
+The caps are read and changed where claims are made: inside the claim's
+unit of work, which the store runs one at a time on its writer thread. A
+scan leaves out destinations already at their cap (in SQL, so it does not
+spend its limit on rows it cannot take) and takes at most the room left for
+each of the rest; a finishing attempt gives its place back in the same unit
+that claims its slot's next row. The worker also gives a place back when an
+attempt ends any other way (both are idempotent). A hold that outlives its
+lease -- a claim whose transaction failed after it was counted -- stops
+counting when that lease ends, so an error can only make the cap stricter
+for a while, never looser.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..validate import require_int
+
+
+class DestinationCaps:
+    """The attempts each destination has running, against ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = require_int("per_destination_concurrency", limit, minimum=1)
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[str, float]] = {}  # dispatch id -> (deliver_to, lease end)
+
+    def _counts(self, now: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for dispatch_id, (destination, lease_until) in list(self._held.items()):
+            if lease_until > now:
+                counts[destination] = counts.get(destination, 0) + 1
+            else:  # its lease is over: whatever happened, it no longer runs here
+                del self._held[dispatch_id]
+        return counts
+
+    def full(self, now: float) -> list[str]:
+        """The destinations at their cap: a claim leaves their rows out."""
+        with self._lock:
+            return sorted(name for name, n in self._counts(now).items() if n >= self.limit)
+
+    def fit(self, rows: Sequence[Any], now: float) -> list[Any]:
+        """The rows (in order, each with a ``deliver_to``) that fit under
+        the caps together with what is running."""
+        with self._lock:
+            counts = self._counts(now)
+        chosen = []
+        for row in rows:
+            destination = row["deliver_to"]
+            if counts.get(destination, 0) < self.limit:
+                counts[destination] = counts.get(destination, 0) + 1
+                chosen.append(row)
+        return chosen
+
+    def hold(self, dispatch_id: str, destination: str, lease_until: float) -> None:
+        """Count a claimed attempt until :meth:`drop` or its lease end."""
+        with self._lock:
+            self._held[dispatch_id] = (destination, lease_until)
+
+    def drop(self, dispatch_ids: Iterable[str]) -> None:
+        """Stop counting these attempts (ended, released, or never sent)."""
+        with self._lock:
+            for dispatch_id in dispatch_ids:
+                self._held.pop(dispatch_id, None)
+
+    def running(self, now: float) -> dict[str, int]:
+        """Attempts running per destination (for statistics and tests)."""
+        with self._lock:
+            return self._counts(now)

@@ -1,0 +1,141 @@
+"""What a worker counts about its deliveries, for ``/metrics`` (SPEC
+section 11): attempts by outcome and kind, and their durations.
+
+Kinds are outside input, so the label set is bounded: at most
+:data:`MAX_KINDS` kinds get a label of their own -- the most frequent ones,
+chosen when metrics are read -- and every other kind is counted as
+``other``. A kind keeps its label once it has one, and what it did before
+that stays in ``other``: every series only ever grows, as a Prometheus
+counter must. Counting costs a few dictionary updates per attempt.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+MAX_KINDS: Final = 50
+OTHER: Final = "other"
+MAX_TRACKED_KINDS: Final = 10_000
+"""Kinds counted one by one while they wait for a label; beyond this, new
+kinds go straight to ``other`` (memory stays bounded whatever arrives)."""
+DURATION_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Upper bounds (seconds) of the delivery-duration histogram; +Inf follows."""
+
+
+@dataclass
+class _Series:
+    """One label value's counts: attempts by outcome, durations."""
+
+    outcomes: dict[str, int] = field(default_factory=dict)
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.outcomes.values())
+
+    def add(self, outcome: str, seconds: float) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        self.seconds += seconds
+
+    def absorb(self, other: _Series) -> None:
+        for outcome, n in other.outcomes.items():
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
+        self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
+        self.seconds += other.seconds
+
+
+@dataclass(frozen=True)
+class KindSeries:
+    """What :meth:`DeliveryMetrics.series` reports for one label value."""
+
+    kind: str
+    outcomes: dict[str, int]
+    buckets: tuple[int, ...]
+    """Cumulative counts per bucket of :data:`DURATION_BUCKETS`, then +Inf."""
+    seconds: float
+
+    @property
+    def count(self) -> int:
+        return self.buckets[-1]
+
+
+class DeliveryMetrics:
+    """Attempts by outcome and kind, and their durations (thread-safe)."""
+
+    def __init__(self, max_kinds: int = MAX_KINDS) -> None:
+        self.max_kinds = max_kinds
+        self._lock = threading.Lock()
+        self._labelled: dict[str, _Series] = {}
+        self._waiting: dict[str, _Series] = {}  # kinds without a label yet
+        self._other = _Series()  # what labelled kinds did before, and the overflow
+
+    def observe(self, kind: str, outcome: str, seconds: float) -> None:
+        """Count one attempt of ``kind`` that ended with ``outcome``."""
+        with self._lock:
+            series = self._labelled.get(kind) or self._waiting.get(kind)
+            if series is None:
+                if len(self._waiting) >= MAX_TRACKED_KINDS:
+                    self._other.add(outcome, seconds)
+                    return
+                series = self._waiting[kind] = _Series()
+            series.add(outcome, seconds)
+
+    def _admit(self) -> None:
+        """Give free labels to the most frequent kinds still waiting."""
+        room = self.max_kinds - len(self._labelled)
+        if room <= 0 or not self._waiting:
+            return
+        # A kind literally named "other" keeps sharing the "other" series.
+        candidates = [kind for kind in self._waiting if kind != OTHER]
+        chosen = sorted(candidates, key=lambda kind: (-self._waiting[kind].total, kind))
+        for kind in chosen[:room]:
+            self._other.absorb(self._waiting.pop(kind))  # its past stays in "other"
+            self._labelled[kind] = _Series()
+
+    def series(self) -> Iterator[KindSeries]:
+        """Every label value with what it counted (``other`` last)."""
+        with self._lock:
+            self._admit()
+            pending = _Series()
+            for waiting in self._waiting.values():
+                pending.absorb(waiting)
+            pending.absorb(self._other)
+            snapshot = [(kind, series) for kind, series in sorted(self._labelled.items())]
+            snapshot.append((OTHER, pending))
+            result = [
+                KindSeries(
+                    kind,
+                    dict(series.outcomes),
+                    tuple(_cumulative(series.buckets)),
+                    series.seconds,
+                )
+                for kind, series in snapshot
+            ]
+        yield from result
+
+
+def _cumulative(counts: list[int]) -> Iterator[int]:
+    total = 0
+    for n in counts:
+        total += n
+        yield total
