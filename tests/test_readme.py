@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+from trio_dispatch.transports import Delivery
+from trio_dispatch.transports.webhook import WebhookTransport, parse_endpoints
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -88,3 +92,19 @@ def test_readme_own_connection_examples_commit_the_order_and_its_dispatch_togeth
     ).fetchall()
     assert history == [(row[0], "dispatch.pending.enqueued") for row in dispatches]
     assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_readme_signature_check_accepts_a_real_request_and_refuses_a_forged_one() -> None:
+    block = next(block for block in _python_blocks() if "def verified" in block)
+    namespace: dict[str, object] = {}
+    exec(block, namespace)
+    verified = namespace["verified"]
+    secret = "whsec_" + base64.b64encode(b"k" * 32).decode()
+    body = b'{"dispatch_id": "d-1", "body": {"n": 1}}'
+    endpoint = parse_endpoints("endpoints", {"d": {"url": "https://x/", "secrets": [secret]}}, {})
+    delivery = Delivery("d-1", "k", "d", 1, body.decode())
+    headers = WebhookTransport(endpoint).request_headers(endpoint["d"], delivery, body)
+    assert verified(secret, headers, body) is True  # type: ignore[operator]
+    assert verified(secret, headers, body + b" ") is False  # type: ignore[operator]
+    other = "whsec_" + base64.b64encode(b"o" * 32).decode()
+    assert verified(other, headers, body) is False  # type: ignore[operator]

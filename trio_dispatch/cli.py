@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 import anyio
 
@@ -51,6 +51,7 @@ from .outbox import (
     retry_dispatch,
 )
 from .redact import (
+    SecretFilter,
     known_secrets,
     mask_url,
     one_line,
@@ -169,12 +170,22 @@ def resolve_store(
     return choice
 
 
+QUIET_LOGGERS: Final = ("httpx", "httpcore", "hypercorn.access", "hypercorn.error")
+"""Libraries whose INFO lines would print request URLs (a webhook URL may
+carry credentials): only their warnings reach the log."""
+
+
 def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    for handler in logging.getLogger().handlers:  # every record, whoever logs it
+        if not any(isinstance(f, SecretFilter) for f in handler.filters):
+            handler.addFilter(SecretFilter())
 
 
 # -- the worker --------------------------------------------------------------
@@ -194,14 +205,16 @@ async def serve(
         max_body_bytes=config.dispatch.max_body_bytes,
     ) as db:
         worker = DispatchWorker(db, **config.worker_options())
-        for warning in template_warnings(config.dispatch.notify_template):
-            log.warning("%s", warning)
+        if config.dispatch.transport == "command":
+            for warning in template_warnings(config.dispatch.notify_template):
+                log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 await tg.start(worker.run)
                 log.info(
-                    "worker started: store=%s concurrency=%d tick=%gs timeout=%gs",
+                    "worker started: store=%s transport=%s concurrency=%d tick=%gs timeout=%gs",
                     db.url,
+                    config.dispatch.transport,
                     worker.concurrency,
                     worker.tick_seconds,
                     worker.timeout_seconds,
@@ -527,7 +540,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         )
     config = load_config(path)
     template = config.dispatch.notify_template
-    warnings = template_warnings(template)
+    warnings = template_warnings(template) if config.dispatch.transport == "command" else []
     store = mask_url(config.store_target())
     env = config.dispatch.env
     env_shown: dict[str, Any] = (
@@ -545,8 +558,15 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 "store": store,
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
+                "transport": config.dispatch.transport,
                 "notify_template": None if template is None else list(template),
                 "timeout_seconds": config.dispatch.timeout_seconds,
+                "retry_schedule": (
+                    None
+                    if config.dispatch.retry_schedule is None
+                    else list(config.dispatch.retry_schedule)
+                ),
+                "webhook": config.dispatch.webhook.describe(),
                 "max_body_bytes": config.dispatch.max_body_bytes,
                 "env": env_shown,
                 "worker": dataclasses.asdict(config.worker),
@@ -557,7 +577,19 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     else:
         print(f"{visible(path)}: ok")
         print(f"  store: {visible(store)} (durability {config.durability})")
-        print(f"  notify_template: {visible(list(template)) if template else 'not configured'}")
+        if config.dispatch.transport == "webhook":
+            hook = config.dispatch.webhook.describe()
+            print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
+            for route, endpoint in hook["endpoints"].items():
+                secrets = ", ".join(endpoint["secrets"])
+                private = ", allow_private" if endpoint["allow_private"] else ""
+                print(
+                    f"    {visible(route)}: {visible(endpoint['url'])} "
+                    f"(secrets: {visible(secrets)}{private})"
+                )
+        else:
+            shown = visible(list(template)) if template else "not configured"
+            print(f"  notify_template: {shown}")
     for warning in warnings:
         print(f"trio-dispatch: warning: {visible(warning)}", file=sys.stderr)
     return EXIT_OK

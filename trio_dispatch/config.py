@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 
@@ -33,8 +33,12 @@ from .store.base import (
     parse_target,
 )
 from .transports import ChildEnvironment, is_valid_template
+from .transports.webhook import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, Endpoint, parse_endpoints
 from .validate import require_bool, require_int
 from .values import show
+
+if TYPE_CHECKING:
+    from .transports.webhook import WebhookTransport
 
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
@@ -52,12 +56,37 @@ class ConfigError(ValueError):
     """
 
 
+TRANSPORTS: Final = ("command", "webhook")
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    timeout_seconds: float = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
+    endpoints: Mapping[str, Endpoint] | None = None
+    """``deliver_to`` value -> endpoint, secrets read (``env:NAME`` at load)."""
+    ca_file: str | None = None
+    """PEM file of the CAs to trust instead of the system's."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``check-config`` shows: URLs and secrets masked."""
+        return {
+            "timeout_seconds": self.timeout_seconds,
+            "ca_file": self.ca_file,
+            "endpoints": {
+                route: endpoint.describe() for route, endpoint in (self.endpoints or {}).items()
+            },
+        }
+
+
 @dataclass(frozen=True)
 class DispatchConfig:
     notify_template: tuple[str, ...] | None
     timeout_seconds: float
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     env: ChildEnvironment = dataclasses.field(default_factory=ChildEnvironment)
+    transport: str = "command"
+    retry_schedule: tuple[float, ...] | None = None
+    webhook: WebhookConfig = dataclasses.field(default_factory=WebhookConfig)
 
 
 @dataclass(frozen=True)
@@ -68,6 +97,7 @@ class WorkerConfig:
     grace_seconds: float
     retry_jitter: float
     listen: bool
+    per_destination_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -99,39 +129,65 @@ class Config:
 
     def worker_options(self) -> dict[str, Any]:
         """The keyword arguments of ``DispatchWorker`` this file sets: its
-        transport template, environment policy and worker settings."""
+        transport (the argv template and environment policy, or a
+        :class:`~trio_dispatch.transports.webhook.WebhookTransport`) and
+        worker settings."""
         settings = self.worker_settings()
-        return {
-            "notify_template": (
-                None
-                if self.dispatch.notify_template is None
-                else list(self.dispatch.notify_template)
-            ),
-            "child_env": self.dispatch.env,
-            **{
-                field: getattr(settings, field)
-                for field in (
-                    "timeout_seconds",
-                    "tick_seconds",
-                    "concurrency",
-                    "batch_size",
-                    "grace_seconds",
-                    "retry_jitter",
-                    "listen",
-                )
-            },
+        options: dict[str, Any] = {
+            field: getattr(settings, field)
+            for field in (
+                "timeout_seconds",
+                "tick_seconds",
+                "concurrency",
+                "batch_size",
+                "grace_seconds",
+                "retry_jitter",
+                "listen",
+                "retry_schedule",
+                "per_destination_concurrency",
+            )
         }
+        if self.dispatch.transport == "webhook":
+            return {**options, "transport": self.webhook_transport()}
+        template = self.dispatch.notify_template
+        return {
+            **options,
+            "notify_template": None if template is None else list(template),
+            "child_env": self.dispatch.env,
+        }
+
+    def webhook_transport(self) -> WebhookTransport:
+        """The configured webhook transport (``dispatch.transport: webhook``)."""
+        from .transports.webhook import WebhookTransport
+
+        hook = self.dispatch.webhook
+        assert hook.endpoints is not None  # required with transport: webhook
+        verify: str | bool = True
+        if hook.ca_file is not None:
+            verify = self._relative(hook.ca_file)
+        return WebhookTransport(hook.endpoints, timeout=hook.timeout_seconds, verify=verify)
+
+    def _relative(self, name: str) -> str:
+        target = Path(os.path.expanduser(name))
+        if self.path is not None and not target.is_absolute():
+            target = self.path.parent / target
+        return str(target)
 
     def worker_settings(self) -> WorkerSettings:
         """The worker's settings from this file (already checked)."""
+        webhook = self.dispatch.transport == "webhook"
         return WorkerSettings(
             concurrency=self.worker.concurrency,
             batch_size=self.worker.batch_size,
             tick_seconds=self.worker.tick_seconds,
-            timeout_seconds=self.dispatch.timeout_seconds,
+            timeout_seconds=(
+                self.dispatch.webhook.timeout_seconds if webhook else self.dispatch.timeout_seconds
+            ),
             grace_seconds=self.worker.grace_seconds,
             retry_jitter=self.worker.retry_jitter,
             listen=self.worker.listen,
+            retry_schedule=self.dispatch.retry_schedule,
+            per_destination_concurrency=self.worker.per_destination_concurrency,
         )
 
 
@@ -217,6 +273,32 @@ def _check_env(key: str, value: object) -> ChildEnvironment:
     return ChildEnvironment(inherit=inherit)
 
 
+def _check_transport(key: str, value: object) -> str:
+    if not isinstance(value, str) or value not in TRANSPORTS:
+        raise ValueError(f"{key} must be one of {', '.join(TRANSPORTS)}, got {show(value)}")
+    if value == "webhook" and importlib.util.find_spec("httpx") is None:
+        raise ValueError(f"{key} webhook needs httpx: install trio_dispatch[http]")
+    return value
+
+
+def _check_endpoints(key: str, value: object) -> dict[str, Endpoint] | None:
+    if value is None:
+        return None
+    if importlib.util.find_spec("httpx") is None:
+        raise ValueError(f"{key} needs httpx: install trio_dispatch[http]")
+    return parse_endpoints(key, value, os.environ)
+
+
+def _check_ca_file(key: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise ValueError(
+            f"{key} must be the path of a PEM file of CA certificates, got {show(value)}"
+        )
+    return value
+
+
 _Schema = Mapping[str, "_Rule | _Schema"]
 
 _SCHEMA: Final[_Schema] = {
@@ -232,6 +314,13 @@ _SCHEMA: Final[_Schema] = {
             lambda key, value: require_int(key, value, minimum=1), DEFAULT_MAX_BODY_BYTES
         ),
         "env": _Rule(_check_env, None),
+        "transport": _Rule(_check_transport, "command"),
+        "retry_schedule": _setting("retry_schedule", None),
+        "webhook": {
+            "timeout_seconds": _setting("timeout_seconds", DEFAULT_WEBHOOK_TIMEOUT_SECONDS),
+            "endpoints": _Rule(_check_endpoints, None),
+            "ca_file": _Rule(_check_ca_file, None),
+        },
     },
     "worker": {
         "tick_seconds": _setting("tick_seconds", WorkerSettings.tick_seconds),
@@ -240,6 +329,7 @@ _SCHEMA: Final[_Schema] = {
         "grace_seconds": _setting("grace_seconds", WorkerSettings.grace_seconds),
         "retry_jitter": _setting("retry_jitter", WorkerSettings.retry_jitter),
         "listen": _setting("listen", WorkerSettings.listen),
+        "per_destination_concurrency": _setting("per_destination_concurrency", None),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
 }
@@ -277,16 +367,30 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
 
 def _build(data: object, *, source: str, path: Path | None) -> Config:
     values = _check_section(data, _SCHEMA, prefix="", source=source)
+    dispatch = values["dispatch"]
+    if dispatch["transport"] == "webhook" and dispatch["webhook"]["endpoints"] is None:
+        raise ConfigError(
+            f"{source}: dispatch.webhook.endpoints is required when dispatch.transport is webhook"
+        )
     # Any-typed values are safe here: every one passed its rule above.
-    return Config(
+    config = Config(
         store=values["store"],
         durability=values["durability"],
         busy_timeout_seconds=values["busy_timeout_seconds"],
-        dispatch=DispatchConfig(**values["dispatch"]),
+        dispatch=DispatchConfig(**{**dispatch, "webhook": WebhookConfig(**dispatch["webhook"])}),
         worker=WorkerConfig(**values["worker"]),
         log_level=values["log_level"],
         path=path,
     )
+    ca_file = config.dispatch.webhook.ca_file
+    if ca_file is not None:  # the worker would refuse it at start: so does the file
+        from .transports.webhook import tls_context
+
+        try:
+            tls_context(config._relative(ca_file))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: dispatch.webhook.ca_file: {exc}") from None
+    return config
 
 
 def parse_config(data: object, *, source: str = "<config>") -> Config:
