@@ -15,6 +15,7 @@ from trio_dispatch.config import (
     Config,
     ConfigError,
     DispatchConfig,
+    HttpConfig,
     WorkerConfig,
     find_config_path,
     load_config,
@@ -60,6 +61,7 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
             retry_jitter=0.0,
             listen=True,
         ),
+        http=HttpConfig(),
         log_level="INFO",
         path=tmp_path / "config.yaml",
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import getpass
+import importlib.util
 import json
 import logging
 import os
@@ -71,6 +72,7 @@ from .store.base import (
 from .store.schema import SCHEMA_VERSION
 from .transports import template_warnings
 from .validate import INT_MAX
+from .web.binding import DEFAULT_HOST, DEFAULT_PORT, Listen, check_binding, parse_listen
 from .worker import DispatchWorker
 
 EXIT_OK = 0
@@ -219,6 +221,16 @@ async def serve(
                     worker.tick_seconds,
                     worker.timeout_seconds,
                 )
+                if config.http.listen is not None:
+                    from .web.app import WebApp
+                    from .web.server import serve_app
+
+                    app = WebApp(db, worker=worker, token=config.http.token)
+                    try:
+                        url = await tg.start(serve_app, app, config.http.listen)
+                    except ValueError as exc:  # the address is taken, say
+                        raise UsageError(str(exc)) from None
+                    log.info("http: metrics, health and dashboard at %s/", url)
                 if before_start is not None:
                     await before_start(db)
                 async for signum in signals:
@@ -228,8 +240,28 @@ async def serve(
         log.info("worker stopped: %s", " ".join(f"{k}={v}" for k, v in worker.counts.items()))
 
 
+def _http_listen(value: str | None, config: Config, option: str) -> Listen | None:
+    """``--http``/``--listen`` (or the configuration's ``http.listen``),
+    checked: a bad address, a missing web extra, or an address beyond
+    loopback without a token is a UsageError."""
+    if value is None:
+        return config.http.listen
+    try:
+        listen = parse_listen(option, value)
+        check_binding(listen, config.http.token, option)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    missing = [m for m in ("hypercorn", "prometheus_client") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"{option} needs {' and '.join(missing)}: install trio_dispatch[web]")
+    return listen
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     config = load_cli_config(args.config)
+    if args.http is not None:
+        http = dataclasses.replace(config.http, listen=_http_listen(args.http, config, "--http"))
+        config = dataclasses.replace(config, http=http)
     if args.db:
         store = args.db if "://" in args.db else os.path.abspath(args.db)
         config = dataclasses.replace(config, store=store)
@@ -616,6 +648,40 @@ async def _migrate(db: Store, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_web(args: argparse.Namespace) -> int:
+    """The dashboard, /metrics and /healthz alone, on a store opened
+    read-only, until SIGINT or SIGTERM."""
+    config = load_cli_config(args.config) if args.config or not args.db else parse_config(None)
+    listen = _http_listen(args.listen, config, "--listen")
+    if listen is None:
+        listen = _http_listen(f"{DEFAULT_HOST}:{DEFAULT_PORT}", config, "--listen")
+    assert listen is not None
+    choice = resolve_store(args.db, args.config, args.busy_timeout)
+    configure_logging(config.log_level)
+
+    async def run() -> None:
+        from .web.app import WebApp
+        from .web.server import serve_app
+
+        async with (
+            open_store(choice.target, busy_timeout=choice.busy_timeout, read_only=True) as db,
+            anyio.create_task_group() as tg,
+        ):
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                try:
+                    url = await tg.start(serve_app, WebApp(db, token=config.http.token), listen)
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+                log.info("dashboard (read-only) at %s/ for %s", url, db.url)
+                async for signum in signals:
+                    log.info("%s received: stopping", signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()
+                    break
+
+    anyio.run(run, backend="trio")
+    return EXIT_OK
+
+
 _STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]] = {
     "ls": _ls,
     "show": _show,
@@ -732,7 +798,21 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", metavar="FILE")
     check.set_defaults(handler=_cmd_check_config)
     worker = command("worker", "run the delivery worker until SIGINT/SIGTERM", data=False)
+    worker.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="also serve /metrics, /healthz and the dashboard there (default: the "
+        "configuration's http.listen); beyond loopback it needs http.token",
+    )
     worker.set_defaults(handler=_cmd_worker)
+    web = command("web", "serve the read-only dashboard, /metrics and /healthz", data=False)
+    web.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="where to listen (default: the configuration's http.listen, else "
+        "127.0.0.1:9464); beyond loopback it needs http.token",
+    )
+    web.set_defaults(handler=_cmd_web)
     return parser
 
 

@@ -36,6 +36,7 @@ from .transports import ChildEnvironment, is_valid_template
 from .transports.webhook import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, Endpoint, parse_endpoints
 from .validate import require_bool, require_int
 from .values import show
+from .web.binding import Listen, check_binding, parse_listen, parse_token
 
 if TYPE_CHECKING:
     from .transports.webhook import WebhookTransport
@@ -101,12 +102,21 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    listen: Listen | None = None
+    """Where the worker serves /metrics, /healthz and the dashboard; None: nowhere."""
+    token: str | None = None
+    """The bearer token every request must carry (required beyond loopback)."""
+
+
+@dataclass(frozen=True)
 class Config:
     store: str
     durability: Literal["full", "normal"]
     busy_timeout_seconds: float
     dispatch: DispatchConfig
     worker: WorkerConfig
+    http: HttpConfig
     log_level: str
     path: Path | None
     """The absolute path of the file this came from; None if built in memory."""
@@ -299,6 +309,20 @@ def _check_ca_file(key: str, value: object) -> str | None:
     return value
 
 
+def _check_listen(key: str, value: object) -> Listen | None:
+    if value is None:
+        return None
+    listen = parse_listen(key, value)
+    missing = [
+        name
+        for name in ("hypercorn", "prometheus_client")
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        raise ValueError(f"{key} needs {' and '.join(missing)}: install trio_dispatch[web]")
+    return listen
+
+
 _Schema = Mapping[str, "_Rule | _Schema"]
 
 _SCHEMA: Final[_Schema] = {
@@ -330,6 +354,10 @@ _SCHEMA: Final[_Schema] = {
         "retry_jitter": _setting("retry_jitter", WorkerSettings.retry_jitter),
         "listen": _setting("listen", WorkerSettings.listen),
         "per_destination_concurrency": _setting("per_destination_concurrency", None),
+    },
+    "http": {
+        "listen": _Rule(_check_listen, None),
+        "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
 }
@@ -368,6 +396,12 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
 def _build(data: object, *, source: str, path: Path | None) -> Config:
     values = _check_section(data, _SCHEMA, prefix="", source=source)
     dispatch = values["dispatch"]
+    http = HttpConfig(**values["http"])
+    if http.listen is not None:
+        try:
+            check_binding(http.listen, http.token, "http.listen")
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
     if dispatch["transport"] == "webhook" and dispatch["webhook"]["endpoints"] is None:
         raise ConfigError(
             f"{source}: dispatch.webhook.endpoints is required when dispatch.transport is webhook"
@@ -379,6 +413,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         busy_timeout_seconds=values["busy_timeout_seconds"],
         dispatch=DispatchConfig(**{**dispatch, "webhook": WebhookConfig(**dispatch["webhook"])}),
         worker=WorkerConfig(**values["worker"]),
+        http=http,
         log_level=values["log_level"],
         path=path,
     )

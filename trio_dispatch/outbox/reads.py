@@ -156,6 +156,13 @@ async def bounded_stats(
     return await db.read(collect)
 
 
+async def frequent_kinds(db: Database, *, among: int = COUNT_CAP, limit: int = 50) -> list[str]:
+    """The ``limit`` most frequent kinds among the newest ``among`` rows,
+    most frequent first (a bounded read)."""
+    rows = await db.read(lambda conn: conn.query(sql.RECENT_KINDS, (among, limit)))
+    return [str(row["kind"]) for row in rows]
+
+
 async def list_page(
     db: Database,
     *,
@@ -196,6 +203,7 @@ __all__ = [
     "bounded_stats",
     "decode",
     "dispatch_stats",
+    "frequent_kinds",
     "get_dispatch",
     "get_row",
     "list_dispatches",

@@ -232,3 +232,11 @@ def list_page(where: str) -> str:
     return (
         f"SELECT {COLUMNS} FROM dispatch_outbox {clause}ORDER BY created_at DESC, id DESC LIMIT ?"
     )
+
+
+RECENT_KINDS: Final = (
+    "SELECT kind, COUNT(*) AS n FROM (SELECT kind FROM dispatch_outbox "
+    "ORDER BY created_at DESC LIMIT ?) AS recent GROUP BY kind ORDER BY n DESC, kind LIMIT ?"
+)
+"""The most frequent kinds among the newest ``?`` rows (the created-at
+index, read backwards: bounded by the first limit)."""

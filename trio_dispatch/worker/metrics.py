@@ -2,26 +2,24 @@
 section 11): attempts by outcome and kind, and their durations.
 
 Kinds are outside input, so the label set is bounded: at most
-:data:`MAX_KINDS` kinds get a label of their own -- the most frequent ones,
-chosen when metrics are read -- and every other kind is counted as
-``other``. A kind keeps its label once it has one, and what it did before
-that stays in ``other``: every series only ever grows, as a Prometheus
-counter must. Counting costs a few dictionary updates per attempt.
+:data:`MAX_KINDS` kinds get a label of their own and every other kind is
+counted as ``other``. The labels go first to the most frequent kinds of the
+store's recent rows (:meth:`DeliveryMetrics.prefer`, when metrics are
+served), then to kinds as they appear while labels remain. A kind keeps its
+label; every series only ever grows, as a Prometheus counter must. Counting
+costs a few dictionary updates per attempt.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
 MAX_KINDS: Final = 50
 OTHER: Final = "other"
-MAX_TRACKED_KINDS: Final = 10_000
-"""Kinds counted one by one while they wait for a label; beyond this, new
-kinds go straight to ``other`` (memory stays bounded whatever arrives)."""
 DURATION_BUCKETS: Final = (
     0.005,
     0.01,
@@ -86,52 +84,38 @@ class DeliveryMetrics:
         self.max_kinds = max_kinds
         self._lock = threading.Lock()
         self._labelled: dict[str, _Series] = {}
-        self._waiting: dict[str, _Series] = {}  # kinds without a label yet
-        self._other = _Series()  # what labelled kinds did before, and the overflow
+        self._other = _Series()
+
+    def prefer(self, kinds: Iterable[str]) -> None:
+        """Give free labels to these kinds first (most frequent first)."""
+        with self._lock:
+            for kind in kinds:
+                if len(self._labelled) >= self.max_kinds:
+                    break
+                if kind != OTHER:
+                    self._labelled.setdefault(kind, _Series())
 
     def observe(self, kind: str, outcome: str, seconds: float) -> None:
         """Count one attempt of ``kind`` that ended with ``outcome``."""
         with self._lock:
-            series = self._labelled.get(kind) or self._waiting.get(kind)
+            series = self._labelled.get(kind)
             if series is None:
-                if len(self._waiting) >= MAX_TRACKED_KINDS:
+                if len(self._labelled) >= self.max_kinds or kind == OTHER:
                     self._other.add(outcome, seconds)
                     return
-                series = self._waiting[kind] = _Series()
+                series = self._labelled[kind] = _Series()
             series.add(outcome, seconds)
 
-    def _admit(self) -> None:
-        """Give free labels to the most frequent kinds still waiting."""
-        room = self.max_kinds - len(self._labelled)
-        if room <= 0 or not self._waiting:
-            return
-        # A kind literally named "other" keeps sharing the "other" series.
-        candidates = [kind for kind in self._waiting if kind != OTHER]
-        chosen = sorted(candidates, key=lambda kind: (-self._waiting[kind].total, kind))
-        for kind in chosen[:room]:
-            self._other.absorb(self._waiting.pop(kind))  # its past stays in "other"
-            self._labelled[kind] = _Series()
-
-    def series(self) -> Iterator[KindSeries]:
+    def series(self) -> list[KindSeries]:
         """Every label value with what it counted (``other`` last)."""
         with self._lock:
-            self._admit()
-            pending = _Series()
-            for waiting in self._waiting.values():
-                pending.absorb(waiting)
-            pending.absorb(self._other)
-            snapshot = [(kind, series) for kind, series in sorted(self._labelled.items())]
-            snapshot.append((OTHER, pending))
-            result = [
+            snapshot = [*sorted(self._labelled.items()), (OTHER, self._other)]
+            return [
                 KindSeries(
-                    kind,
-                    dict(series.outcomes),
-                    tuple(_cumulative(series.buckets)),
-                    series.seconds,
+                    kind, dict(series.outcomes), tuple(_cumulative(series.buckets)), series.seconds
                 )
                 for kind, series in snapshot
             ]
-        yield from result
 
 
 def _cumulative(counts: list[int]) -> Iterator[int]:

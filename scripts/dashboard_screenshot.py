@@ -1,0 +1,125 @@
+"""Make docs/dashboard.png: a store with a realistic mix of dispatches,
+served by `trio-dispatch web`, photographed in headless Chromium (Debian's
+chromium and chromium-driver).
+
+    .venv/bin/python scripts/dashboard_screenshot.py [OUT.png]
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from trio_dispatch import Delivery, ack_dispatch, deliver_due_dispatches, enqueue_many
+from trio_dispatch.outbox import claim_due
+from trio_dispatch.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ["order.paid", "order.shipped", "invoice.issued", "user.welcome", "build.finished"]
+ROUTES = ["billing", "warehouse", "mailer", "seat-7", "analytics"]
+
+
+async def fill(db_path: Path) -> None:
+    rng = random.Random(7)
+    async with open_store(str(db_path)) as db:
+        items = [
+            {
+                "kind": rng.choice(KINDS),
+                "deliver_to": rng.choice(ROUTES),
+                "body": {"order": 1000 + i, "amount": rng.randint(5, 500)},
+                "max_attempts": 1 if i % 11 == 0 else 8,
+                "ack_required": i % 9 == 0,
+            }
+            for i in range(240)
+        ]
+        await enqueue_many(db, items)
+
+        async def send(delivery: Delivery) -> None:
+            if delivery.deliver_to == "analytics" and delivery.attempt == 1:
+                raise RuntimeError("HTTP 503: upstream busy, try later")
+            if delivery.deliver_to == "seat-7":
+                raise RuntimeError("connection refused")
+
+        await deliver_due_dispatches(db, transport=send, batch_size=1000, timeout_seconds=5)
+        for row in await _awaiting(db):
+            await ack_dispatch(db, row["id"], row["ack_token"])
+        await enqueue_many(
+            db,
+            [
+                {"kind": rng.choice(KINDS), "deliver_to": rng.choice(ROUTES), "body": {"n": i}}
+                for i in range(3)
+            ],
+        )
+        await claim_due(db, limit=3, lease_seconds=600)
+
+
+async def _awaiting(db: object) -> list[dict[str, str]]:
+    from trio_dispatch import list_dispatches
+
+    rows = await list_dispatches(db, status="pending", limit=1000)  # type: ignore[arg-type]
+    return [r for r in rows if r["ack_token"] and r["attempt"] == 1][:10]
+
+
+def main() -> None:
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "dashboard.png"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "shop.db"
+        anyio.run(fill, db, backend="trio")
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trio_dispatch",
+                "--db",
+                str(db),
+                "web",
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            url = None
+            assert server.stderr is not None
+            while url is None:
+                line = server.stderr.readline()
+                if not line:
+                    raise SystemExit("the web command stopped before serving")
+                found = re.search(r"at (http://\S+)/", line)
+                url = found.group(1) if found else None
+            options = webdriver.ChromeOptions()
+            options.binary_location = "/usr/bin/chromium"
+            for argument in (
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1280,860",
+            ):
+                options.add_argument(argument)
+            driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+            try:
+                driver.get(url + "/")
+                time.sleep(0.3)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                driver.save_screenshot(str(out))
+            finally:
+                driver.quit()
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

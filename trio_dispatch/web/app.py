@@ -1,0 +1,326 @@
+"""The ASGI application behind ``/metrics``, ``/healthz`` and the dashboard
+(SPEC section 11). Read-only: it only ever reads the store, with bounded
+queries, and answers GET and HEAD.
+
+With a token, every request must carry it -- ``Authorization: Bearer
+<token>``, or HTTP Basic with the token as the password so a browser can
+log in -- compared in constant time.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import parse_qs, urlencode
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ..outbox import sql
+from ..outbox.reads import (
+    DEFAULT_LIST_LIMIT,
+    bounded_stats,
+    frequent_kinds,
+    get_dispatch,
+    list_page,
+    list_transitions,
+)
+from ..redact import mask_url, scrubbed_logger
+from ..store.base import Database
+from . import pages
+from .metrics import CONTENT_TYPE, families, render
+
+if TYPE_CHECKING:
+    from ..worker import DispatchWorker
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+STORE_CHECK_SECONDS: Final = 2.0
+"""How long ``/healthz`` waits for the store to answer."""
+PAGE_SIZE: Final = DEFAULT_LIST_LIMIT
+SECURITY_HEADERS: Final = (
+    (
+        b"content-security-policy",
+        b"default-src 'none'; style-src 'unsafe-inline'; form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+)
+
+log = scrubbed_logger("trio_dispatch.web")
+
+
+class WebApp:
+    """Serve ``db`` (and, given one, a running ``worker``'s state)."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        worker: DispatchWorker | None = None,
+        token: str | None = None,
+        store_label: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = db
+        self.worker = worker
+        self._token = None if token is None else token.encode()
+        self.store_label = mask_url(store_label or str(getattr(db, "url", "store")))
+        self.clock = clock
+        self.started_at = clock()
+        self._probes: TaskGroup | None = None
+        self._probe: _Probe | None = None
+
+    def attach(self, task_group: TaskGroup) -> None:
+        """Run store probes in ``task_group`` (:func:`~.server.serve_app`
+        does this): a probe stuck on a lock then outlives the request that
+        started it, and the request still answers after
+        :data:`STORE_CHECK_SECONDS`."""
+        self._probes = task_group
+
+    async def prepare(self) -> None:
+        """Before serving: give the worker's kind labels to the most frequent
+        kinds of the store's recent rows (a bounded read)."""
+        if self.worker is not None:
+            self.worker.metrics.prefer(await frequent_kinds(self.db))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        if not self._authorized(scope):
+            await self._respond(
+                send,
+                401,
+                b"a bearer token is required\n",
+                b"text/plain; charset=utf-8",
+                extra=(
+                    (b"www-authenticate", b'Basic realm="trio-dispatch", charset="UTF-8"'),
+                    (b"www-authenticate", b'Bearer realm="trio-dispatch"'),
+                ),
+            )
+            return
+        if method not in ("GET", "HEAD"):
+            await self._respond(
+                send,
+                405,
+                b"read-only: GET and HEAD only\n",
+                b"text/plain; charset=utf-8",
+                extra=((b"allow", b"GET, HEAD"),),
+            )
+            return
+        try:
+            status, body, content_type = await self._route(scope)
+        except Exception:
+            log.exception("dashboard request failed: %s", scope.get("path"))
+            status, body, content_type = 500, b"internal error\n", b"text/plain; charset=utf-8"
+        await self._respond(send, status, b"" if method == "HEAD" else body, content_type)
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self._token is None:
+            return True
+        presented = b""
+        for name, value in scope.get("headers", ()):
+            if name.lower() != b"authorization":
+                continue
+            kind, _, credential = value.strip().partition(b" ")
+            if kind.lower() == b"bearer":
+                presented = credential.strip()
+            elif kind.lower() == b"basic":
+                try:
+                    decoded = base64.b64decode(credential.strip(), validate=True)
+                except (binascii.Error, ValueError):
+                    decoded = b""
+                presented = decoded.partition(b":")[2]
+        return hmac.compare_digest(presented, self._token)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _respond(
+        self,
+        send: Send,
+        status: int,
+        body: bytes,
+        content_type: bytes,
+        extra: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> None:
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            *SECURITY_HEADERS,
+            *extra,
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, scope: Scope) -> tuple[int, bytes, bytes]:
+        path: str = scope["path"]
+        query = {
+            key: values[-1]
+            for key, values in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()
+        }
+        html = b"text/html; charset=utf-8"
+        if path == "/metrics":
+            stats = await bounded_stats(self.db)
+            return 200, render(families(stats, self.worker, self.clock())), CONTENT_TYPE.encode()
+        if path == "/healthz":
+            status, document = await self.health()
+            return status, json.dumps(document).encode() + b"\n", b"application/json"
+        if path == "/":
+            return 200, (await self._overview(query)).encode(), html
+        if path.startswith("/dispatch/"):
+            dispatch_id = path.removeprefix("/dispatch/")
+            status, content = await self._detail(dispatch_id)
+            return status, content.encode(), html
+        return 404, pages.page("Not found", pages.not_found(path), self.store_label).encode(), html
+
+    async def health(self) -> tuple[int, dict[str, Any]]:
+        """200 and ``{"status": "ok", ...}``, or 503 and the reason: the
+        claim loop has not completed a scan within two ticks, or the store
+        does not answer within :data:`STORE_CHECK_SECONDS`."""
+        now = self.clock()
+        reasons: list[str] = []
+        store = "ok"
+        failure = await self._probe_store()
+        if failure is not None:
+            store = failure if failure.startswith("no answer") else "error"
+            reasons.append(f"store: {failure}")
+        document: dict[str, Any] = {"status": "ok"}
+        if self.worker is not None:
+            statistics = self.worker.statistics()
+            last = statistics.last_scan_at
+            scan_age = now - (last if last is not None else self.started_at)
+            document["last_scan_age_seconds"] = round(max(0.0, scan_age), 3)
+            limit = 2 * self.worker.tick_seconds
+            if not statistics.running:
+                reasons.append("worker: not running")
+            elif scan_age > limit:
+                reasons.append(
+                    f"worker: no completed scan for {scan_age:.1f}s "
+                    f"(more than two ticks, {limit:g}s)"
+                )
+        document["store"] = store
+        if reasons:
+            document["status"] = "unhealthy"
+            document["reason"] = "; ".join(reasons)
+            return 503, document
+        return 200, document
+
+    async def _probe_store(self) -> str | None:
+        """None if the store answers a bounded read of the outbox (the due
+        index) within :data:`STORE_CHECK_SECONDS`, else why not. A read
+        blocked in its thread cannot be cancelled, so it runs as a probe of
+        its own; while one is still waiting, later checks wait on it rather
+        than pile up."""
+        if self._probes is None:  # not served by serve_app: wait in the request
+            probe = _Probe(self.clock())
+            with anyio.move_on_after(STORE_CHECK_SECONDS):
+                await probe.run(self.db)
+            return probe.outcome(self.clock())
+        if self._probe is None or self._probe.done.is_set():
+            self._probe = _Probe(self.clock())
+            self._probes.start_soon(self._probe.run, self.db)
+        probe = self._probe
+        remaining = probe.started + STORE_CHECK_SECONDS - self.clock()
+        with anyio.move_on_after(max(0.0, remaining)):
+            await probe.done.wait()
+        return probe.outcome(self.clock())
+
+    async def _overview(self, query: dict[str, str]) -> str:
+        now = self.clock()
+        status = pages.known_status(query.get("status"))
+        kind = query.get("kind") or None
+        before: tuple[float, str] | None = None
+        if "before" in query:
+            created, _, last_id = query["before"].partition(",")
+            try:
+                before = (float(created), last_id)
+            except ValueError:
+                before = None
+        stats = await bounded_stats(self.db, now=now)
+        rows = await list_page(
+            self.db, status=status, kind=kind, before=before, limit=PAGE_SIZE + 1
+        )
+        next_page = None
+        if len(rows) > PAGE_SIZE:
+            rows = rows[:PAGE_SIZE]
+            last = rows[-1]
+            next_page = "/?" + urlencode(
+                {
+                    key: value
+                    for key, value in {
+                        "status": status,
+                        "kind": kind,
+                        "before": f"{float(last['created_at'])!r},{last['id']}",
+                    }.items()
+                    if value
+                }
+            )
+        worker = None
+        if self.worker is not None:
+            statistics = self.worker.statistics()
+            worker = {
+                "in_flight": statistics.in_flight,
+                "concurrency": statistics.concurrency,
+                "delivered": statistics.delivered,
+                "last_scan_age_seconds": None
+                if statistics.last_scan_at is None
+                else max(0.0, now - statistics.last_scan_at),
+            }
+        body = pages.overview(
+            stats, rows, status=status, kind=kind, next_page=next_page, worker=worker, now=now
+        )
+        return pages.page("Outbox", body, self.store_label)
+
+    async def _detail(self, dispatch_id: str) -> tuple[int, str]:
+        now = self.clock()
+        try:
+            row = await get_dispatch(self.db, dispatch_id)
+            history = await list_transitions(self.db, dispatch_id)
+        except ValueError:  # not an id at all
+            row, history = None, []
+        status = 200 if row is not None or history else 404
+        body = pages.detail(row, dispatch_id, history, now)
+        return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
+
+
+class _Probe:
+    """One bounded read of the store, and how it went."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.done = anyio.Event()
+        self.error: str | None = None
+
+    async def run(self, db: Database) -> None:
+        try:
+            await db.read(lambda conn: conn.query_one(sql.NEXT_DUE))
+        except Exception as exc:
+            self.error = " ".join(str(exc).split())[:200] or type(exc).__name__
+        finally:
+            self.done.set()
+
+    def outcome(self, now: float) -> str | None:
+        if not self.done.is_set():
+            return f"no answer within {STORE_CHECK_SECONDS:g}s"
+        return self.error

@@ -1,0 +1,129 @@
+"""``/metrics``: the Prometheus text format (SPEC section 11), rendered by
+``prometheus_client`` from a worker's counts and bounded store reads made
+at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+from ..worker.metrics import DURATION_BUCKETS
+
+if TYPE_CHECKING:
+    from ..worker import DispatchWorker
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+
+class _Families:
+    """What ``generate_latest`` collects from: families built beforehand
+    (the store was read asynchronously, before rendering)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -> list[Metric]:
+    """Every metric family: the store's (``stats`` from
+    :func:`~trio_dispatch.outbox.reads.bounded_stats`) and, with a worker,
+    its counters."""
+    out: list[Metric] = []
+    dispatches = GaugeMetricFamily(
+        "trio_dispatch_dispatches",
+        f"Dispatches per status, counted up to {stats['cap']} each (a bounded query).",
+        labels=["status"],
+    )
+    for status, n in stats["counts"].items():
+        dispatches.add_metric([status], n)
+    out.append(dispatches)
+    out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_dispatches_cap",
+            "Where trio_dispatch_dispatches stops counting: at this value, the real count is "
+            "this or more.",
+            value=stats["cap"],
+        )
+    )
+    oldest = stats["oldest_due_pending_age_seconds"]
+    out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_oldest_due_seconds",
+            "How long the longest-waiting due pending dispatch has been due (0 when none is).",
+            value=0.0 if oldest is None else oldest,
+        )
+    )
+    out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_dead_letters_24h",
+            f"Dispatches dead-lettered in the last 24 hours (up to {stats['cap']}).",
+            value=stats["dead_letters_last_24h"],
+        )
+    )
+    if worker is None:
+        return out
+    deliveries = CounterMetricFamily(
+        "trio_dispatch_deliveries",
+        "Delivery attempts by how they ended and by kind (at most 50 kinds, the most "
+        "frequent recent ones first; the rest: other).",
+        labels=["outcome", "kind"],
+    )
+    durations = HistogramMetricFamily(
+        "trio_dispatch_delivery_seconds",
+        "How long delivery attempts took, from transport start to recorded outcome.",
+        labels=["kind"],
+    )
+    for series in worker.metrics.series():
+        for outcome, n in sorted(series.outcomes.items()):
+            deliveries.add_metric([outcome, series.kind], n)
+        bounds = [f"{bound:g}" for bound in DURATION_BUCKETS] + ["+Inf"]
+        durations.add_metric(
+            [series.kind],
+            buckets=list(zip(bounds, series.buckets, strict=True)),
+            sum_value=series.seconds,
+        )
+    statistics = worker.statistics()
+    out += [deliveries, durations]
+    out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_in_flight", "Deliveries running now.", value=statistics.in_flight
+        )
+    )
+    out.append(
+        CounterMetricFamily(
+            "trio_dispatch_scan_errors",
+            "Scans for due dispatches that failed (a held lock, a store error).",
+            value=statistics.scan_errors,
+        )
+    )
+    out.append(
+        CounterMetricFamily(
+            "trio_dispatch_lease_recoveries",
+            "Claims of dispatches whose previous claimant's lease had run out.",
+            value=statistics.lease_recoveries,
+        )
+    )
+    if statistics.last_scan_at is not None:
+        out.append(
+            GaugeMetricFamily(
+                "trio_dispatch_last_scan_age_seconds",
+                "Seconds since the worker last completed a scan.",
+                value=max(0.0, now - statistics.last_scan_at),
+            )
+        )
+    return out
+
+
+def render(metric_families: Iterable[Metric]) -> bytes:
+    """The Prometheus text exposition (format 0.0.4)."""
+    return generate_latest(_Families(metric_families))
