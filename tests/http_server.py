@@ -70,6 +70,9 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                 self._answer(status, f"scripted {status}".encode())
             elif path == "/ok":
                 self._answer(204)
+            elif path == "/close":  # answers, then hangs up: the next request reconnects
+                self.close_connection = True
+                self._answer(204, b"", {"Connection": "close"})
             elif path == "/fail":
                 self._answer(500, b"boom\nsecond line\x1b[31m red")
             elif path == "/gone":

@@ -410,6 +410,26 @@ async def test_a_worker_reuses_one_connection_and_keeps_secrets_out_of_everythin
     assert key not in repr(transport.endpoints)
 
 
+async def test_concurrent_deliveries_share_a_bounded_set_of_reused_connections(
+    store: SQLiteStore, raw: RawDB, server: Server
+) -> None:
+    for i in range(60):
+        await enqueue_dispatch(store, kind="k", deliver_to="ok" if i % 4 else "closing")
+    transport = WebhookTransport(
+        endpoints({"ok": server.url + "/ok", "closing": server.url + "/close"})
+    )
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=transport, concurrency=8, tick_seconds=60)
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"delivered": 60})
+        tg.cancel_scope.cancel()
+    kept_alive = {r.client_port for r in server.requests if r.path == "/ok"}
+    assert len(server.requests) == 60
+    assert len(kept_alive) <= 8 + 15  # at most one per slot, plus those a hang-up replaced
+    for request in server.requests:
+        verify(request)
+
+
 async def test_a_transport_used_outside_a_worker_opens_and_closes_its_own_client(
     server: Server,
 ) -> None:
