@@ -150,8 +150,13 @@ def test_caps_fit_rows_in_order_under_what_is_running() -> None:
     assert caps.full(T0) == ["a"]
     assert caps.full(T0 + 11) == []  # a hold ends with its lease whatever happened
     caps.hold("a3", "a", lease_until=T0 + 20)
-    caps.drop(["a3", "never-held"])
+    caps.drop([("a3", T0 + 20), ("never-held", T0)])
     assert caps.running(T0) == {}
+    # A row claimed again at once is a new attempt: ending the old one keeps it.
+    caps.hold("a4", "a", lease_until=T0 + 30)
+    caps.hold("a4", "a", lease_until=T0 + 31)
+    caps.drop([("a4", T0 + 30)])
+    assert caps.running(T0) == {"a": 1}
     with pytest.raises(ValueError, match="per_destination_concurrency must be"):
         DestinationCaps(0)
 

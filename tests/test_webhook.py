@@ -238,7 +238,7 @@ def test_retry_after_values() -> None:
     ("path", "expected"),
     [
         ("/fail", "HTTP 500: boom second line [31m red"),
-        ("/redirect", "HTTP 302 (redirects are not followed)"),
+        ("/redirect", "HTTP 302"),
         ("/missing", "HTTP 404: no such hook"),
     ],
 )
@@ -338,8 +338,11 @@ def test_what_counts_as_private() -> None:
         ("fe80::1", "link-local"),
         ("224.0.0.1", "multicast"),
         ("0.0.0.0", "unspecified"),
-        ("::ffff:127.0.0.1", "loopback"),  # IPv4-mapped
+        ("::ffff:127.0.0.1", "loopback (inside ::ffff:7f00:1)"),  # IPv4-mapped
+        ("2002:7f00:1::1", "loopback (inside 2002:7f00:1::1)"),  # 6to4 around 127.0.0.1
         ("fd00::1", "private"),
+        ("fec0::1", "site-local"),
+        ("100.100.100.200", "non-public"),  # shared address space (CGNAT), a metadata host
     ]:
         assert forbidden(address) == kind, address
     for public in ("93.184.216.34", "2606:4700::1111", "8.8.8.8"):
@@ -436,9 +439,15 @@ async def test_a_transport_used_outside_a_worker_opens_and_closes_its_own_client
     transport = WebhookTransport(endpoints({"d": server.url + "/ok"}))
     delivery = Delivery("019a0000-0000-7000-8000-000000000000", "k", "d", 1, '{"a": 1}')
     assert await transport(delivery) == TransportResult.success()
+    assert transport._client is None  # that call's own client is closed again
     async with transport.opened(), transport.opened():  # nested: one client
-        assert await transport(delivery) == TransportResult.success()
-    assert len(server.requests) == 2
+        client = transport._client
+        for _ in range(3):
+            assert await transport(delivery) == TransportResult.success()
+        assert transport._client is client
+    assert transport._client is None
+    assert len(server.requests) == 4
+    assert len({r.client_port for r in server.requests[1:]}) == 1  # one kept-alive connection
 
 
 # -- configuration -------------------------------------------------------------------
@@ -479,6 +488,22 @@ def _config(webhook: dict[str, Any], **dispatch: Any) -> dict[str, Any]:
                 }
             },
             "dispatch.webhook.endpoints.b.headers.webhook-id: set by the transport itself",
+        ),
+        (
+            {
+                "endpoints": {
+                    "b": {"url": "https://x/", "secrets": [SECRET], "headers": {"X-A": "é"}}
+                }
+            },
+            "dispatch.webhook.endpoints.b.headers.X-A must be printable ASCII",
+        ),
+        (
+            {
+                "endpoints": {
+                    "b": {"url": "https://x/", "secrets": [SECRET], "headers": {"X-A": "v "}}
+                }
+            },
+            "without leading or trailing spaces",
         ),
         (
             {"endpoints": {"b": {"url": "https://x/", "secrets": [SECRET], "colour": "red"}}},
@@ -557,7 +582,15 @@ def test_a_ca_file_that_cannot_be_used_is_refused_by_the_file_too(tmp_path: Path
 
 def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_path: Path) -> None:
     url = "https://svc:hunter22@billing.example.com/hooks?token=abc123"
-    webhook = {"endpoints": {"billing": {"url": url, "secrets": ["env:HOOK_SECRET", SECRET]}}}
+    webhook = {
+        "endpoints": {
+            "billing": {
+                "url": url,
+                "secrets": ["env:HOOK_SECRET", SECRET],
+                "headers": {"Authorization": "Bearer letmein-42"},
+            }
+        }
+    }
     (tmp_path / "c.yaml").write_text(json.dumps(_config(webhook)))
     env = {"HOOK_SECRET": ROTATED}
     text = run_cli("check-config", str(tmp_path / "c.yaml"), env=env)
@@ -571,9 +604,11 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
     assert shown["transport"] == "webhook"
     assert shown["webhook"]["endpoints"]["billing"]["secrets"] == ["env:HOOK_SECRET", "whsec_***"]
     everything = text.stdout + text.stderr + document.stdout + document.stderr
+    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {"Authorization": "***"}
     for secret in (
         "hunter22",
         "abc123",
+        "letmein-42",
         SECRET.removeprefix("whsec_"),
         ROTATED.removeprefix("whsec_"),
     ):
@@ -628,4 +663,4 @@ def test_the_worker_command_delivers_through_the_configured_webhook(
     assert verify(request)["body"] == {"n": 1}
     assert "transport=webhook" in err and "result=delivered" in err
     for secret in (SECRET.removeprefix("whsec_"), "hunter22", "qwerty123"):
-        assert secret not in out + err  # httpx's own request lines included
+        assert secret not in out + err  # at DEBUG, whoever logs

@@ -212,16 +212,7 @@ async def serve(
                 log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                await tg.start(worker.run)
-                log.info(
-                    "worker started: store=%s transport=%s concurrency=%d tick=%gs timeout=%gs",
-                    db.url,
-                    config.dispatch.transport,
-                    worker.concurrency,
-                    worker.tick_seconds,
-                    worker.timeout_seconds,
-                )
-                if config.http.listen is not None:
+                if config.http.listen is not None:  # bound first: a taken port claims nothing
                     from .web.app import WebApp
                     from .web.server import serve_app
 
@@ -231,6 +222,15 @@ async def serve(
                     except ValueError as exc:  # the address is taken, say
                         raise UsageError(str(exc)) from None
                     log.info("http: metrics, health and dashboard at %s/", url)
+                await tg.start(worker.run)
+                log.info(
+                    "worker started: store=%s transport=%s concurrency=%d tick=%gs timeout=%gs",
+                    db.url,
+                    config.dispatch.transport,
+                    worker.concurrency,
+                    worker.tick_seconds,
+                    worker.timeout_seconds,
+                )
                 if before_start is not None:
                     await before_start(db)
                 async for signum in signals:

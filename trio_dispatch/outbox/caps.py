@@ -29,15 +29,17 @@ class DestinationCaps:
     def __init__(self, limit: int) -> None:
         self.limit = require_int("per_destination_concurrency", limit, minimum=1)
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, float]] = {}  # dispatch id -> (deliver_to, lease end)
+        # (dispatch id, lease end) -> deliver_to: an attempt is its row and its
+        # lease, so a row claimed again at once is a new hold, not the old one.
+        self._held: dict[tuple[str, float], str] = {}
 
     def _counts(self, now: float) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for dispatch_id, (destination, lease_until) in list(self._held.items()):
-            if lease_until > now:
+        for key, destination in list(self._held.items()):
+            if key[1] > now:
                 counts[destination] = counts.get(destination, 0) + 1
             else:  # its lease is over: whatever happened, it no longer runs here
-                del self._held[dispatch_id]
+                del self._held[key]
         return counts
 
     def full(self, now: float) -> list[str]:
@@ -61,13 +63,14 @@ class DestinationCaps:
     def hold(self, dispatch_id: str, destination: str, lease_until: float) -> None:
         """Count a claimed attempt until :meth:`drop` or its lease end."""
         with self._lock:
-            self._held[dispatch_id] = (destination, lease_until)
+            self._held[(dispatch_id, lease_until)] = destination
 
-    def drop(self, dispatch_ids: Iterable[str]) -> None:
-        """Stop counting these attempts (ended, released, or never sent)."""
+    def drop(self, attempts: Iterable[tuple[str, float]]) -> None:
+        """Stop counting these attempts -- ``(dispatch id, lease end)`` of
+        their claims -- ended, released, or never sent."""
         with self._lock:
-            for dispatch_id in dispatch_ids:
-                self._held.pop(dispatch_id, None)
+            for attempt in attempts:
+                self._held.pop(attempt, None)
 
     def running(self, now: float) -> dict[str, int]:
         """Attempts running per destination (for statistics and tests)."""

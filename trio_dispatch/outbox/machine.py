@@ -660,7 +660,7 @@ def finish_and_claim(
     groups: dict[Key, list[int]] = {}
     for index, end in enumerate(ends):
         if end.caps is not None:  # the ended attempts make room first
-            end.caps.drop([end.claim.dispatch_id])
+            end.caps.drop([(end.claim.dispatch_id, end.claim.lease_until)])
         groups.setdefault((end.next_lease, end.actor, end.clock, end.caps), []).append(index)
     for (lease, actor, clock, caps), indexes in groups.items():
         assert clock is not None

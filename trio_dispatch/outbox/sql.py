@@ -227,7 +227,8 @@ def list_page(where: str) -> str:
     strictly before the ``(created_at, id)`` of the two parameters that
     follow, at most ``?`` of them: keyset paging, so a deep page costs what
     the first one does."""
-    older = "(created_at < ? OR (created_at = ? AND id < ?))"
+    # The first term bounds the index range (a seek); the second breaks ties.
+    older = "created_at <= ? AND (created_at < ? OR id < ?)"
     clause = f"WHERE {where} AND {older} " if where else f"WHERE {older} "
     return (
         f"SELECT {COLUMNS} FROM dispatch_outbox {clause}ORDER BY created_at DESC, id DESC LIMIT ?"

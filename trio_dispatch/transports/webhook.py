@@ -58,6 +58,8 @@ RESPONSE_READ_LIMIT: Final = 64 * 1024
 """Bytes of a response body read at most."""
 ERROR_BODY_CHARS: Final = 500
 """Characters of a response body kept in ``last_error``."""
+REAP_SECONDS: Final = 1.0
+"""How often the client's pool looks for idle connections the server closed."""
 RETRY_AFTER_STATUSES: Final = frozenset({429, 502, 503, 504})
 SECRET_PREFIX: Final = "whsec_"  # noqa: S105 - the format's prefix, not a secret
 MIN_KEY_BYTES: Final = 24
@@ -80,6 +82,7 @@ RESERVED_HEADERS: Final = frozenset(
 
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 field-name
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_HEADER_VALUE: Final = re.compile(r"^[\x20-\x7e]*$")
 
 
 def _version() -> str:
@@ -183,7 +186,7 @@ class Endpoint:
         return {
             "url": shown_url(self.url),
             "secrets": [secret.label for secret in self.secrets],
-            "headers": {name: value for name, value in self.headers},
+            "headers": {name: MASK for name, _ in self.headers},
             "allow_private": self.allow_private,
         }
 
@@ -242,11 +245,13 @@ class Endpoint:
                 raise ValueError(
                     f"{name}.headers.{header}: set by the transport itself, cannot be configured"
                 )
-            if not isinstance(text, str) or _CONTROL.search(text.replace("\t", " ")):
+            if not isinstance(text, str) or not _HEADER_VALUE.match(text) or text != text.strip():
                 raise ValueError(
-                    f"{name}.headers.{header} must be a string without control characters"
+                    f"{name}.headers.{header} must be printable ASCII without leading or "
+                    "trailing spaces"
                 )
             checked.append((header, text))
+        register_secrets([text for _, text in checked])  # often a credential
         allow_private = value.get("allow_private", False)
         if not isinstance(allow_private, bool):
             raise ValueError(
@@ -305,11 +310,13 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     if value is None:
         return None
     text = value.strip()
-    if text.isdigit():
+    if re.fullmatch(r"[0-9]{1,10}", text):
         return float(int(text))
+    if len(text) > 64:  # no HTTP date is this long
+        return None
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # HTTP dates are GMT
         return None
@@ -322,14 +329,25 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
 
 def forbidden(address: str) -> str | None:
     """Why an endpoint without ``allow_private`` may not connect to
-    ``address`` (loopback, private, link-local, multicast, unspecified), or
-    None."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    ``address``, or None: anything that is not a public unicast address
+    (loopback, private, link-local, multicast, unspecified, shared/CGNAT,
+    reserved...), IPv4 carried inside IPv6 (mapped, 6to4, Teredo) judged by
+    the IPv4 it carries."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+        address.split("%", 1)[0]
+    )
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if inner is not None:
+            why = forbidden(str(inner))
+            return None if why is None else f"{why} (inside {ip})"
     for kind in ("loopback", "link_local", "multicast", "unspecified", "private", "reserved"):
         if getattr(ip, f"is_{kind}"):
             return kind.replace("_", "-")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "site-local"
+    if not ip.is_global:
+        return "non-public"
     return None
 
 
@@ -433,9 +451,17 @@ def _linear_pool_class() -> type[Any]:
         once, and only the connection about to be reused is checked for
         expiry (an expired one is closed and the next taken)."""
 
+        _reaped_at = 0.0
+
         def _assign_requests_to_connections(self) -> list[Any]:
             closing: list[Any] = []
             kept = [c for c in self._connections if not c.is_closed()]
+            now = time.monotonic()
+            if now - self._reaped_at >= REAP_SECONDS:  # idle sockets the server closed
+                self._reaped_at = now
+                for connection in [c for c in kept if c.is_idle() and c.has_expired()]:
+                    kept.remove(connection)
+                    closing.append(connection)
             surplus = len(kept) - self._max_keepalive_connections
             if surplus > 0:
                 for connection in [c for c in kept if c.is_idle()][:surplus]:
@@ -449,9 +475,11 @@ def _linear_pool_class() -> type[Any]:
             for request in queued:
                 origin = request.request.url.origin
                 chosen = None
+                elsewhere: list[Any] = []  # another origin's: kept for its requests
                 while available:
                     candidate = available.pop()
                     if not candidate.can_handle_request(origin):
+                        elsewhere.append(candidate)
                         continue
                     if candidate.has_expired():
                         self._connections.remove(candidate)
@@ -459,6 +487,7 @@ def _linear_pool_class() -> type[Any]:
                         continue
                     chosen = candidate
                     break
+                available.extend(elsewhere)
                 if chosen is None:
                     if len(self._connections) >= self._max_connections:
                         idle = next((c for c in self._connections if c.is_idle()), None)
@@ -638,10 +667,8 @@ class WebhookTransport:
                 f"no webhook endpoint for deliver_to {show(delivery.deliver_to)} "
                 f"(configured: {', '.join(sorted(self.endpoints)) or 'none'})"
             )
-        if self._client is None:  # called outside opened(): a client for this call
-            async with self.opened():
-                return await self._post(endpoint, delivery)
-        return await self._post(endpoint, delivery)
+        async with self.opened():  # outside one: a client for this call alone
+            return await self._post(endpoint, delivery)
 
     def request_headers(
         self, endpoint: Endpoint, delivery: Delivery, body: bytes
@@ -669,6 +696,7 @@ class WebhookTransport:
         status: int | None = None
         received = b""
         retry_after_header: str | None = None
+        encoded = False
         with anyio.move_on_after(self.timeout) as deadline:
             try:
                 async with client.stream(
@@ -676,6 +704,8 @@ class WebhookTransport:
                 ) as response:
                     status = response.status_code
                     retry_after_header = response.headers.get("retry-after")
+                    # A body the server compressed anyway is not text to keep.
+                    encoded = response.headers.get("content-encoding", "identity") != "identity"
                     async for chunk in response.aiter_raw():
                         received += chunk
                         if len(received) >= RESPONSE_READ_LIMIT:
@@ -693,10 +723,8 @@ class WebhookTransport:
         assert status is not None
         if 200 <= status < 300:
             return TransportResult.success()
-        text = _body_text(received)
+        text = "" if encoded else _body_text(received)
         detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
-        if 300 <= status < 400:
-            detail = f"HTTP {status} (redirects are not followed)" + (f": {text}" if text else "")
         if status == 410:
             return TransportResult.failure(detail, gone=True)
         if status in RETRY_AFTER_STATUSES:

@@ -30,7 +30,7 @@ from ..outbox.reads import (
     list_page,
     list_transitions,
 )
-from ..redact import mask_url, scrubbed_logger
+from ..redact import known_secrets, mask_url, one_line, scrubbed_logger
 from ..store.base import Database
 from . import pages
 from .metrics import CONTENT_TYPE, families, render
@@ -127,7 +127,9 @@ class WebApp:
         except Exception:
             log.exception("dashboard request failed: %s", scope.get("path"))
             status, body, content_type = 500, b"internal error\n", b"text/plain; charset=utf-8"
-        await self._respond(send, status, b"" if method == "HEAD" else body, content_type)
+        # HEAD: the same headers as GET (its Content-Length too); the server
+        # leaves the body out.
+        await self._respond(send, status, body, content_type)
 
     def _authorized(self, scope: Scope) -> bool:
         if self._token is None:
@@ -210,6 +212,8 @@ class WebApp:
             statistics = self.worker.statistics()
             last = statistics.last_scan_at
             scan_age = now - (last if last is not None else self.started_at)
+            if statistics.in_flight >= statistics.concurrency:
+                scan_age = 0.0  # every slot busy: nothing to scan for, the loop is alive
             document["last_scan_age_seconds"] = round(max(0.0, scan_age), 3)
             limit = 2 * self.worker.tick_seconds
             if not statistics.running:
@@ -316,7 +320,7 @@ class _Probe:
         try:
             await db.read(lambda conn: conn.query_one(sql.NEXT_DUE))
         except Exception as exc:
-            self.error = " ".join(str(exc).split())[:200] or type(exc).__name__
+            self.error = one_line(exc, known_secrets())[:200] or type(exc).__name__
         finally:
             self.done.set()
 

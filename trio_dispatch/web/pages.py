@@ -73,7 +73,10 @@ def when(seconds: object, now: float) -> str:
     if seconds is None:
         return "-"
     moment = float(str(seconds))
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(moment))
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(moment))
+    except (OverflowError, OSError, ValueError):  # beyond the calendar: the number itself
+        return text(repr(moment))
     delta = moment - now
     span = abs(delta)
     if span < 1:

@@ -405,7 +405,7 @@ class DispatchWorker:
             return None
         # The slot passes to the next claim without ever being free.
         if self._caps is not None:
-            self._caps.drop([claim.dispatch_id])
+            self._caps.drop([(claim.dispatch_id, claim.lease_until)])
         scope = self._attempt_scope(next_claim)
         self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
@@ -427,7 +427,7 @@ class DispatchWorker:
 
     def _free_slot(self, claim: Claim) -> None:
         if self._caps is not None:
-            self._caps.drop([claim.dispatch_id])
+            self._caps.drop([(claim.dispatch_id, claim.lease_until)])
         if self._slots.release(claim) and (self._backlog or self._caps is not None):
             self.wake()
 
