@@ -241,7 +241,9 @@ if engine == "sqlite":
     conn.execute("PRAGMA busy_timeout = 10000")
 order(conn, engine, name)
 got = outbox.enqueue_dispatch(conn, kind="k", deliver_to=name, dedup_key="shared")
-time.sleep(float(hold))
+if hold == "hold":
+    print("holding", flush=True)  # the key is taken in an open transaction
+    sys.stdin.readline()  # until the test has started the other racer
 order(conn, engine, name + "-after")  # the transaction is still usable
 conn.commit()
 print(json.dumps(got), flush=True)
@@ -253,17 +255,23 @@ def test_a_same_key_race_gives_both_transactions_the_winner_and_aborts_neither(
 ) -> None:
     root = str(Path(__file__).resolve().parents[1])
 
-    def racer(name: str, hold: float) -> subprocess.Popen[str]:
+    def racer(name: str, hold: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-c", RACER, engine, db_target, root, name, str(hold)],
+            [sys.executable, "-c", RACER, engine, db_target, root, name, hold],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
 
-    first = racer("a", 1.0)  # holds its transaction (and the key) for a second
-    time.sleep(0.5)
-    second = racer("b", 0.0)  # waits for the first, then finds its row
+    first = racer("a", "hold")  # holds its transaction (and the key) until told
+    assert first.stdout is not None and first.stdin is not None
+    assert first.stdout.readline() == "holding\n", first.stderr
+    second = racer("b", "go")  # blocks on the first's key, then finds its row
+    time.sleep(1.0)  # long enough for the second to reach the key and wait on it
+    assert second.poll() is None  # it is waiting, not done
+    first.stdin.write("\n")
+    first.stdin.flush()
     out_a, err_a = first.communicate(timeout=60)
     out_b, err_b = second.communicate(timeout=60)
     assert first.returncode == 0, err_a
