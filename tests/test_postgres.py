@@ -3,10 +3,12 @@ migrations, row-locking claims, and the read pool."""
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 
-from trio_dispatch import enqueue_many, open_store
+from trio_dispatch import enqueue_dispatch, enqueue_many, open_store
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.store import SchemaError, SQLiteStore
 from trio_dispatch.store.schema import SCHEMA_VERSION
@@ -144,8 +146,6 @@ async def test_concurrent_claims_from_two_hosts_never_overlap(
 
 
 async def test_reads_run_concurrently_on_the_pool(store: SQLiteStore) -> None:
-    import time
-
     def slow(conn: object) -> float:
         time.sleep(0.3)
         return time.monotonic()
@@ -155,3 +155,48 @@ async def test_reads_run_concurrently_on_the_pool(store: SQLiteStore) -> None:
         for _ in range(4):
             tg.start_soon(store.read, slow)
     assert time.monotonic() - started < 0.3 * 3  # not one after another
+
+
+def _open_transactions(raw: RawDB) -> int:
+    """Backends of the test's database inside a transaction, this query's own
+    connection left out."""
+    return int(
+        raw.scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+        )
+    )
+
+
+async def test_the_writers_begin_rides_with_the_first_statement_and_every_outcome_closes_it(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # Nothing run: no transaction was opened, none is left behind.
+    async with store.transaction():
+        pass
+    assert _open_transactions(raw) == 0
+    # A first statement that fails (BEGIN went out with it): nothing is
+    # committed, the transaction is closed, the store writes on.
+    with pytest.raises(raw.error):
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO no_such_table VALUES (1)")
+    assert _open_transactions(raw) == 0
+    # A statement's results come back through the pipelined first round trip.
+    async with store.transaction() as tx:
+        assert (
+            await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)", ("s", 1.0)) == 1
+        )
+        assert await tx.query("SELECT id FROM sessions") == [{"id": "s"}]
+        await enqueue_dispatch(tx, kind="k", deliver_to="seat", session_id="s")
+        assert _open_transactions(raw) == 1  # open until the commit
+    assert _open_transactions(raw) == 0
+    assert raw.counts() == (1, 1)
+    # The group commit's first statement is a coalesced enqueue: one row per
+    # caller, each with its transition, all committed.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: store.write(lambda conn: time.sleep(0.2)))  # let the others queue
+        await anyio.sleep(0.05)
+        for i in range(20):
+            tg.start_soon(lambda i=i: enqueue_dispatch(store, kind="k", deliver_to=f"d{i}"))
+    assert raw.counts() == (21, 21)
+    assert _open_transactions(raw) == 0

@@ -272,7 +272,22 @@ def _text(value: object) -> str:
 def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list[EnqueueResult]:
     """Insert plain dispatches (see :attr:`NewDispatch.plain`), each at its
     own ``now``, with two bulk statements; coalesced, this serves every
-    concurrent plain enqueue of a group commit at once."""
+    concurrent plain enqueue of a group commit at once. On an engine with
+    data-modifying ``WITH`` it is one statement per row instead, sent in
+    one pipelined round trip (the server delivers the repeated ``NOTIFY``
+    of one transaction once)."""
+    if conn.writes_in_with:
+        rows = [
+            (*_row(new, now), entity_type, *history)
+            for (new, now), (entity_type, _, *history) in zip(
+                items, transition_rows([_enqueued(new, now) for new, now in items]), strict=True
+            )
+        ]
+        if len(rows) == 1:
+            conn.execute(sql.INSERT_DISPATCH_RECORDED, rows[0])
+        else:
+            conn.executemany(sql.INSERT_DISPATCH_RECORDED, rows)
+        return [EnqueueResult(new.id, False) for new, _ in items]
     conn.executemany(sql.INSERT_DISPATCH, [_row(new, now) for new, now in items])
     record(conn, [_enqueued(new, now) for new, now in items])
     conn.announce_enqueue()

@@ -50,30 +50,46 @@ def _placeholders(sql: str) -> str:
 
 
 class PostgresConn:
-    """A :class:`~trio_dispatch.store.base.Conn` over one psycopg connection."""
+    """A :class:`~trio_dispatch.store.base.Conn` over one psycopg connection.
+
+    With :attr:`begin_pending` set (the store's writer, see
+    :meth:`PostgresStore._begin`) the first statement carries the
+    transaction's ``BEGIN`` with it: both go in one pipelined round trip."""
 
     lock_clause = " FOR UPDATE SKIP LOCKED"
     row_key = "id"
     writes_in_with = True
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "begin_pending")
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+        self.begin_pending = False
+
+    def _send(self, send: Callable[[], object]) -> None:
+        if not self.begin_pending:
+            send()
+            return
+        self.begin_pending = False
+        # BEGIN and the statement in one round trip; the cursor holds the
+        # statement's results once the pipeline has synced at its end.
+        with self._conn.pipeline():
+            self._conn.execute("BEGIN")
+            send()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self._conn.cursor() as cursor:
-            cursor.execute(_placeholders(sql), tuple(params))
+            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)))
             return cursor.rowcount
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         with self._conn.cursor() as cursor:
-            cursor.executemany(_placeholders(sql), [tuple(row) for row in rows])
+            self._send(lambda: cursor.executemany(_placeholders(sql), [tuple(r) for r in rows]))
             return cursor.rowcount
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._conn.cursor(row_factory=dict_row) as cursor:
-            cursor.execute(_placeholders(sql), tuple(params))
+            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)))
             return list(cursor.fetchall()) if cursor.description else []
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
@@ -82,7 +98,7 @@ class PostgresConn:
 
     def announce_enqueue(self) -> None:
         # Delivered to listeners when (and only if) this transaction commits.
-        self._conn.execute(f"NOTIFY {CHANNEL}")
+        self.execute(f"NOTIFY {CHANNEL}")
 
 
 def _configure(
@@ -138,6 +154,7 @@ class PostgresStore(BatchingStore):
         self.durability = durability
         self.busy_timeout = busy_timeout
         self._writer: psycopg.Connection[Any] | None = None
+        self._lazy: PostgresConn | None = None  # the writer's Conn, typed as itself
         self._readers: ConnectionPool[Any] | None = None
         self._read_limiter = anyio.CapacityLimiter(READERS)
 
@@ -188,24 +205,35 @@ class PostgresStore(BatchingStore):
             writer.close()
             raise
         self._writer, self._readers = writer, readers
-        self._writer_conn = PostgresConn(writer)
+        self._writer_conn = self._lazy = PostgresConn(writer)
 
     # -- the engine primitives ---------------------------------------------------
 
     def _begin(self) -> None:
-        assert self._writer is not None
-        self._writer.execute("BEGIN")
+        # Lazy: BEGIN goes out with the transaction's first statement, in
+        # one round trip (a PostgreSQL BEGIN waits for nothing, unlike
+        # SQLite's BEGIN IMMEDIATE, so sending it later changes no outcome).
+        assert self._writer is not None and self._lazy is not None
+        self._lazy.begin_pending = True
 
     def _commit(self) -> None:
-        assert self._writer is not None
+        assert self._writer is not None and self._lazy is not None
+        if self._lazy.begin_pending:  # nothing ran: nothing to commit
+            self._lazy.begin_pending = False
+            return
         self._writer.execute("COMMIT")
 
     def _rollback(self) -> None:
+        if self._lazy is not None and self._lazy.begin_pending:
+            self._lazy.begin_pending = False
+            return
         if self._in_transaction():
             assert self._writer is not None
             self._writer.execute("ROLLBACK")
 
     def _in_transaction(self) -> bool:
+        if self._lazy is not None and self._lazy.begin_pending:
+            return True
         return self._writer is not None and self._writer.info.transaction_status in (
             TransactionStatus.INTRANS,
             TransactionStatus.INERROR,
@@ -217,7 +245,7 @@ class PostgresStore(BatchingStore):
             self._readers.close()
         if self._writer is not None:
             self._writer.close()
-        self._readers, self._writer = None, None
+        self._readers, self._writer, self._lazy = None, None, None
 
     # -- reads -----------------------------------------------------------------
 
