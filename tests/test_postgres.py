@@ -3,6 +3,7 @@ migrations, row-locking claims, and the read pool."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import anyio
@@ -197,6 +198,6 @@ async def test_the_writers_begin_rides_with_the_first_statement_and_every_outcom
         tg.start_soon(lambda: store.write(lambda conn: time.sleep(0.2)))  # let the others queue
         await anyio.sleep(0.05)
         for i in range(20):
-            tg.start_soon(lambda i=i: enqueue_dispatch(store, kind="k", deliver_to=f"d{i}"))
+            tg.start_soon(functools.partial(enqueue_dispatch, store, kind="k", deliver_to=f"d{i}"))
     assert raw.counts() == (21, 21)
     assert _open_transactions(raw) == 0
