@@ -33,7 +33,7 @@ from trio_dispatch import (
     purge_dispatch,
     retry_dispatch,
 )
-from trio_dispatch.redact import mask_url, scrub, visible
+from trio_dispatch.redact import mask_url, scrub, url_secrets, visible
 from trio_dispatch.store import SQLiteStore, StoreError
 from trio_dispatch.store.schema import SCHEMA_VERSION
 from trio_dispatch.transports import ChildEnvironment, CommandTransport, template_warnings
@@ -100,6 +100,16 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
     assert mask_url("one postgresql://a:bb@c/d two mysql://e:ff@g") == (
         "one postgresql://a:***@c/d two mysql://e:***@g"
     )
+    # A setting that is one URL may hold a space in its password.
+    assert mask_url("postgresql://app:s3cr et@host/db") == "postgresql://app:***@host/db"
+    assert url_secrets("postgresql://app:s3cr et@host/db") == ["s3cr et"]
+    assert mask_url("postgresql://u@h/db?sslpassword=s3cr") == "postgresql://u@h/db?sslpassword=***"
+
+
+def test_a_store_password_with_a_space_never_shows_in_an_open_error() -> None:
+    done = run_cli("--db", "postgresql://postgres:s3cr et@127.0.0.1:5432/postgres", "ls")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "s3cr" not in done.stdout + done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -108,6 +118,8 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
         "postgresql://app:s3cr/et@db.example/app",
         "postgresql://app:p@ss@host/db",
         "postgresql://app@host/db?password=s3cr%2Fet",
+        "postgresql://app:s3cr et@host/db",
+        "postgresql://app@host/db?sslpassword=s3cr&sslmode=require",
     ],
 )
 def test_check_config_hides_passwords_with_reserved_characters(
@@ -115,9 +127,15 @@ def test_check_config_hides_passwords_with_reserved_characters(
 ) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"store": store_url}))
+    # libpq itself refuses a space or a "/" in the password (it reads
+    # "app:s3cr" as host and port): check-config refuses them too, masked.
+    refused = " " in store_url or "/et@" in store_url
     for args in (["check-config", str(config)], ["check-config", str(config), "--json"]):
         done = run_cli(*args)
-        assert done.returncode == 0, done.stderr
+        if refused:
+            assert_one_line_error(done, 2, "invalid store URL", "app:***@")
+        else:
+            assert done.returncode == 0, done.stderr
         for secret in ("s3cr", "p@ss"):
             assert secret not in done.stdout + done.stderr, done.stdout
 
@@ -376,21 +394,24 @@ def test_stats_behind_a_held_write_lock_answers_at_once(db_path: Path) -> None:
     assert elapsed < 5
 
 
-@pytest.mark.parametrize("source", ["flag", "config"])
+@pytest.mark.parametrize("source", ["flag", "config", "environment beside --db"])
 def test_every_command_waits_busy_timeout_then_fails_in_one_line(
     db_path: Path, tmp_path: Path, source: str
 ) -> None:
     dispatch_id = anyio.run(populate, str(db_path))
+    config = tmp_path / "c.yaml"
+    config.write_text(f"store: {db_path}\nbusy_timeout_seconds: 0.3\n")
+    env: dict[str, str] = {}
     if source == "flag":
         where = ["--db", str(db_path), "--busy-timeout", "0.3"]
-    else:
-        config = tmp_path / "c.yaml"
-        config.write_text(f"store: {db_path}\nbusy_timeout_seconds: 0.3\n")
+    elif source == "config":
         where = ["--config", str(config)]
+    else:  # --db names the store; $TRIO_DISPATCH_CONFIG still sets the wait
+        where, env = ["--db", str(db_path)], {"TRIO_DISPATCH_CONFIG": str(config)}
     holder = hold_lock(db_path, 30)
     try:
         started = time.monotonic()
-        done = run_cli(*where, "purge", dispatch_id)
+        done = run_cli(*where, "purge", dispatch_id, env=env)
         elapsed = time.monotonic() - started
     finally:
         holder.kill()
@@ -460,6 +481,10 @@ def test_usage_problems_are_one_line_errors(db_path: Path) -> None:
     assert_one_line_error(
         run_cli("--db", str(db_path), "--busy-timeout", "1e300", "ls"), 2, "--busy-timeout"
     )
+    # argparse's own messages quote the arguments: escaped, passwords masked.
+    hostile = run_cli("--db", str(db_path), "ls", "a\nb\x1b[31mX", "postgresql://u:s3cret@h/d")
+    assert_one_line_error(hostile, 2, "unrecognized arguments", "a\\nb\\x1b[31mX", "u:***@h")
+    assert "\x1b" not in hostile.stderr and "s3cret" not in hostile.stderr
 
 
 def test_a_non_utf8_id_is_not_found(db_path: Path) -> None:
@@ -504,6 +529,11 @@ def test_a_worker_whose_store_directory_is_missing_is_a_one_line_error(tmp_path:
         ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
         ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
         ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
+        ('store: "postgresql://u:pw@127.0.0.1:5432/postgres?foo=bar"\n', ["store", '"foo"']),
+        ('store: "postgresql://u:pw@127.0.0.1:notaport/postgres"\n', ["store", "port"]),
+        ('store: "postgresql://127.0.0.1:notaport/postgres"\n', ["store", "'notaport'"]),
+        ('store: "out\\udc80.db"\n', ["store", "surrogate"]),
+        ("dispatch:\n  retry_schedule: [1" + "0" * 400 + "]\n", ["dispatch.retry_schedule"]),
     ],
 )
 def test_check_config_refuses_what_the_worker_would_refuse(
@@ -559,6 +589,21 @@ async def test_a_result_built_by_hand_with_nul_is_recorded_too(
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
     await deliver_due_dispatches(store, transport=send)
     assert raw.row(dispatch_id)["last_error"] == "nul\ufffdinside"
+
+
+@pytest.mark.anyio
+async def test_a_failure_text_with_a_lone_surrogate_is_recorded_on_every_engine(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        raise ValueError("bad \udc80 text")  # e.g. undecodable bytes decoded with surrogateescape
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    counts = await deliver_due_dispatches(store, transport=send)
+    assert counts["retried"] == 1
+    row = raw.row(dispatch_id)
+    assert row["status"] == "pending" and row["last_error"] == "ValueError: bad \ufffd text"
+    assert row["next_attempt_at"] > time.time() + 50  # its backoff, not the lease
 
 
 @pytest.mark.anyio

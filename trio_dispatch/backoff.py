@@ -42,8 +42,8 @@ def check_retry_schedule(name: str, value: object) -> tuple[float, ...] | None:
         if (
             isinstance(item, bool)
             or not isinstance(item, int | float)
-            or not math.isfinite(item)
-            or not 0 <= item <= MAX_SCHEDULE_SECONDS
+            or (isinstance(item, float) and not math.isfinite(item))
+            or not 0 <= item <= MAX_SCHEDULE_SECONDS  # exact for an int of any size
         ):
             raise ValueError(
                 f"{name}[{index}] must be a number of seconds from 0 to "

@@ -125,23 +125,22 @@ def resolve_store(
 ) -> StoreChoice:
     """The store an operator command works on: ``--db``, else the ``store``
     of the configuration found by SPEC order; ``busy_timeout`` is
-    ``--busy-timeout``, else the configuration's ``busy_timeout_seconds``
-    (with ``--db``, the one of ``--config`` when given). A SQLite store must
-    already exist unless ``must_exist`` is False (``migrate``): a read must
-    never create an empty database. Raises :class:`UsageError` naming what
-    was tried."""
+    ``--busy-timeout``, else the ``busy_timeout_seconds`` of the
+    configuration found by SPEC order (with ``--db`` too, as the worker
+    does). A SQLite store must already exist unless ``must_exist`` is False
+    (``migrate``): a read must never create an empty database. Raises
+    :class:`UsageError` naming what was tried."""
     loaded: Config | None = None
-    if config is not None or not db:
-        path = find_config_path(config)
-        if path is None and not db:
-            env = os.environ.get(CONFIG_ENV_VAR)
-            raise UsageError(
-                "no store to work on: tried --db (not given), --config (not given), "
-                f"${CONFIG_ENV_VAR} ({'empty' if env == '' else 'not set'}), "
-                f"./{DEFAULT_CONFIG_NAME} (not found)"
-            )
-        if path is not None:
-            loaded = load_config(path)
+    path = find_config_path(config)
+    if path is None and not db:
+        env = os.environ.get(CONFIG_ENV_VAR)
+        raise UsageError(
+            "no store to work on: tried --db (not given), --config (not given), "
+            f"${CONFIG_ENV_VAR} ({'empty' if env == '' else 'not set'}), "
+            f"./{DEFAULT_CONFIG_NAME} (not found)"
+        )
+    if path is not None:
+        loaded = load_config(path)
     if db:
         target, origin = db, "--db"
     else:
@@ -718,7 +717,9 @@ def _cmd_store(args: argparse.Namespace) -> int:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+        # argparse quotes the offending arguments: one line, escapes visible,
+        # a URL's password masked.
+        self.exit(EXIT_USAGE, f"{self.prog}: {visible(mask_url(message))}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,8 @@ MASK: Final = "***"
 _URL_START: Final = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://")
 # ...?password=...  /  password=... (libpq key/value and URL query forms)
 _PASSWORD_PARAM: Final = re.compile(
-    r"(?P<head>\b(?:password|passwd|pwd|secret|token)\s*=\s*)(?P<value>'[^']*'|[^\s&;']+)",
+    r"(?P<head>\b(?:\w*password|passwd|pwd|\w*secret|\w*token)\s*=\s*)"
+    r"(?P<value>'[^']*'|[^\s&;']+)",
     re.IGNORECASE,
 )
 MIN_SCRUBBED_LENGTH: Final = 3
@@ -33,14 +34,16 @@ MIN_SCRUBBED_LENGTH: Final = 3
 would mangle every message); URL and ``password=`` forms are masked anyway."""
 
 
-def _password_span(text: str, start: int) -> tuple[int, int] | None:
+def _password_span(text: str, start: int, whole: bool) -> tuple[int, int] | None:
     """Where the password of the URL whose authority starts at ``start``
     lies in ``text``, or None. A password may hold ``@`` or ``/`` unescaped
     (people write them so): the userinfo ends at the last ``@`` of the
     authority, else -- when the authority reads ``user:something`` that is
-    not a port -- at the next ``@``. When in doubt, more is masked."""
+    not a port -- at the next ``@``. In free text a URL ends at whitespace;
+    a ``whole`` text is one URL, whose password may hold spaces. When in
+    doubt, more is masked."""
     stop = len(text)
-    for index in range(start, len(text)):
+    for index in range(start, len(text) if not whole else start):
         if text[index].isspace():
             stop = index
             break
@@ -67,9 +70,12 @@ def _password_span(text: str, start: int) -> tuple[int, int] | None:
 
 
 def _password_spans(text: str) -> list[tuple[int, int]]:
+    # A text that begins with a URL is that URL (a store or endpoint setting),
+    # spaces in its password included.
+    whole = _URL_START.match(text) is not None
     spans: list[tuple[int, int]] = []
     for match in _URL_START.finditer(text):
-        span = _password_span(text, match.end())
+        span = _password_span(text, match.end(), whole and match.start() == 0)
         if span is not None and (not spans or span[0] >= spans[-1][1]):
             spans.append(span)
     return spans

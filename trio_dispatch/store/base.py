@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
-from ..redact import mask_url
+from ..redact import mask_url, scrub, url_secrets
 from ..values import show
 
 T = TypeVar("T")
@@ -109,7 +109,14 @@ def parse_target(target: str) -> tuple[Engine, str]:
         raise ValueError(f"store target {show(mask_url(target))} contains a NUL character")
     if not target.strip():
         raise ValueError("store target must be a path, ':memory:' or a URL, got an empty string")
+    try:
+        target.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"store target {show(mask_url(target))} is not valid text (a lone surrogate)"
+        ) from None
     if target.startswith(("postgresql://", "postgres://")):
+        _check_postgres_url(target)
         return "postgres", target
     if target.startswith("sqlite:"):
         rest = target[len("sqlite:") :]
@@ -128,6 +135,31 @@ def parse_target(target: str) -> tuple[Engine, str]:
             "sqlite:///path or postgresql://..."
         )
     return "sqlite", target
+
+
+def _check_postgres_url(url: str) -> None:
+    """What libpq would refuse only when connecting (an unknown parameter, a
+    port that is not a number), refused now, naming the URL masked. Without
+    psycopg nothing is checked here (opening names the missing extra)."""
+    try:
+        from psycopg import Error
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        return
+    try:
+        params = conninfo_to_dict(url)
+    except Error as exc:
+        reason = " ".join(scrub(str(exc), url_secrets(url)).split())
+        raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            # In "user:pa/ss@host" libpq reads "user:pa" as host and port:
+            # with a password in the URL, the port's text is not shown.
+            shown = "" if url_secrets(url) else f" {show(port)}"
+            raise ValueError(
+                f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
+                "from 1 to 65535"
+            )
 
 
 class Conn(Protocol):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -37,11 +38,15 @@ class Delivery:
     """The stored JSON envelope text, sent as is."""
 
 
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
 def clean_error(text: str) -> str:
     """A failure text fit to store on every engine: NUL characters (which
-    PostgreSQL text cannot hold) replaced by U+FFFD, cut to
-    :data:`LAST_ERROR_LIMIT` characters."""
-    return text.replace("\x00", "\ufffd")[:LAST_ERROR_LIMIT]
+    PostgreSQL text cannot hold) and lone surrogates (which no UTF-8
+    database can) replaced by U+FFFD, cut to :data:`LAST_ERROR_LIMIT`
+    characters."""
+    return _UNSTORABLE.sub("\ufffd", text[:LAST_ERROR_LIMIT])
 
 
 @dataclass(frozen=True)

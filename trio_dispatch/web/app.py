@@ -30,7 +30,7 @@ from ..outbox.reads import (
     list_page,
     list_transitions,
 )
-from ..redact import known_secrets, mask_url, one_line, scrubbed_logger
+from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
 from ..store.base import Database
 from . import pages
 from .metrics import CONTENT_TYPE, families, render
@@ -125,7 +125,7 @@ class WebApp:
         try:
             status, body, content_type = await self._route(scope)
         except Exception:
-            log.exception("dashboard request failed: %s", scope.get("path"))
+            log.exception("dashboard request failed: %s", visible(scope.get("path", "")))
             status, body, content_type = 500, b"internal error\n", b"text/plain; charset=utf-8"
         # HEAD: the same headers as GET (its Content-Length too); the server
         # leaves the body out.
