@@ -383,6 +383,25 @@ def raw_executemany(path: Path, n: int) -> float:
     return rate
 
 
+def raw_caller_tx(raw_path: str) -> tuple[sqlite3.Connection, Callable[[int], None]]:
+    """The raw baseline of a caller's transaction: a sqlite3 connection (WAL,
+    FULL) on its own file, and ``raw(count)`` running that many BEGIN
+    IMMEDIATE; one INSERT of the 500-byte row; COMMIT."""
+    conn = sqlite3.connect(raw_path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(APP_TABLE)
+    serial = itertools.count()
+
+    def raw(count: int) -> None:
+        for _ in range(count):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(APP_INSERT, (f"order-{next(serial)}", BODY_JSON, time.time()))
+            conn.execute("COMMIT")
+
+    return conn, raw
+
+
 def raw_delivery_writes(path: Path, n: int) -> float:
     """The four writes of one delivery (claim CAS, transition, finish CAS,
     transition), 100 deliveries per transaction."""
@@ -590,17 +609,8 @@ async def caller_tx_rates(
     BEGIN IMMEDIATE; one INSERT into the caller's table; COMMIT; (b) ``async
     with db.transaction() as tx`` holding the same INSERT; (c) the same plus
     ``enqueue_dispatch(tx, ...)`` of the payload. Each on a file of its own."""
-    conn = sqlite3.connect(raw_path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute(APP_TABLE)
-    serial = itertools.count()
-
-    def raw(count: int) -> None:
-        for _ in range(count):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(APP_INSERT, (f"order-{next(serial)}", BODY_JSON, time.time()))
-            conn.execute("COMMIT")
+    conn, raw = raw_caller_tx(raw_path)
+    serial = itertools.count()  # order ids of our side (a file of its own)
 
     def caller(db: Store, enqueue: bool) -> Side:
         async def side(count: int) -> None:
@@ -1970,17 +1980,8 @@ async def unit_rates(raw_path: Path, unit_path: Path, n: int, turns: int = TURNS
     COMMIT) and one unit of work on a store holding the same INSERT and a
     ``sync.enqueue_dispatch`` (``await db.write(unit)``: one hop, one
     group commit)."""
-    conn = sqlite3.connect(raw_path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute(APP_TABLE)
-    serial = itertools.count()
-
-    def raw(count: int) -> None:
-        for _ in range(count):
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(APP_INSERT, (f"order-{next(serial)}", BODY_JSON, time.time()))
-            conn.execute("COMMIT")
+    conn, raw = raw_caller_tx(raw_path)
+    serial = itertools.count()  # order ids of our side (a file of its own)
 
     try:
         async with open_store(unit_path) as db:
