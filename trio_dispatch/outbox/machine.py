@@ -184,6 +184,10 @@ def insert_rows(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert transition rows built (and checked) by :func:`transition_rows`."""
     if len(rows) == 1:
         conn.execute(sql.INSERT_TRANSITION, rows[0])
+    elif rows and conn.writes_in_with:  # PostgreSQL: one statement, an array per column
+        conn.execute(
+            sql.INSERT_TRANSITIONS_ARRAYS, [list(column) for column in zip(*rows, strict=True)]
+        )
     elif rows:
         conn.executemany(sql.INSERT_TRANSITION, rows)
 
@@ -455,9 +459,13 @@ def claim_batch(
         # Selected in this same write transaction, so (status, attempt) are
         # still what was read, and the row key still names the same row; the
         # status guard restates it for the record.
-        won = conn.query(
-            sql.claim_rows(conn.row_key, len(group)),
-            (lease_until, at, *(row["row_key"] for row in group), previous),
+        keys = [row["row_key"] for row in group]
+        won = (
+            conn.query(sql.CLAIM_ROWS_ARRAY, (lease_until, at, keys, previous))
+            if conn.writes_in_with
+            else conn.query(
+                sql.claim_rows(conn.row_key, len(group)), (lease_until, at, *keys, previous)
+            )
         )
         recovered = previous == Status.DELIVERING
         for row in won:
@@ -645,7 +653,11 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             error,
         ]
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
-    applied = {row["id"] for row in conn.query(sql.finish_attempts(len(ends)), params)}
+    if conn.writes_in_with:  # PostgreSQL: one array per column, the same text every time
+        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, [params[i::7] for i in range(7)])
+    else:
+        finished = conn.query(sql.finish_attempts(len(ends)), params)
+    applied = {row["id"] for row in finished}
     insert_rows(
         conn,
         [

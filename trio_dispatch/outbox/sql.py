@@ -47,6 +47,16 @@ its :data:`INSERT_TRANSITION` row and the ``NOTIFY`` in one statement, one
 round trip. Parameters: the row's, then the transition's without its
 ``entity_id``. Returns the new id, or no row when the dedup key is taken."""
 
+INSERT_TRANSITIONS_ARRAYS: Final = (
+    "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+    "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    "SELECT t, e, p, s, r, m, so, a, ev, md, c FROM unnest(?::text[], ?::text[], ?::text[], "
+    "?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::json[], ?::json[], "
+    "?::float8[]) WITH ORDINALITY AS u(t, e, p, s, r, m, so, a, ev, md, c, n) ORDER BY n"
+)
+"""PostgreSQL only: :data:`INSERT_TRANSITION` for many rows, one array per
+column, in order (ids follow it)."""
+
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
 SELECT_FOR_REMOVAL: Final = "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?"
 SELECT_TRANSITIONS: Final = (
@@ -134,6 +144,26 @@ def finish_attempts(count: int) -> str:
         "RETURNING dispatch_outbox.id AS id"
     )
 
+
+FINISH_ATTEMPTS_ARRAYS: Final = (
+    "WITH f(id, attempt, lease, status, next_at, now, err) AS (SELECT * FROM unnest("
+    "?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], ?::float8[], ?::text[])) "
+    "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+    "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
+    "FROM f WHERE dispatch_outbox.id = f.id "
+    f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
+    "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
+    "RETURNING dispatch_outbox.id AS id"
+)
+"""PostgreSQL only: :func:`finish_attempts` with one array per column."""
+
+CLAIM_ROWS_ARRAY: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
+    "next_attempt_at = ?, updated_at = ? WHERE id = ANY(?::text[]) AND status = ? "
+    "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
+    "ack_token"
+)
+"""PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
 RELEASE: Final = (
     f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"

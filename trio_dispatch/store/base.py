@@ -180,9 +180,12 @@ class Conn(Protocol):
 
     @property
     def writes_in_with(self) -> bool:
-        """Whether a ``WITH`` clause may write (PostgreSQL): then an enqueue
-        is one statement (:data:`~trio_dispatch.outbox.sql.INSERT_DISPATCH_RECORDED`),
-        not three round trips."""
+        """Whether this is PostgreSQL's SQL, where a ``WITH`` clause may
+        write and parameters may be arrays: then an enqueue is one statement
+        (:data:`~trio_dispatch.outbox.sql.INSERT_DISPATCH_RECORDED`), not
+        three round trips, and the delivery path's bulk statements take one
+        array per column (fixed SQL text, prepared once) instead of a row of
+        placeholders per item."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed."""
