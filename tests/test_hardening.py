@@ -102,14 +102,24 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
     )
     # A setting that is one URL may hold a space in its password.
     assert mask_url("postgresql://app:s3cr et@host/db") == "postgresql://app:***@host/db"
-    assert url_secrets("postgresql://app:s3cr et@host/db") == ["s3cr et"]
+    assert "s3cr et" in url_secrets("postgresql://app:s3cr et@host/db")
     assert mask_url("postgresql://u@h/db?sslpassword=s3cr") == "postgresql://u@h/db?sslpassword=***"
+    # ...but its search for the password's end stops at the next URL.
+    assert mask_url("postgresql://host:notaport/db and postgresql://v:p@ss@h2/d") == (
+        "postgresql://host:notaport/db and postgresql://v:***@h2/d"
+    )
 
 
-def test_a_store_password_with_a_space_never_shows_in_an_open_error() -> None:
-    done = run_cli("--db", "postgresql://postgres:s3cr et@127.0.0.1:5432/postgres", "ls")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "s3cr" not in done.stdout + done.stderr, done.stderr
+@pytest.mark.parametrize(
+    "password",
+    ["s3cr3t w0rdz", "s3c@r3t w0rdz", "s3c/r3t w0rdz", "s3c@r3t?x9z", "s3c?x9z=1@r3t"],
+)
+def test_a_password_libpq_cannot_parse_never_shows_in_an_open_error(password: str) -> None:
+    done = run_cli("--db", f"postgresql://postgres:{password}@127.0.0.1:5432/postgres", "ls")
+    assert_one_line_error(done, 2, "postgres:***@")
+    for piece in password.replace("@", " ").replace("/", " ").replace("?", " ").split():
+        piece = piece.removesuffix("=1")
+        assert piece not in done.stdout + done.stderr, done.stderr
 
 
 @pytest.mark.parametrize(
@@ -529,7 +539,8 @@ def test_a_worker_whose_store_directory_is_missing_is_a_one_line_error(tmp_path:
         ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
         ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
         ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
-        ('store: "postgresql://u:pw@127.0.0.1:5432/postgres?foo=bar"\n', ["store", '"foo"']),
+        ('store: "postgresql://u:pw@127.0.0.1:5432/postgres?foo=bar"\n', ["store", "unknown"]),
+        ('store: "postgresql://127.0.0.1:5432/postgres?foo=bar"\n', ["store", '"foo"']),
         ('store: "postgresql://u:pw@127.0.0.1:notaport/postgres"\n', ["store", "port"]),
         ('store: "postgresql://127.0.0.1:notaport/postgres"\n', ["store", "'notaport'"]),
         ('store: "out\\udc80.db"\n', ["store", "surrogate"]),

@@ -11,6 +11,7 @@ import pytest
 
 from trio_dispatch import enqueue_dispatch, enqueue_many, open_store
 from trio_dispatch.outbox import claim_due
+from trio_dispatch.outbox.machine import insert_rows
 from trio_dispatch.store import SchemaError, SQLiteStore
 from trio_dispatch.store.schema import SCHEMA_VERSION
 
@@ -169,7 +170,7 @@ def _open_transactions(raw: RawDB) -> int:
     )
 
 
-async def test_the_writers_begin_rides_with_the_first_statement_and_every_outcome_closes_it(
+async def test_a_lazily_begun_writer_transaction_is_closed_by_every_outcome(
     store: SQLiteStore, raw: RawDB
 ) -> None:
     # Nothing run: no transaction was opened, none is left behind.
@@ -201,3 +202,40 @@ async def test_the_writers_begin_rides_with_the_first_statement_and_every_outcom
             tg.start_soon(functools.partial(enqueue_dispatch, store, kind="k", deliver_to=f"d{i}"))
     assert raw.counts() == (21, 21)
     assert _open_transactions(raw) == 0
+
+
+async def test_a_first_statement_of_several_commands_still_runs_in_the_transaction(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # No parameters: the simple protocol, which a pipeline cannot carry.
+    async with store.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO sessions (id, created_at) VALUES ('a', 1); "
+            "INSERT INTO sessions (id, created_at) VALUES ('b', 1)"
+        )
+        assert _open_transactions(raw) == 1
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 2
+    with pytest.raises(RuntimeError):
+        async with store.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO sessions (id, created_at) VALUES ('c', 1); "
+                "INSERT INTO sessions (id, created_at) VALUES ('d', 1)"
+            )
+            raise RuntimeError("the caller changes its mind")
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 2
+    assert _open_transactions(raw) == 0
+
+
+async def test_bulk_history_keeps_its_order_and_takes_int_and_float_times(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    rows = [
+        ("dispatch", f"d{i}", None, "pending", "dispatch.pending.enqueued", "", "system", "t",
+         "[]", "{}", 1000 if i % 2 else 1000.5)  # a caller's clock may give ints
+        for i in range(6)
+    ]  # fmt: skip
+    await store.write(lambda conn: insert_rows(conn, rows))
+    got = raw.rows("SELECT entity_id, created_at FROM status_transitions ORDER BY id")
+    assert [(r["entity_id"], r["created_at"]) for r in got] == [
+        (f"d{i}", 1000.0 if i % 2 else 1000.5) for i in range(6)
+    ]

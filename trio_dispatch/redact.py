@@ -34,7 +34,7 @@ MIN_SCRUBBED_LENGTH: Final = 3
 would mangle every message); URL and ``password=`` forms are masked anyway."""
 
 
-def _password_span(text: str, start: int, whole: bool) -> tuple[int, int] | None:
+def _password_span(text: str, start: int, whole: bool, limit: int) -> tuple[int, int] | None:
     """Where the password of the URL whose authority starts at ``start``
     lies in ``text``, or None. A password may hold ``@`` or ``/`` unescaped
     (people write them so): the userinfo ends at the last ``@`` of the
@@ -42,8 +42,8 @@ def _password_span(text: str, start: int, whole: bool) -> tuple[int, int] | None
     not a port -- at the next ``@``. In free text a URL ends at whitespace;
     a ``whole`` text is one URL, whose password may hold spaces. When in
     doubt, more is masked."""
-    stop = len(text)
-    for index in range(start, len(text) if not whole else start):
+    stop = limit  # where the next URL starts, else the end
+    for index in range(start, limit if not whole else start):
         if text[index].isspace():
             stop = index
             break
@@ -53,6 +53,14 @@ def _password_span(text: str, start: int, whole: bool) -> tuple[int, int] | None
         if found >= 0:
             end = min(end, found)
     authority = text[start:end]
+    colon = authority.find(":")
+    if whole and colon >= 0 and not authority[colon + 1 :].isdigit():
+        # One URL whose authority reads "user:secret...": the userinfo ends
+        # at the last "@", even past a "/", "?" or "#" the password holds.
+        last = text.rfind("@", start, stop)
+        if last >= end:
+            end = last + 1
+            authority = text[start:end]
     if "@" in authority:
         at = start + authority.rfind("@")
     else:
@@ -73,9 +81,11 @@ def _password_spans(text: str) -> list[tuple[int, int]]:
     # A text that begins with a URL is that URL (a store or endpoint setting),
     # spaces in its password included.
     whole = _URL_START.match(text) is not None
+    matches = list(_URL_START.finditer(text))
     spans: list[tuple[int, int]] = []
-    for match in _URL_START.finditer(text):
-        span = _password_span(text, match.end(), whole and match.start() == 0)
+    for index, match in enumerate(matches):
+        limit = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        span = _password_span(text, match.end(), whole and match.start() == 0, limit)
         if span is not None and (not spans or span[0] >= spans[-1][1]):
             spans.append(span)
     return spans
@@ -99,6 +109,9 @@ def url_secrets(url: str) -> list[str]:
     and ``password=`` parameters): what :func:`scrub` must also find when a
     driver quotes the URL in pieces."""
     found = [url[begin:end] for begin, end in _password_spans(url)]
+    # A driver that splits a password at its own idea of the URL's pieces
+    # quotes a piece: the pieces are secrets too.
+    found += [piece for value in found for piece in re.split(r"[@\s]", value) if piece]
     found += [match["value"].strip("'") for match in _PASSWORD_PARAM.finditer(url)]
     decoded = [unquote(value) for value in found]
     return [value for value in dict.fromkeys(found + decoded) if value]

@@ -185,9 +185,9 @@ def insert_rows(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
     if len(rows) == 1:
         conn.execute(sql.INSERT_TRANSITION, rows[0])
     elif rows and conn.writes_in_with:  # PostgreSQL: one statement, an array per column
-        conn.execute(
-            sql.INSERT_TRANSITIONS_ARRAYS, [list(column) for column in zip(*rows, strict=True)]
-        )
+        *texts, created = (list(column) for column in zip(*rows, strict=True))
+        # An array holds one type: a caller's clock may give ints among floats.
+        conn.execute(sql.INSERT_TRANSITIONS_ARRAYS, [*texts, [float(t) for t in created]])
     elif rows:
         conn.executemany(sql.INSERT_TRANSITION, rows)
 
@@ -654,7 +654,10 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         ]
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
     if conn.writes_in_with:  # PostgreSQL: one array per column, the same text every time
-        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, [params[i::7] for i in range(7)])
+        columns = [params[i::7] for i in range(7)]
+        for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
+            columns[i] = [float(v) for v in columns[i]]
+        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}

@@ -150,6 +150,13 @@ def _check_postgres_url(url: str) -> None:
         params = conninfo_to_dict(url)
     except Error as exc:
         reason = " ".join(scrub(str(exc), url_secrets(url)).split())
+        if url_secrets(url):
+            # libpq splits a password at its own idea of the URL's pieces and
+            # quotes a piece: with a password in the URL, its text is not shown.
+            reason = (
+                "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
+                "?, # or % in the user name or password that is not percent-encoded)"
+            )
         raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):

@@ -66,11 +66,18 @@ class PostgresConn:
         self._conn = conn
         self.begin_pending = False
 
-    def _send(self, send: Callable[[], object]) -> None:
+    def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
         if not self.begin_pending:
             send()
             return
         self.begin_pending = False
+        if not pipelined or not psycopg.Pipeline.is_supported():
+            # A statement without parameters may hold several commands,
+            # which only the simple protocol (never a pipeline) accepts; and
+            # libpq before 14 has no pipeline mode.
+            self._conn.execute("BEGIN")
+            send()
+            return
         # BEGIN and the statement in one round trip; the cursor holds the
         # statement's results once the pipeline has synced at its end.
         with self._conn.pipeline():
@@ -79,7 +86,7 @@ class PostgresConn:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         with self._conn.cursor() as cursor:
-            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)))
+            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)), bool(params))
             return cursor.rowcount
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
@@ -89,7 +96,7 @@ class PostgresConn:
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         with self._conn.cursor(row_factory=dict_row) as cursor:
-            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)))
+            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)), bool(params))
             return list(cursor.fetchall()) if cursor.description else []
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
