@@ -12,7 +12,7 @@ import pytest
 from trio_dispatch import enqueue_dispatch, enqueue_many, open_store
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.outbox.machine import insert_rows
-from trio_dispatch.store import SchemaError, SQLiteStore
+from trio_dispatch.store import SchemaError, SQLiteStore, StoreError
 from trio_dispatch.store.schema import SCHEMA_VERSION
 
 from .conftest import RawDB
@@ -239,3 +239,19 @@ async def test_bulk_history_keeps_its_order_and_takes_int_and_float_times(
     assert [(r["entity_id"], r["created_at"]) for r in got] == [
         (f"d{i}", 1000.0 if i % 2 else 1000.5) for i in range(6)
     ]
+
+
+async def test_a_transaction_that_went_on_after_a_failed_statement_says_nothing_committed(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    with pytest.raises(StoreError, match="nothing was committed"):
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)", ("s", 1.0))
+            await enqueue_dispatch(tx, kind="k", deliver_to="seat", session_id="s")
+            with pytest.raises(raw.error):  # the caller catches it and goes on
+                await tx.execute("INSERT INTO no_such_table VALUES (1)")
+    assert raw.counts() == (0, 0)
+    assert raw.scalar("SELECT COUNT(*) FROM sessions") == 0
+    assert _open_transactions(raw) == 0
+    await enqueue_dispatch(store, kind="k", deliver_to="seat")  # the store writes on
+    assert raw.counts() == (1, 1)

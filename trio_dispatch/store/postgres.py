@@ -228,6 +228,13 @@ class PostgresStore(BatchingStore):
         if self._lazy.begin_pending:  # nothing ran: nothing to commit
             self._lazy.begin_pending = False
             return
+        if self._writer.info.transaction_status == TransactionStatus.INERROR:
+            # A statement failed and its caller went on: PostgreSQL would
+            # answer COMMIT with a silent ROLLBACK. Say so instead.
+            self._writer.execute("ROLLBACK")
+            raise StoreError(
+                "the transaction was aborted by an earlier error in it; nothing was committed"
+            )
         self._writer.execute("COMMIT")
 
     def _rollback(self) -> None:
