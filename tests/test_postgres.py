@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -255,3 +258,30 @@ async def test_a_transaction_that_went_on_after_a_failed_statement_says_nothing_
     assert _open_transactions(raw) == 0
     await enqueue_dispatch(store, kind="k", deliver_to="seat")  # the store writes on
     assert raw.counts() == (1, 1)
+
+
+async def test_a_transaction_and_an_enqueue_each_take_two_round_trips(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    # libpq's own protocol trace of the writer connection: every round trip
+    # ends with the server's ReadyForQuery.
+    writer = cast(Any, store)._writer  # the PostgreSQL store's writer connection
+    trace = tmp_path / "libpq.trace"
+
+    async def round_trips(work: Callable[[], Awaitable[object]]) -> int:
+        with trace.open("w") as sink:
+            writer.pgconn.trace(sink.fileno())
+            try:
+                await work()
+            finally:
+                writer.pgconn.untrace()
+        return trace.read_text().count("\tReadyForQuery")
+
+    async def one_insert() -> None:
+        async with store.transaction() as tx:
+            await tx.execute("INSERT INTO sessions (id, created_at) VALUES (?, ?)", ("s", 1.0))
+
+    # BEGIN rides with the INSERT (one pipeline), then COMMIT.
+    assert await round_trips(one_insert) == 2
+    # BEGIN rides with the one-statement enqueue (row, history, NOTIFY), then COMMIT.
+    assert await round_trips(lambda: enqueue_dispatch(store, kind="k", deliver_to="seat")) == 2
