@@ -97,17 +97,24 @@ def select_if_due(columns: str, lock_clause: str) -> str:
     )
 
 
+def _claim(where_key: str) -> str:
+    return (
+        f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
+        f"next_attempt_at = ?, updated_at = ? WHERE {where_key} AND status = ? "
+        "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
+        "ack_token"
+    )
+
+
 def claim_rows(row_key: str, count: int) -> str:
     """Claim ``count`` rows selected earlier in the same write transaction
     (addressed by ``row_key``) from one previous status: the next attempt,
     leased until the first parameter."""
-    marks = ", ".join("?" * count)
-    return (
-        f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
-        f"next_attempt_at = ?, updated_at = ? WHERE {row_key} IN ({marks}) AND status = ? "
-        "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
-        "ack_token"
-    )
+    return _claim(f"{row_key} IN ({', '.join('?' * count)})")
+
+
+CLAIM_ROWS_ARRAY: Final = _claim("id = ANY(?::text[])")
+"""PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
 
 EXPIRE: Final = (
@@ -130,12 +137,9 @@ SPEND: Final = (
 FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
 
 
-def finish_attempts(count: int) -> str:
-    """End ``count`` attempts at once, each fenced on its claim; returns the
-    ids whose end applied."""
-    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count)
+def _finish(source: str) -> str:
     return (
-        f"WITH f(id, attempt, lease, status, next_at, now, err) AS (VALUES {values}) "
+        f"WITH f(id, attempt, lease, status, next_at, now, err) AS ({source}) "
         "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
         "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
         "FROM f WHERE dispatch_outbox.id = f.id "
@@ -145,25 +149,17 @@ def finish_attempts(count: int) -> str:
     )
 
 
-FINISH_ATTEMPTS_ARRAYS: Final = (
-    "WITH f(id, attempt, lease, status, next_at, now, err) AS (SELECT * FROM unnest("
-    "?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], ?::float8[], ?::text[])) "
-    "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
-    "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
-    "FROM f WHERE dispatch_outbox.id = f.id "
-    f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
-    "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
-    "RETURNING dispatch_outbox.id AS id"
+def finish_attempts(count: int) -> str:
+    """End ``count`` attempts at once, each fenced on its claim; returns the
+    ids whose end applied."""
+    return _finish("VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count))
+
+
+FINISH_ATTEMPTS_ARRAYS: Final = _finish(
+    "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
+    "?::float8[], ?::text[])"
 )
 """PostgreSQL only: :func:`finish_attempts` with one array per column."""
-
-CLAIM_ROWS_ARRAY: Final = (
-    f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
-    "next_attempt_at = ?, updated_at = ? WHERE id = ANY(?::text[]) AND status = ? "
-    "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
-    "ack_token"
-)
-"""PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
 RELEASE: Final = (
     f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
-from ..redact import mask_url, scrub, url_secrets
+from ..redact import mask_url, url_secrets
 from ..values import show
 
 T = TypeVar("T")
@@ -146,23 +146,23 @@ def _check_postgres_url(url: str) -> None:
         from psycopg.conninfo import conninfo_to_dict
     except ImportError:
         return
+    # libpq splits a password at its own idea of the URL's pieces and quotes
+    # a piece (in "user:pa/ss@host" it reads "user:pa" as host and port):
+    # with a password in the URL, libpq's text is not shown.
+    has_password = bool(url_secrets(url))
     try:
         params = conninfo_to_dict(url)
     except Error as exc:
-        reason = " ".join(scrub(str(exc), url_secrets(url)).split())
-        if url_secrets(url):
-            # libpq splits a password at its own idea of the URL's pieces and
-            # quotes a piece: with a password in the URL, its text is not shown.
-            reason = (
-                "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
-                "?, # or % in the user name or password that is not percent-encoded)"
-            )
+        reason = (
+            "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
+            "?, # or % in the user name or password that is not percent-encoded)"
+            if has_password
+            else " ".join(str(exc).split())
+        )
         raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
     for port in str(params.get("port") or "").split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):
-            # In "user:pa/ss@host" libpq reads "user:pa" as host and port:
-            # with a password in the URL, the port's text is not shown.
-            shown = "" if url_secrets(url) else f" {show(port)}"
+            shown = "" if has_password else f" {show(port)}"
             raise ValueError(
                 f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
                 "from 1 to 65535"
