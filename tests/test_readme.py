@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trio_dispatch.transports import Delivery
 from trio_dispatch.transports.webhook import WebhookTransport, parse_endpoints
 
@@ -19,19 +21,45 @@ def _python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
+def _run(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, script], cwd=cwd, capture_output=True, text=True, timeout=90
+    )
+
+
+def _first_line(block: str) -> str:
+    return next(line for line in block.splitlines() if line.strip())
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())), ids=lambda i: f"block{i}")
+def test_every_readme_python_block_runs_as_pasted_twice_in_an_empty_folder(
+    tmp_path: Path, index: int
+) -> None:
+    """A newcomer pastes a block into a file in an empty folder and runs it,
+    then runs it again: both runs succeed, and print the same thing where
+    the block is idempotent by design (a dedup key)."""
+    block = _python_blocks()[index]
+    (tmp_path / "example.py").write_text(block)
+    first = _run("example.py", tmp_path)
+    assert first.returncode == 0, f"{_first_line(block)!r}: {first.stderr}"
+    second = _run("example.py", tmp_path)
+    assert second.returncode == 0, f"{_first_line(block)!r} (second run): {second.stderr}"
+    if "dedup_key=" in block:
+        assert second.stdout == first.stdout != ""
+
+
 def test_readme_library_example_delivers_through_a_real_command(tmp_path: Path) -> None:
     example = next(block for block in _python_blocks() if "deliver_due_dispatches" in block)
+    assert '"--", "{deliver_to}"' in example  # the separator the Security section asks for
     (tmp_path / "example.py").write_text(example)
-    (tmp_path / "notify.py").write_text(
-        "import sys\nopen('received.txt', 'w').write(sys.argv[1] + ' ' + sys.stdin.read())\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    assert "'delivered': 1" in done.stdout
-    received = (tmp_path / "received.txt").read_text()
-    assert received.startswith("seat-1 {") and '"text": "build finished"' in received
+    for _ in range(2):
+        done = _run("example.py", tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "1 delivered None"
+    conn = sqlite3.connect(tmp_path / "outbox.db")
+    rows = conn.execute("SELECT status, attempt, deliver_to FROM dispatch_outbox").fetchall()
+    assert rows == [("delivered", 1, "seat-1")] * 2
+    assert conn.execute("SELECT count(*) FROM builds").fetchone() == (2,)
 
 
 def test_readme_worker_example_runs_and_delivers(tmp_path: Path) -> None:

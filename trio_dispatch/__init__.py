@@ -8,6 +8,7 @@ acknowledgement, recording every status change with a reason.
 
 from __future__ import annotations
 
+from ._version import __version__
 from .backoff import backoff_seconds
 from .config import resolve_notify_template
 from .lifecycle import InvalidTransition
@@ -32,6 +33,7 @@ from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, async
 from .worker import DispatchWorker
 
 __all__ = [
+    "__version__",
     "DEFAULT_MAX_ATTEMPTS",
     "NOTIFY_TIMEOUT_SECONDS",
     "SIGNAL_SCHEMA_VERSION",

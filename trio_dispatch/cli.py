@@ -30,6 +30,7 @@ from typing import Any, Final, NoReturn
 
 import anyio
 
+from ._version import __version__
 from .config import (
     CONFIG_ENV_VAR,
     DEFAULT_CONFIG_NAME,
@@ -729,6 +730,9 @@ def build_parser() -> argparse.ArgumentParser:
         "directly on the store.",
         epilog="Exit codes: 0 applied/found, 1 not applied or not found, 2 bad usage "
         "or configuration.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     parser.add_argument(
         "--db",
