@@ -33,7 +33,6 @@ from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, async
 from .worker import DispatchWorker
 
 __all__ = [
-    "__version__",
     "DEFAULT_MAX_ATTEMPTS",
     "NOTIFY_TIMEOUT_SECONDS",
     "SIGNAL_SCHEMA_VERSION",
@@ -44,6 +43,7 @@ __all__ = [
     "InvalidTransition",
     "Signal",
     "TransportResult",
+    "__version__",
     "ack_dispatch",
     "asyncio_transport",
     "backoff_seconds",
