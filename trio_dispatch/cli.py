@@ -71,7 +71,6 @@ from .store.base import (
     parse_target,
 )
 from .store.schema import SCHEMA_VERSION
-from .transports import template_warnings
 from .validate import INT_MAX
 from .web.binding import DEFAULT_HOST, DEFAULT_PORT, Listen, check_binding, parse_listen
 from .worker import DispatchWorker
@@ -207,9 +206,8 @@ async def serve(
         max_body_bytes=config.dispatch.max_body_bytes,
     ) as db:
         worker = DispatchWorker(db, **config.worker_options())
-        if config.dispatch.transport == "command":
-            for warning in template_warnings(config.dispatch.notify_template):
-                log.warning("%s", warning)
+        for warning in config.command_warnings():
+            log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 if config.http.listen is not None:  # bound first: a taken port claims nothing
@@ -572,7 +570,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         )
     config = load_config(path)
     template = config.dispatch.notify_template
-    warnings = template_warnings(template) if config.dispatch.transport == "command" else []
+    warnings = config.command_warnings()
     store = mask_url(config.store_target())
     env = config.dispatch.env
     env_shown: dict[str, Any] = (

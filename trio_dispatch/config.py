@@ -164,7 +164,24 @@ class Config:
             **options,
             "notify_template": None if template is None else list(template),
             "child_env": self.dispatch.env,
+            # Relative paths in the template are from the file's folder, as
+            # the store's are, whatever directory the worker starts in.
+            "command_cwd": None if self.path is None else str(self.path.parent),
         }
+
+    def command_warnings(self) -> list[str]:
+        """What ``check-config`` and the worker's start warn about in the
+        command transport's template: a placeholder that can be read as an
+        option, ``{payload}`` in argv, a program or script that does not
+        exist where the worker will look for it. Empty for another
+        transport."""
+        if self.dispatch.transport != "command":
+            return []
+        from .transports.command import program_warnings, template_warnings
+
+        template = self.dispatch.notify_template
+        cwd = None if self.path is None else str(self.path.parent)
+        return template_warnings(template) + program_warnings(template, cwd=cwd)
 
     def webhook_transport(self) -> WebhookTransport:
         """The configured webhook transport (``dispatch.transport: webhook``)."""

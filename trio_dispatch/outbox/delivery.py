@@ -182,7 +182,8 @@ async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
     """Run ``transport`` for ``claim``; a transport that raises (anything
     but a cancellation or KeyboardInterrupt: ``SystemExit`` too), or returns
     anything but a :class:`TransportResult`, is a failure saying so. The
-    claim's ack token never survives into a failure text. Cancellation
+    claim's ack token never survives into a failure text or the output kept
+    for the log. Cancellation
     propagates."""
     try:
         result = await transport(claim.delivery())
@@ -194,8 +195,11 @@ async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
         result = TransportResult.failure(
             f"transport returned {show(result)}, not a TransportResult"
         )
-    if result.error and claim.ack_token and claim.ack_token in result.error:
-        result = dataclasses.replace(result, error=result.error.replace(claim.ack_token, MASK))
+    token = claim.ack_token
+    if token and result.error and token in result.error:
+        result = dataclasses.replace(result, error=result.error.replace(token, MASK))
+    if token and result.output and token in result.output:
+        result = dataclasses.replace(result, output=result.output.replace(token, MASK))
     return result
 
 

@@ -41,6 +41,10 @@ class Delivery:
 _UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
 
 
+OUTPUT_LOG_LIMIT: Final = 200
+"""Characters of a transport's own output kept for the worker's log line."""
+
+
 def clean_error(text: str) -> str:
     """A failure text fit to store on every engine: NUL characters (which
     PostgreSQL text cannot hold) and lone surrogates (which no UTF-8
@@ -59,24 +63,31 @@ class TransportResult:
     means the destination said it no longer exists (HTTP 410): dead-lettered
     at once with ``dispatch.dead_letter.gone``. ``retry_after`` is the
     destination's own "not before" (HTTP ``Retry-After``), in seconds from
-    now: the next attempt waits at least that long (capped at 24 h)."""
+    now: the next attempt waits at least that long (capped at 24 h).
+    ``output`` is what the destination answered besides the verdict (the
+    start of a command's stdout), for the worker's log: never stored, cut to
+    :data:`OUTPUT_LOG_LIMIT` characters."""
 
     ok: bool
     error: str | None = None
     permanent: bool = False
     gone: bool = False
     retry_after: float | None = None
+    output: str | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None:
             object.__setattr__(self, "error", clean_error(str(self.error)))
+        if self.output is not None:
+            output = clean_error(str(self.output)[:OUTPUT_LOG_LIMIT]).strip()
+            object.__setattr__(self, "output", output or None)
         if self.retry_after is not None:
             wait = float(self.retry_after)
             object.__setattr__(self, "retry_after", max(0.0, wait) if math.isfinite(wait) else None)
 
     @classmethod
-    def success(cls) -> TransportResult:
-        return cls(ok=True)
+    def success(cls, output: str | None = None) -> TransportResult:
+        return cls(ok=True, output=output)
 
     @classmethod
     def failure(

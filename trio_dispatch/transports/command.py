@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,6 +96,11 @@ class ChildEnvironment:
         }
 
 
+OUTPUT_BYTES: Final = 4 * 200
+"""Bytes of a successful child's stdout decoded for the log line (at most
+200 characters of them are kept)."""
+
+
 def template_warnings(template: Sequence[str] | None) -> list[str]:
     """What in an argv template could let a dispatch's data change the
     command's meaning or leak: a placeholder not after a ``--`` element (a
@@ -118,6 +124,42 @@ def template_warnings(template: Sequence[str] | None) -> list[str]:
             "notify_template puts {payload} in argv, where any local user can read it (ack "
             "token included) in /proc/<pid>/cmdline: leave it out to send the payload on stdin"
         )
+    return warnings
+
+
+_INTERPRETER: Final = re.compile(r"^(python[0-9.]*|node|ruby|perl|php|bash|sh|dash|zsh)$")
+_SCRIPT_SUFFIXES: Final = (".py", ".js", ".mjs", ".rb", ".pl", ".php", ".sh")
+
+
+def program_warnings(
+    template: Sequence[str] | None, *, cwd: str | None = None, path: str | None = None
+) -> list[str]:
+    """What would make every attempt fail before the command starts: its
+    program (``template[0]``) missing or not executable -- a relative path is
+    taken from ``cwd`` (the configuration file's folder for a worker started
+    from one), a bare name looked up on ``path`` (default ``$PATH``) -- and,
+    for an interpreter such as ``python3``, a script argument that does not
+    exist. Empty when both are found. Never raises."""
+    if not template:
+        return []
+    base = cwd or os.getcwd()
+    where = f" (relative paths are taken from {base})"
+    program = template[0]
+    warnings = []
+    if os.sep in program:
+        full = os.path.join(base, os.path.expanduser(program))
+        if not os.path.exists(full):
+            warnings.append(f"notify_template[0] {program!r} does not exist{where}")
+        elif os.path.isdir(full) or not os.access(full, os.X_OK):
+            warnings.append(f"notify_template[0] {program!r} is not an executable file{where}")
+    elif shutil.which(program, path=path or os.environ.get("PATH", os.defpath)) is None:
+        warnings.append(f"notify_template[0] {program!r} is not found on PATH")
+    if _INTERPRETER.match(os.path.basename(program)) and len(template) > 1:
+        script = template[1]
+        looks_like_script = os.sep in script or script.endswith(_SCRIPT_SUFFIXES)
+        if looks_like_script and not script.startswith("-") and "{" not in script:
+            if not os.path.exists(os.path.join(base, os.path.expanduser(script))):
+                warnings.append(f"notify_template[1] {script!r} does not exist{where}")
     return warnings
 
 
@@ -222,6 +264,7 @@ class CommandTransport:
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         env: Mapping[str, str] | None = None,
         child_env: ChildEnvironment | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         candidate: object = list(template) if isinstance(template, tuple) else template
         self.template: list[str] | None = list(candidate) if is_valid_template(candidate) else None
@@ -232,6 +275,10 @@ class CommandTransport:
         self.output_limit = output_limit
         self.env: dict[str, str] | None = None if env is None else dict(env)
         self.child_env = child_env or ChildEnvironment()
+        self.cwd: str | None = None if cwd is None else os.fspath(cwd)
+        """The directory the command runs in (and a relative program path is
+        taken from); None: the worker's own. A worker built from a
+        configuration file runs it in that file's folder."""
 
     def __repr__(self) -> str:
         return f"CommandTransport({self.template!r}, timeout={self.timeout!r})"
@@ -279,7 +326,7 @@ class CommandTransport:
                 "cannot execute: an environment value contains a NUL character"
             )
         try:
-            child = await spawn(argv, env, stdin=stdin_data is not None)
+            child = await spawn(argv, env, stdin=stdin_data is not None, cwd=self.cwd)
         except OSError as exc:
             if is_too_big(exc):
                 size = sum(len(a.encode("utf-8", "surrogateescape")) + 1 for a in argv) + sum(
@@ -334,7 +381,7 @@ class CommandTransport:
         if timed_out:
             return TransportResult.failure(timeout_message(self.timeout))
         if returncode == 0:
-            return TransportResult.success()
+            return TransportResult.success(stdout[:OUTPUT_BYTES].decode("utf-8", errors="replace"))
         text = stderr.decode("utf-8", errors="replace").strip()
         return TransportResult.failure(text or f"exit {returncode}")
 

@@ -307,11 +307,12 @@ class Child:
         self._lifeline.unregister(self.pid)
 
 
-def _check_executable(program: str, env: dict[str, str]) -> None:
-    """Raise the ``OSError`` exec would raise for ``program`` (as Popen does),
-    so a launcher in front of it changes no error message."""
+def _check_executable(program: str, env: dict[str, str], cwd: str | None = None) -> None:
+    """Raise the ``OSError`` exec would raise for ``program`` (as Popen does,
+    a relative path taken from ``cwd``), so a launcher in front of it changes
+    no error message."""
     if os.sep in program:
-        path: str | None = program
+        path: str | None = program if cwd is None else os.path.join(cwd, program)
     else:
         path = shutil.which(program, path=env.get("PATH", os.defpath))
     if path is None or not os.path.exists(path):
@@ -321,12 +322,12 @@ def _check_executable(program: str, env: dict[str, str]) -> None:
 
 
 def _start(
-    argv: Sequence[str], env: dict[str, str], stdin: bool, spawner: _Spawner
+    argv: Sequence[str], env: dict[str, str], stdin: bool, spawner: _Spawner, cwd: str | None
 ) -> subprocess.Popen[bytes]:
     command = list(argv)
     options: dict[str, Any] = {}
     if spawner.setpriv is not None:
-        _check_executable(command[0], env)
+        _check_executable(command[0], env, cwd)
         command = [spawner.setpriv, "--pdeathsig", "KILL", "--", *command]
     else:
         options["preexec_fn"] = _child_setup(spawner.pid)
@@ -338,15 +339,19 @@ def _start(
         start_new_session=True,
         close_fds=True,
         env=env,
+        cwd=cwd,
         **options,
     )
     spawner.lifeline.register(popen.pid)
     return popen
 
 
-async def spawn(argv: Sequence[str], env: dict[str, str], *, stdin: bool) -> Child:
+async def spawn(
+    argv: Sequence[str], env: dict[str, str], *, stdin: bool, cwd: str | None = None
+) -> Child:
     """Start ``argv`` (no shell) in a new session with ``env``, its stdout and
-    stderr piped, its stdin piped when ``stdin`` else ``/dev/null``.
+    stderr piped, its stdin piped when ``stdin`` else ``/dev/null``, in the
+    directory ``cwd`` (None: ours; a relative program path is taken from it).
 
     Raises ``OSError`` when the OS refuses the command (missing, not
     executable, argv or environment too large: ``errno.E2BIG``) and
@@ -358,7 +363,7 @@ async def spawn(argv: Sequence[str], env: dict[str, str], *, stdin: bool) -> Chi
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        popen = _start(argv, env, stdin, spawner)
+        popen = _start(argv, env, stdin, spawner, cwd)
         started.append(popen)
         return popen
 

@@ -35,12 +35,14 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
+from ..backoff import jittered_backoff
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
@@ -58,6 +60,7 @@ from ..outbox import (
     tally,
 )
 from ..outbox.caps import DestinationCaps
+from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
 from ..redact import scrubbed_logger, visible
 from ..settings import (
     CLAIM_LEASE_MARGIN_SECONDS,
@@ -92,6 +95,10 @@ locked): a lost finish means one more send once the lease ends."""
 
 log = scrubbed_logger("trio_dispatch.worker")
 
+_QUIET_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED})
+"""Outcomes logged at INFO; a retry, a dead letter, a conflict or an end
+that could not be recorded is a WARNING."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Interrupted:
@@ -116,7 +123,9 @@ class DispatchWorker:
     raises ``ValueError`` or ``TypeError`` naming it. ``clock`` is the wall
     clock leases are written in (``time.time``; a test may tie it to a mock
     event-loop clock), ``lease_margin_seconds`` what a lease adds to the
-    timeout.
+    timeout. ``command_cwd`` is the directory ``notify_template`` runs in
+    (None: the worker's own; :meth:`from_config` passes the configuration
+    file's folder).
 
     Trio::
 
@@ -148,6 +157,7 @@ class DispatchWorker:
         clock: Callable[[], float] = time.time,
         retry_schedule: Sequence[float] | None = None,
         per_destination_concurrency: int | None = None,
+        command_cwd: str | None = None,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
@@ -183,6 +193,7 @@ class DispatchWorker:
                 timeout=settings.timeout_seconds,
                 kill_grace=settings.kill_grace_seconds,
                 child_env=child_env,
+                cwd=command_cwd,
             )
             if transport is None
             else as_transport(transport, timeout=settings.timeout_seconds)
@@ -390,7 +401,7 @@ class DispatchWorker:
             outcome = await self._settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
                 self.counts["dead_letter"] += 1
-            self._log_outcome(claim, outcome, started, result.reason)
+            self._log_outcome(claim, outcome, started, result)
         else:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
@@ -399,7 +410,7 @@ class DispatchWorker:
                 # Its new due time may come before the loop's planned wake-up
                 # (a short retry schedule, a Retry-After): re-read it.
                 self.wake()
-            self._log_outcome(claim, outcome, started, result.error)
+            self._log_outcome(claim, outcome, started, result)
         if next_claim is None:
             self._free_slot(claim)
             return None
@@ -491,27 +502,48 @@ class DispatchWorker:
         return None
 
     def _log_outcome(
-        self, claim: Claim, outcome: Outcome | None, started: float, error: str | None
+        self, claim: Claim, outcome: Outcome | None, started: float, result: AttemptResult
     ) -> None:
+        """One line per attempt: what was sent where, how it ended and, for
+        a retry, when the next attempt is due. Retries, dead letters and
+        unrecorded ends are WARNINGs; the rest INFO."""
+        elapsed = time.monotonic() - started
         label = "unrecorded" if outcome is None else outcome.value
-        self.metrics.observe(claim.kind, label, time.monotonic() - started)
-        # Outside text (kind, a destination's stderr) made visible: it can
-        # neither forge a log line nor reach a terminal as escapes.
-        detail = (
-            f" error={visible(repr(error[:200]))}"
-            if error and outcome is not Outcome.DELIVERED
-            else ""
-        )
-        self.log.info(
-            "dispatch %s kind=%s attempt=%d/%d result=%s duration=%.0fms%s",
+        self.metrics.observe(claim.kind, label, elapsed)
+        error = result.reason if isinstance(result, Interrupted) else result.error
+        # Outside text (kind, route, a destination's output) made visible: it
+        # can neither forge a log line nor reach a terminal as escapes.
+        detail = ""
+        if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and isinstance(result, TransportResult):
+            detail += f" next_attempt={self._next_attempt_text(claim, result)}"
+        if error and outcome is not Outcome.DELIVERED:
+            detail += f" error={visible(repr(error[:200]))}"
+        if isinstance(result, TransportResult) and result.output:
+            detail += f" output={visible(repr(result.output))}"
+        level = logging.INFO if outcome in _QUIET_OUTCOMES else logging.WARNING
+        self.log.log(
+            level,
+            "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
             claim.dispatch_id,
             visible(claim.kind),
+            visible(claim.deliver_to),
             claim.attempt,
             claim.max_attempts,
             label,
-            (time.monotonic() - started) * 1000,
+            elapsed * 1000,
             detail,
         )
+
+    def _next_attempt_text(self, claim: Claim, result: TransportResult) -> str:
+        """When the row is due again, as the finish computed it: the
+        schedule's delay or the destination's ``Retry-After`` if later
+        ("~" when ``retry_jitter`` spreads it)."""
+        delay = jittered_backoff(claim.attempt, 0.0, schedule=self.retry_schedule)
+        if result.retry_after is not None and not result.ok:
+            delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+        approx = "~" if self.retry_jitter else ""
+        due = datetime.fromtimestamp(self.clock() + delay, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"{approx}{due} next_in={approx}{delay:g}s"
 
     async def _stop_deliveries(self) -> None:
         """Grace, then cancel what is still running (the tasks release their
