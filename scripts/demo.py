@@ -102,8 +102,21 @@ def webhook_config(config: Config, receiver_url: str, secret: str) -> Config:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(ROOT / "config.example.yaml"))
+    parser = argparse.ArgumentParser(
+        prog="./scripts/run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Afterwards, look at the rows: .venv/bin/trio-dispatch --db outbox.db ls "
+        "(or show ID, history ID, stats). ./scripts/run creates .venv and installs the "
+        "package on first use.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=str(ROOT / "config.example.yaml"),
+        help="the configuration to run (default: config.example.yaml); its store and "
+        "notify_template's relative paths are taken from its folder",
+    )
     parser.add_argument(
         "--webhook",
         action="store_true",

@@ -721,6 +721,7 @@ def test_check_config_warns_about_option_like_placeholders_and_payload_in_argv(
     assert template_warnings(["python3", "notify.py", "--", "{deliver_to}"]) == []
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"dispatch": {"notify_template": risky}}))
+    (tmp_path / "notify.py").write_text("")  # present: only the template's risks remain
     done = run_cli("check-config", str(config), "--json")
     assert done.returncode == 0
     assert json.loads(done.stdout)["warnings"] == warnings

@@ -219,6 +219,7 @@ async def test_exit_zero_is_success(tmp_path: Path) -> None:
     script = write_script(tmp_path, "ok.py", "print('delivered')\n")
     result = await CommandTransport(command(script, "{payload}"))(make_delivery())
     assert result == TransportResult(ok=True, error=None)
+    assert result.output == "delivered"  # kept for the worker's log line, not stored
 
 
 @pytest.mark.anyio

@@ -15,7 +15,7 @@ import contextlib
 import math
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import anyio
@@ -73,7 +73,7 @@ class TransportResult:
     permanent: bool = False
     gone: bool = False
     retry_after: float | None = None
-    output: str | None = None
+    output: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.error is not None:
