@@ -128,13 +128,18 @@ def test_ls_prints_an_aligned_table_newest_first(db_path: Path, populated: dict[
         populated[k] for k in ("pending", "awaiting", "dead", "failing", "delivered")
     ]
     status_column = header.index("STATUS")
-    assert {row[status_column:].split()[0] for row in rows} == {
-        "pending",
-        "dead_letter",
-        "delivered",
+    shown = {row.split()[0]: row[status_column:].split("  ")[0] for row in rows}
+    assert shown == {
+        populated["pending"]: "pending",
+        populated["awaiting"]: "awaiting ack",  # sent, waiting for its consumer
+        populated["dead"]: "dead_letter",
+        populated["failing"]: "pending",  # its send failed: a retry, not an ack, is due
+        populated["delivered"]: "delivered",
     }
     failing = next(row for row in rows if row.startswith(populated["failing"]))
-    assert re.search(r"  1/8 +in \d+s +transport returned False$", failing), failing
+    assert re.search(
+        r"  1/8 +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in \d+s\) +transport returned False$", failing
+    ), failing
 
 
 def test_ls_filters_by_status_and_kind_and_limits(db_path: Path, populated: dict[str, str]) -> None:
@@ -182,8 +187,13 @@ def test_ls_json_has_stable_keys_and_never_the_token(
                 "last_error",
                 "dedup_key",
                 "ack_required",
+                "awaiting_ack",
             ]
         )
+    waiting = {row["id"]: row["awaiting_ack"] for row in document["dispatches"]}
+    assert waiting == {
+        populated[k]: k == "awaiting" for k in ("pending", "awaiting", "dead", "failing", "delivered")
+    }
 
 
 # -- show and history --------------------------------------------------------
@@ -214,7 +224,10 @@ def test_history_lists_transitions_oldest_first(db_path: Path, populated: dict[s
     dispatch_id = populated["dead"]
     done = cli("--db", str(db_path), "history", dispatch_id)
     assert done.returncode == 0
-    codes = [line.split()[5] for line in done.stdout.splitlines()[1:]]
+    lines = done.stdout.splitlines()[1:]
+    for line in lines:  # UTC, ISO 8601, and how long ago
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \((\d+s ago|now)\) ", line), line
+    codes = [line.split(") ", 1)[1].split()[3] for line in lines]
     assert codes == [
         "dispatch.pending.enqueued",
         "dispatch.delivering.attempt",
