@@ -183,7 +183,7 @@ def resolve_store(
     return choice
 
 
-ARGV_PASSWORD_WARNING: Final = (
+ARGV_STORE_WARNING: Final = (
     "--db holds a password, which every local user can read in /proc/PID/cmdline "
     "while the command runs: give it with --db-env NAME or the configuration's store"
 )
@@ -207,7 +207,7 @@ def _prepare(args: argparse.Namespace) -> list[str]:
         args.db = value
     elif args.db and url_secrets(args.db):
         register_secrets(url_secrets(args.db))
-        warnings.append(ARGV_PASSWORD_WARNING)
+        warnings.append(ARGV_STORE_WARNING)
     if args.command == "ack":
         if args.token_stdin:
             if args.token is not None:
@@ -925,7 +925,8 @@ def _global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> 
     group.add_argument(
         "--db-env",
         metavar="NAME",
-        help="read the store (as --db) from the environment variable NAME",
+        help="read the store (as --db) from the environment variable NAME, out of "
+        "other users' sight (default: --db, else the configuration's store)",
         **default,
     )
     group.add_argument(
@@ -995,7 +996,8 @@ def build_parser() -> argparse.ArgumentParser:
     ack.add_argument(
         "token",
         nargs="?",
-        help="the dispatch's ack token (other local users can read argv: prefer --token-stdin)",
+        help="the dispatch's ack token, required unless --token-stdin (other local users "
+        "can read argv: prefer --token-stdin)",
     )
     ack.add_argument(
         "--token-stdin",

@@ -94,7 +94,6 @@ def last_reasons(count: int) -> str:
     )
 
 
-
 def select_due(status: Status, columns: str, lock_clause: str, skip: int = 0) -> str:
     """Due rows of one live status, oldest due first (SPEC B5). The verbatim
     partial-index term lets the planner read the due index in order and
