@@ -198,6 +198,36 @@ def test_unknown_key_is_an_error_listing_allowed_keys(tmp_path: Path, text: str,
         assert allowed in message
 
 
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "stor: x.db\n"
+        "durability: maybe\n"
+        "dispatch:\n  timeout_seconds: -1\n  transport: webhook\n"
+        "worker:\n  concurrency: many\n  concurency: 4\n"
+        "http:\n  listen: 0.0.0.0:9464\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    problems = info.value.problems
+    assert [p.split()[0] for p in problems] == [
+        "unknown",  # stor
+        "durability",
+        "dispatch.timeout_seconds",
+        "unknown",  # worker.concurency
+        "worker.concurrency",
+        "http.listen",  # beyond loopback without a token
+    ]
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path}: ")
+    assert message == f"{path}: " + "; ".join(problems)
+    # one bad key alone reads as before
+    single = write(tmp_path, "worker:\n  concurrency: many\n", "single.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(single)
+    assert info.value.problems == (str(info.value).removeprefix(f"{single}: "),)
+
+
 @pytest.mark.parametrize(
     ("text", "kind"), [("- a\n- b\n", "list"), ("just text\n", "str"), ("3\n", "int")]
 )

@@ -254,6 +254,32 @@ async def test_the_worker_logs_its_postgres_store_with_the_password_masked(
     assert MASKED in line
 
 
+@pytest.mark.anyio
+@pytest.mark.postgres_only
+async def test_a_password_in_argv_is_warned_about_and_the_environment_keeps_it_out(
+    db_target: str,
+) -> None:
+    url = with_password(db_target)  # the server trusts the user: any password opens it
+    async with open_store(url):
+        pass
+    done = await arun_cli("--db", url, "stats", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["total"] == 0
+    (warning,) = done.stderr.splitlines()
+    assert warning.startswith("trio-dispatch: warning: --db holds a password")
+    assert "--db-env" in warning
+    no_secret(done.stdout, done.stderr)
+    quiet = await arun_cli("--db-env", "OUTBOX_URL", "stats", "--json", env={"OUTBOX_URL": url})
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    no_secret(quiet.stdout)
+    without = await arun_cli("--db", db_target, "stats")  # no password: nothing to warn about
+    assert without.returncode == 0 and without.stderr == ""
+    # an error stays one line: the warning is not added to it
+    refused = await arun_cli("--db", with_password("postgresql://postgres@127.0.0.1:1/x"), "ls")
+    assert_one_line_error(refused, 2, "127.0.0.1")
+    no_secret(refused.stderr)
+
+
 # -- 3. read commands never write ------------------------------------------------
 
 
@@ -301,6 +327,66 @@ def test_read_commands_on_an_idle_outbox_create_no_files_and_change_no_byte(db_p
         done = run_cli("--db", str(db_path), *command)
         assert done.returncode == 0, done.stderr
         assert file_state(db_path) == before, command
+
+
+def _get(url: str) -> tuple[int, str]:
+    import httpx
+
+    response = httpx.get(url, timeout=30)
+    return response.status_code, response.text
+
+
+def test_the_web_command_creates_nothing_beside_an_idle_database_and_sees_new_writes(
+    db_path: Path,
+) -> None:
+    first = anyio.run(populate, str(db_path))
+    before = file_state(db_path)
+    env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
+    argv = ["--db", str(db_path), "web", "--listen", "127.0.0.1:0"]
+    web = subprocess.Popen(
+        [sys.executable, "-m", "trio_dispatch", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert web.stderr is not None
+        line = ""
+        deadline = time.monotonic() + 60
+        while "dashboard (read-only) at " not in line and time.monotonic() < deadline:
+            line = web.stderr.readline()
+            assert line, f"the web command ended (exit {web.poll()})"
+        url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
+        for path in ("/", "/metrics", "/healthz", f"/dispatch/{first}"):
+            status, _ = _get(url + path)
+            assert status == 200, path
+        assert file_state(db_path) == before  # no -wal/-shm, not a byte changed
+        # a write by another process (this one) afterwards: seen at the next request
+        second = anyio.run(populate, str(db_path))
+        status, page = _get(url + "/")
+        assert status == 200 and second in page and first in page
+        # and while the writer still has the database open (its -wal/-shm exist)
+
+        async def write_and_look() -> tuple[str, str]:
+            async with open_store(str(db_path)) as db:
+                third = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+                assert Path(f"{db_path}-shm").exists()
+                page = await anyio.to_thread.run_sync(lambda: _get(url + "/")[1])
+                return third, page
+
+        third, page = anyio.run(write_and_look)
+        assert third in page
+        status, page = _get(url + "/")
+        assert status == 200 and third in page
+    finally:
+        web.send_signal(signal.SIGINT)
+        try:
+            web.wait(timeout=30)
+        finally:
+            web.kill()
+    assert web.returncode == 0
+    assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
 
 
 def test_an_older_schema_is_named_and_only_migrate_brings_it_forward(db_path: Path) -> None:

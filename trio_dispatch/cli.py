@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import getpass
 import importlib.util
 import json
@@ -40,7 +41,7 @@ from .config import (
     load_config,
     parse_config,
 )
-from .lifecycle import DUE_STATUSES, STATUSES, TERMINAL_STATUSES, Status
+from .lifecycle import DUE_STATUSES, STATUSES, TERMINAL_STATUSES, InvalidTransition, Status
 from .outbox import (
     DEFAULT_LIST_LIMIT,
     ack_dispatch,
@@ -51,6 +52,15 @@ from .outbox import (
     prune_dispatches,
     purge_dispatch,
     retry_dispatch,
+)
+from .outbox.reads import (
+    ID_PREFIX_CAP,
+    MIN_ID_PREFIX,
+    awaiting_ack,
+    ids_with_prefix,
+    is_id_prefix,
+    last_reasons,
+    status_label,
 )
 from .redact import (
     SecretFilter,
@@ -83,6 +93,8 @@ MASK = "<hidden: use --show-token>"
 
 READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
 """Commands that open the store read-only."""
+ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "purge"})
+"""Commands that name one dispatch (its id, or a unique prefix of it)."""
 
 log = scrubbed_logger("trio_dispatch")
 
@@ -171,6 +183,43 @@ def resolve_store(
     return choice
 
 
+ARGV_STORE_WARNING: Final = (
+    "--db holds a password, which every local user can read in /proc/PID/cmdline "
+    "while the command runs: give it with --db-env NAME or the configuration's store"
+)
+
+
+def _prepare(args: argparse.Namespace) -> list[str]:
+    """Read what the command takes from outside its argv -- the store from
+    ``--db-env NAME``, the ack token from ``--token-stdin`` -- into ``args``,
+    and return warnings for the operator (a password in argv). Raises
+    :class:`UsageError` for a missing or doubled value."""
+    warnings: list[str] = []
+    name = getattr(args, "db_env", None)
+    if name is not None:
+        if args.db:
+            raise UsageError("give --db or --db-env, not both")
+        value = os.environ.get(name)
+        if not value:
+            state = "empty" if value == "" else "not set"
+            raise UsageError(f"--db-env {visible(repr(name))}: that variable is {state}")
+        register_secrets(url_secrets(value))
+        args.db = value
+    elif args.db and url_secrets(args.db):
+        register_secrets(url_secrets(args.db))
+        warnings.append(ARGV_STORE_WARNING)
+    if args.command == "ack":
+        if args.token_stdin:
+            if args.token is not None:
+                raise UsageError("give TOKEN or --token-stdin, not both")
+            args.token = sys.stdin.readline().rstrip("\r\n")
+            if not args.token:
+                raise UsageError("--token-stdin: no token on standard input")
+        elif args.token is None:
+            raise UsageError("ack needs the dispatch's TOKEN, or --token-stdin to read it")
+    return warnings
+
+
 QUIET_LOGGERS: Final = ("httpx", "httpcore", "hypercorn.access", "hypercorn.error")
 """Libraries whose INFO lines would print request URLs (a webhook URL may
 carry credentials): only their warnings reach the log."""
@@ -206,7 +255,7 @@ async def serve(
         max_body_bytes=config.dispatch.max_body_bytes,
     ) as db:
         worker = DispatchWorker(db, **config.worker_options())
-        for warning in config.command_warnings():
+        for warning in config_warnings(config):
             log.warning("%s", warning)
         async with anyio.create_task_group() as tg:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -271,6 +320,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(config.log_level)
+    for warning in args.warnings:
+        log.warning("%s", warning)
     anyio.run(serve, config, backend="trio")
     return EXIT_OK
 
@@ -301,6 +352,19 @@ def relative_time(when: float | None, now: float) -> str:
     return f"in {text}" if delta > 0 else f"{text} ago"
 
 
+def format_time(when: float | None, now: float) -> str:
+    """``2026-12-01T11:34:29Z (3m05s ago)``: the time in UTC as ISO 8601,
+    then how far it is from ``now``; ``-`` for None. The one way every
+    command prints a time (``--json`` keeps the Unix seconds)."""
+    if when is None:
+        return "-"
+    try:
+        stamp = datetime.datetime.fromtimestamp(when, datetime.UTC)
+    except (OverflowError, OSError, ValueError):  # beyond what a calendar holds
+        return repr(when)
+    return f"{stamp:%Y-%m-%dT%H:%M:%SZ} ({relative_time(when, now)})"
+
+
 def _cut(text: str, width: int) -> str:
     text = " ".join(text.split())
     if width <= 0:
@@ -308,15 +372,23 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(0, width - 1)] + "…"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, flexible: int) -> str:
-    """An aligned table; column ``flexible`` is cut to fit the terminal."""
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, flexible: int, wide: bool = False
+) -> str:
+    """An aligned table. On a terminal, column ``flexible`` is cut to fit
+    its width unless ``wide``; written anywhere else (a pipe, a file) every
+    value is whole, since a script or a log has no width to fit."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    total = shutil.get_terminal_size((120, 24)).columns
-    fixed = sum(w for i, w in enumerate(widths) if i != flexible) + 2 * (len(headers) - 1)
-    widths[flexible] = max(len(headers[flexible]), min(widths[flexible], total - fixed))
+    cut = not wide and sys.stdout.isatty()
+    if cut:
+        total = shutil.get_terminal_size((120, 24)).columns
+        fixed = sum(w for i, w in enumerate(widths) if i != flexible) + 2 * (len(headers) - 1)
+        widths[flexible] = max(len(headers[flexible]), min(widths[flexible], total - fixed))
     lines = []
     for row in [list(headers), *rows]:
-        cells = [_cut(cell, widths[i]) if i == flexible else cell for i, cell in enumerate(row)]
+        cells = [
+            _cut(cell, widths[i]) if cut and i == flexible else cell for i, cell in enumerate(row)
+        ]
         lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip())
     return "\n".join(lines)
 
@@ -385,9 +457,20 @@ def _status_arg(text: str) -> str:
 
 async def _ls(db: Store, args: argparse.Namespace) -> int:
     rows = await list_dispatches(db, status=args.status, kind=args.kind, limit=args.limit)
+    reasons = await last_reasons(db, rows)
     if args.json:
         public = [_public_row(r, show_token=False) for r in rows]
-        _emit_json({"dispatches": [{k: r[k] for k in _LS_KEYS} for r in public]})
+        _emit_json(
+            {
+                "dispatches": [
+                    {
+                        **{k: r[k] for k in _LS_KEYS},
+                        "awaiting_ack": awaiting_ack(r, reasons.get(r["id"])),
+                    }
+                    for r in public
+                ]
+            }
+        )
         return EXIT_OK
     if not rows:
         print("no dispatches" + (f" with status {args.status}" if args.status else ""))
@@ -398,9 +481,9 @@ async def _ls(db: Store, args: argparse.Namespace) -> int:
             visible(r["id"]),
             visible(r["kind"]),
             visible(r["deliver_to"]),
-            visible(r["status"]),
+            visible(status_label(r, reasons.get(r["id"]))),
             f"{r['attempt']}/{r['max_attempts']}",
-            relative_time(r["next_attempt_at"], now) if r["status"] in DUE_STATUSES else "-",
+            format_time(r["next_attempt_at"], now) if r["status"] in DUE_STATUSES else "-",
             visible(r["last_error"] or ""),
         ]
         for r in rows
@@ -410,6 +493,7 @@ async def _ls(db: Store, args: argparse.Namespace) -> int:
             ["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT", "LAST_ERROR"],
             table,
             flexible=6,
+            wide=args.wide,
         )
     )
     return EXIT_OK
@@ -420,17 +504,22 @@ async def _show(db: Store, args: argparse.Namespace) -> int:
     if row is None:
         raise NotApplied(f"dispatch {args.id!r} not found")
     shown = _public_row(row, show_token=args.show_token)
+    reasons = await last_reasons(db, [row])
+    waiting = awaiting_ack(row, reasons.get(row["id"]))
     if args.json:
-        _emit_json({"dispatch": shown})
+        _emit_json({"dispatch": {**shown, "awaiting_ack": waiting}})
         return EXIT_OK
     now = time.time()
     for key, value in shown.items():
         if key == "payload":
             continue
-        extra = ""
-        if key in ("next_attempt_at", "created_at", "updated_at", "expires_at") and value:
-            extra = f"  ({relative_time(float(value), now)})"
-        print(f"{key:<16}{'-' if value is None else visible(value)}{extra}")
+        if key in ("next_attempt_at", "created_at", "updated_at", "expires_at"):
+            text = format_time(None if value is None else float(value), now)
+        elif key == "status" and waiting:
+            text = f"{visible(value)} (awaiting ack)"
+        else:
+            text = "-" if value is None else visible(value)
+        print(f"{key:<16}{text}")
     print("payload:")
     # JSON escapes C0 controls itself; the rest (C1, bidi, separators) is made
     # visible line by line ("\n" only: a string may hold U+2028).
@@ -446,9 +535,10 @@ async def _history(db: Store, args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"id": args.id, "transitions": transitions})
         return EXIT_OK
+    now = time.time()
     rows = [
         [
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t["created_at"]))),
+            format_time(float(t["created_at"]), now),
             visible(f"{t['previous_status'] or '-'} -> {t['status']}"),
             visible(t["reason_code"]),
             visible(f"{t['source']}/{t['actor']}"),
@@ -456,7 +546,7 @@ async def _history(db: Store, args: argparse.Namespace) -> int:
         ]
         for t in transitions
     ]
-    print(_table(["WHEN", "CHANGE", "REASON", "BY", "SUMMARY"], rows, flexible=4))
+    print(_table(["WHEN", "CHANGE", "REASON", "BY", "SUMMARY"], rows, flexible=4, wide=args.wide))
     return EXIT_OK
 
 
@@ -468,6 +558,10 @@ async def _apply(
         applied = await action()
     except LookupError:
         applied, error = False, f"dispatch {args.id!r} not found"
+    except InvalidTransition as exc:
+        # A second ack is the common case: say so, not which edge is missing.
+        already = args.command == "ack" and exc.from_status == Status.ACKED
+        applied, error = False, f"dispatch {args.id!r} is already acked" if already else str(exc)
     except ValueError as exc:  # token mismatch, no ack requested, InvalidTransition
         applied, error = False, str(exc)
     row = await get_dispatch(db, args.id)
@@ -553,12 +647,68 @@ async def _stats(db: Store, args: argparse.Namespace) -> int:
         print(f"{status:<28}{stats['counts'][status]}")
     print(f"{'total':<28}{stats['total']}")
     age = stats["oldest_due_pending_age_seconds"]
-    print(
-        f"{'oldest due pending':<28}"
-        f"{'-' if age is None else relative_time(time.time() - age, time.time())}"
-    )
+    now = time.time()
+    print(f"{'oldest due pending':<28}{'-' if age is None else format_time(now - age, now)}")
     print(f"{'dead letters (last 24 h)':<28}{stats['dead_letters_last_24h']}")
     return EXIT_OK
+
+
+def config_warnings(config: Config) -> list[str]:
+    """What in a valid configuration is likely a mistake: for the command
+    transport, a missing ``notify_template`` (every delivery would fail)
+    and a template that lets a dispatch's data be read as an option or
+    leak through argv. ``check-config`` prints them; the worker logs them
+    at start."""
+    if config.dispatch.transport != "command":
+        return []
+    template = config.dispatch.notify_template
+    if template is None:
+        return [
+            "dispatch.notify_template is not set: with transport: command every delivery "
+            "fails (as a recorded transport failure) until it is"
+        ]
+    return config.command_warnings()
+
+
+def _seconds(values: Sequence[float]) -> str:
+    return ", ".join(f"{value:g}s" for value in values)
+
+
+def _print_config(config: Config, path: Path) -> None:
+    """``check-config``'s text report: what the worker would run with."""
+    template = config.dispatch.notify_template
+    print(f"{visible(path)}: ok")
+    print(f"  store: {visible(mask_url(config.store_target()))} (durability {config.durability})")
+    if config.dispatch.transport == "webhook":
+        hook = config.dispatch.webhook.describe()
+        print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
+        for route, endpoint in hook["endpoints"].items():
+            secrets = ", ".join(endpoint["secrets"])
+            private = ", allow_private" if endpoint["allow_private"] else ""
+            print(
+                f"    {visible(route)}: {visible(endpoint['url'])} "
+                f"(secrets: {visible(secrets)}{private})"
+            )
+    else:
+        print(f"  transport: command (timeout {config.dispatch.timeout_seconds:g}s)")
+        shown = visible(list(template)) if template else "not configured"
+        print(f"  notify_template: {shown}")
+    schedule = config.dispatch.retry_schedule
+    backoff = (
+        "not set: min(30 * 2^attempt, 1800)s"
+        if schedule is None
+        else f"{_seconds(schedule)} (the last repeats)"
+    )
+    print(f"  retry_schedule: {backoff}")
+    worker = config.worker
+    cap = worker.per_destination_concurrency
+    print(
+        f"  worker: tick {worker.tick_seconds:g}s, concurrency {worker.concurrency}, "
+        f"batch_size {worker.batch_size}, grace {worker.grace_seconds:g}s, "
+        f"retry_jitter {worker.retry_jitter:g}, "
+        f"per_destination_concurrency {'none' if cap is None else cap}, "
+        f"listen {'on' if worker.listen else 'off'}"
+    )
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -568,10 +718,21 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
             f"no configuration file: give FILE, set ${CONFIG_ENV_VAR}, "
             f"or create ./{DEFAULT_CONFIG_NAME}"
         )
-    config = load_config(path)
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        if args.json:  # every problem, one entry each; stderr keeps its one line
+            secrets = known_secrets()
+            _emit_json(
+                {
+                    "path": str(path),
+                    "valid": False,
+                    "errors": [one_line(problem, secrets) for problem in exc.problems],
+                }
+            )
+        raise
     template = config.dispatch.notify_template
-    warnings = config.command_warnings()
-    store = mask_url(config.store_target())
+    warnings = config_warnings(config)
     env = config.dispatch.env
     env_shown: dict[str, Any] = (
         {"inherit": True}
@@ -585,7 +746,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
             {
                 "path": str(path),
                 "valid": True,
-                "store": store,
+                "store": mask_url(config.store_target()),
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
                 "transport": config.dispatch.transport,
@@ -605,21 +766,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
             }
         )
     else:
-        print(f"{visible(path)}: ok")
-        print(f"  store: {visible(store)} (durability {config.durability})")
-        if config.dispatch.transport == "webhook":
-            hook = config.dispatch.webhook.describe()
-            print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
-            for route, endpoint in hook["endpoints"].items():
-                secrets = ", ".join(endpoint["secrets"])
-                private = ", allow_private" if endpoint["allow_private"] else ""
-                print(
-                    f"    {visible(route)}: {visible(endpoint['url'])} "
-                    f"(secrets: {visible(secrets)}{private})"
-                )
-        else:
-            shown = visible(list(template)) if template else "not configured"
-            print(f"  notify_template: {shown}")
+        _print_config(config, path)
     for warning in warnings:
         print(f"trio-dispatch: warning: {visible(warning)}", file=sys.stderr)
     return EXIT_OK
@@ -656,13 +803,20 @@ def _cmd_web(args: argparse.Namespace) -> int:
     assert listen is not None
     choice = resolve_store(args.db, args.config, args.busy_timeout)
     configure_logging(config.log_level)
+    for warning in args.warnings:
+        log.warning("%s", warning)
 
     async def run() -> None:
         from .web.app import WebApp
         from .web.server import serve_app
 
         async with (
-            open_store(choice.target, busy_timeout=choice.busy_timeout, read_only=True) as db,
+            # snapshot: every request reads on a connection of its own, so an
+            # idle database gets no -wal/-shm files and a later commit by
+            # another process is seen by the next request (SPEC 12).
+            open_store(
+                choice.target, busy_timeout=choice.busy_timeout, read_only=True, snapshot=True
+            ) as db,
             anyio.create_task_group() as tg,
         ):
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -678,6 +832,28 @@ def _cmd_web(args: argparse.Namespace) -> int:
 
     anyio.run(run, backend="trio")
     return EXIT_OK
+
+
+async def _resolve_id(db: Store, text: str, *, in_history: bool) -> str:
+    """The dispatch id ``text`` names: itself, or the one id that starts
+    with it (at least :data:`MIN_ID_PREFIX` hex characters; ``history``
+    also finds purged dispatches). A prefix that matches nothing is
+    returned as given (the command then reports it not found); one that
+    matches several, or is too short to try, is a :class:`UsageError`."""
+    if not is_id_prefix(text):
+        return text
+    shown = visible(repr(text))
+    if len(text) < MIN_ID_PREFIX:
+        raise UsageError(
+            f"id prefix {shown} is too short: give at least {MIN_ID_PREFIX} characters of the id"
+        )
+    matches = await ids_with_prefix(db, text, in_history=in_history, cap=ID_PREFIX_CAP)
+    if text.lower() in matches:
+        return text.lower()
+    if len(matches) > 1:
+        count = f"{len(matches)} or more" if len(matches) >= ID_PREFIX_CAP else len(matches)
+        raise UsageError(f"id prefix {shown} matches {count} dispatches: give more of the id")
+    return matches[0] if matches else text
 
 
 _STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]] = {
@@ -706,6 +882,8 @@ def _cmd_store(args: argparse.Namespace) -> int:
             migrate=migrating,
             snapshot=args.command in READ_COMMANDS,
         ) as db:
+            if args.command in ID_COMMANDS:
+                args.id = await _resolve_id(db, args.id, in_history=args.command == "history")
             return await command(db, args)
 
     return anyio.run(run, backend="trio")
@@ -721,6 +899,53 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {visible(mask_url(message))}\n")
 
 
+ID_HELP: Final = (
+    f"the dispatch id, or a prefix of at least {MIN_ID_PREFIX} characters that only it starts with"
+)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before or after its name. After
+    it, an option left out keeps what was given before (SUPPRESS: no
+    default of the subcommand's overwrites it)."""
+    group = (
+        parser.add_argument_group("global options (also accepted before the command)")
+        if after_command
+        else parser
+    )
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
+    group.add_argument(
+        "--db",
+        metavar="PATH",
+        help="the store (SQLite file, sqlite:/// or postgresql:// URL); default: the "
+        "configuration's store. Other local users can read argv: give a URL with a "
+        "password with --db-env",
+        **default,
+    )
+    group.add_argument(
+        "--db-env",
+        metavar="NAME",
+        help="read the store (as --db) from the environment variable NAME, out of "
+        "other users' sight (default: --db, else the configuration's store)",
+        **default,
+    )
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration file (default ${CONFIG_ENV_VAR}, then ./{DEFAULT_CONFIG_NAME})",
+        **default,
+    )
+    group.add_argument(
+        "--busy-timeout",
+        type=_busy_timeout,
+        metavar="SECONDS",
+        help="how long to wait for another process's lock (default: the "
+        f"configuration's busy_timeout_seconds, else "
+        f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})",
+        **default,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trio-dispatch",
@@ -729,27 +954,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 applied/found, 1 not applied or not found, 2 bad usage "
         "or configuration.",
     )
+    _global_options(parser, after_command=False)
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
-    )
-    parser.add_argument(
-        "--db",
-        metavar="PATH",
-        help="the store (SQLite file, sqlite:/// or postgresql:// URL); "
-        "overrides the configuration's",
-    )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help=f"configuration file (default ${CONFIG_ENV_VAR}, then ./{DEFAULT_CONFIG_NAME})",
-    )
-    parser.add_argument(
-        "--busy-timeout",
-        type=_busy_timeout,
-        metavar="SECONDS",
-        help="how long to wait for another process's lock (default: the "
-        f"configuration's busy_timeout_seconds, else "
-        f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})",
     )
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=_Parser
@@ -759,27 +966,53 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         if data:
             sub.add_argument("--json", action="store_true", help="print one JSON document")
+        _global_options(sub, after_command=True)
         sub.set_defaults(handler=_cmd_store)
         return sub
 
+    def wide(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--wide",
+            action="store_true",
+            help="never cut a column to the terminal's width (output that is not a "
+            "terminal is never cut)",
+        )
+
     ls = command("ls", "list dispatches, newest first")
-    ls.add_argument("--status", type=_status_arg, help="only this status")
-    ls.add_argument("--kind", help="only this kind")
+    ls.add_argument("--status", type=_status_arg, help="only this status (default: every status)")
+    ls.add_argument("--kind", help="only this kind (default: every kind)")
     ls.add_argument(
         "--limit",
         type=_positive_int,
         default=DEFAULT_LIST_LIMIT,
         help=f"at most this many (default {DEFAULT_LIST_LIMIT})",
     )
+    wide(ls)
     show = command("show", "one dispatch, whole, payload pretty-printed")
-    show.add_argument("id")
+    show.add_argument("id", help=ID_HELP)
     show.add_argument("--show-token", action="store_true", help="print the ack token")
-    command("history", "a dispatch's status transitions, oldest first").add_argument("id")
+    history = command("history", "a dispatch's status transitions, oldest first")
+    history.add_argument("id", help=ID_HELP + " (purged dispatches included)")
+    wide(history)
     ack = command("ack", "acknowledge a dispatch with its token")
-    ack.add_argument("id")
-    ack.add_argument("token")
-    command("retry", "operator retry of a dead_letter or expired dispatch").add_argument("id")
-    command("purge", "delete one dispatch (recorded in its history)").add_argument("id")
+    ack.add_argument("id", help=ID_HELP)
+    ack.add_argument(
+        "token",
+        nargs="?",
+        help="the dispatch's ack token, required unless --token-stdin (other local users "
+        "can read argv: prefer --token-stdin)",
+    )
+    ack.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read the token from the first line of standard input instead",
+    )
+    command("retry", "operator retry of a dead_letter or expired dispatch").add_argument(
+        "id", help=ID_HELP
+    )
+    command("purge", "delete one dispatch (recorded in its history)").add_argument(
+        "id", help=ID_HELP
+    )
     prune = command("prune", "delete finished dispatches by age (recorded)")
     prune.add_argument(
         "--older-than",
@@ -792,13 +1025,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=_status_list,
         action="append",
         metavar="STATUS[,...]",
-        help="only these finished statuses (repeatable)",
+        help="only these finished statuses (repeatable; default: all four)",
     )
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     command("stats", "counts per status, oldest due pending, recent dead letters")
     command("migrate", "create the outbox schema, or bring it forward to this version")
-    check = command("check-config", "validate a configuration file")
-    check.add_argument("file", nargs="?", metavar="FILE")
+    check = command("check-config", "validate a configuration file, reporting every problem")
+    check.add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE",
+        help=f"the file to check (default: --config, then ${CONFIG_ENV_VAR}, "
+        f"then ./{DEFAULT_CONFIG_NAME})",
+    )
     check.set_defaults(handler=_cmd_check_config)
     worker = command("worker", "run the delivery worker until SIGINT/SIGTERM", data=False)
     worker.add_argument(
@@ -871,11 +1110,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code. Every error is one line
-    on stderr (exit 1 or 2), never a traceback."""
+    on stderr (exit 1 or 2), never a traceback. A warning (a password in
+    argv) is printed after a command that succeeded, so an error stays the
+    one line; the worker and the web server log it at start."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings: list[str] = []
     try:
-        return _run(args)
+        warnings = _prepare(args)
+        args.warnings = warnings if args.command in ("worker", "web") else []
+        code = _run(args)
     except NotApplied as exc:
         if getattr(args, "json", False):
             _emit_json({"error": one_line(exc, known_secrets())})
@@ -891,6 +1135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(exc)
     except Exception as exc:  # a database or OS error: still one line, never a traceback
         return _fail(f"{type(exc).__name__}: {exc}")
+    if code == EXIT_OK and not args.warnings:
+        for warning in warnings:
+            print(f"trio-dispatch: warning: {warning}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

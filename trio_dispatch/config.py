@@ -53,8 +53,20 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used.
 
     The message is one line, starts with the file it concerns and names the
-    offending key (as a dotted path) or the YAML position.
+    offending key (as a dotted path) or the YAML position. A file with
+    several bad keys is reported whole: ``problems`` holds each one (without
+    the file name), and the message joins them with ``"; "``.
     """
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[str, ...] = problems or (message,)
+        """Each problem found, one line each, in file order."""
+
+    @classmethod
+    def collected(cls, source: str, problems: list[str]) -> ConfigError:
+        """One error for every problem found in ``source``."""
+        return cls(f"{source}: {'; '.join(problems)}", tuple(problems))
 
 
 TRANSPORTS: Final = ("command", "webhook")
@@ -195,10 +207,7 @@ class Config:
         return WebhookTransport(hook.endpoints, timeout=hook.timeout_seconds, verify=verify)
 
     def _relative(self, name: str) -> str:
-        target = Path(os.path.expanduser(name))
-        if self.path is not None and not target.is_absolute():
-            target = self.path.parent / target
-        return str(target)
+        return _relative_to(self.path, name)
 
     def worker_settings(self) -> WorkerSettings:
         """The worker's settings from this file (already checked)."""
@@ -216,6 +225,15 @@ class Config:
             retry_schedule=self.dispatch.retry_schedule,
             per_destination_concurrency=self.worker.per_destination_concurrency,
         )
+
+
+def _relative_to(path: Path | None, name: str) -> str:
+    """``name`` with ``~`` expanded, a relative one joined to the directory
+    of the config file ``path`` (when there is one)."""
+    target = Path(os.path.expanduser(name))
+    if path is not None and not target.is_absolute():
+        target = path.parent / target
+    return str(target)
 
 
 # --- validation table -------------------------------------------------------
@@ -380,13 +398,19 @@ _SCHEMA: Final[_Schema] = {
 }
 
 
-def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -> dict[str, Any]:
-    """Validated values of one mapping, defaults filled in, keyed by name."""
+def _check_section(
+    data: object, schema: _Schema, *, prefix: str, problems: list[str]
+) -> dict[str, Any]:
+    """Validated values of one mapping, defaults filled in, keyed by name.
+    Every problem is appended to ``problems`` (nothing raises), and a key
+    whose value failed is left out of the result: the caller reports the
+    file whole before building anything from it."""
     if data is None:  # an empty section ("worker:" with every key commented out)
         data = {}
     if not isinstance(data, Mapping):
         where = prefix.rstrip(".") or "top level"
-        raise ConfigError(f"{source}: {where} must be a mapping, got {type(data).__name__}")
+        problems.append(f"{where} must be a mapping, got {type(data).__name__}")
+        return {}
     for key in data:
         if key not in schema:
             try:
@@ -394,55 +418,67 @@ def _check_section(data: object, schema: _Schema, *, prefix: str, source: str) -
             except ValueError:  # an int too long to print
                 label = f"{prefix}<{type(key).__name__}>"
             shown = repr(label) if len(label) <= 200 else show(label)
-            raise ConfigError(f"{source}: unknown key {shown} (allowed: {', '.join(schema)})")
+            problems.append(f"unknown key {shown} (allowed: {', '.join(schema)})")
     values: dict[str, Any] = {}
     for name, rule in schema.items():
         key = prefix + name
         if not isinstance(rule, _Rule):
-            values[name] = _check_section(data.get(name), rule, prefix=key + ".", source=source)
+            before = len(problems)
+            section = _check_section(data.get(name), rule, prefix=key + ".", problems=problems)
+            if len(problems) == before:
+                values[name] = section
         elif name not in data:
             values[name] = rule.check(key, rule.default)  # defaults pass their own check
         else:
             try:
                 values[name] = rule.check(key, data[name])
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{source}: {exc}") from None
+                problems.append(str(exc))
     return values
 
 
 def _build(data: object, *, source: str, path: Path | None) -> Config:
-    values = _check_section(data, _SCHEMA, prefix="", source=source)
-    dispatch = values["dispatch"]
-    http = HttpConfig(**values["http"])
-    if http.listen is not None:
+    # Every problem of the file is collected before raising, so one run of
+    # check-config (or a refused worker start) names them all. A check that
+    # needs a value which itself failed is skipped.
+    problems: list[str] = []
+    values = _check_section(data, _SCHEMA, prefix="", problems=problems)
+    if "http" in values:
+        http = HttpConfig(**values["http"])
+        if http.listen is not None:
+            try:
+                check_binding(http.listen, http.token, "http.listen")
+            except ValueError as exc:
+                problems.append(str(exc))
+    dispatch = values.get("dispatch")
+    if (
+        dispatch is not None
+        and dispatch["transport"] == "webhook"
+        and dispatch["webhook"]["endpoints"] is None
+    ):
+        problems.append("dispatch.webhook.endpoints is required when dispatch.transport is webhook")
+    if dispatch is not None and dispatch["webhook"]["ca_file"] is not None:
+        # The worker would refuse it at start: so does the file.
+        from .transports.webhook import tls_context
+
         try:
-            check_binding(http.listen, http.token, "http.listen")
+            tls_context(_relative_to(path, dispatch["webhook"]["ca_file"]))
         except ValueError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-    if dispatch["transport"] == "webhook" and dispatch["webhook"]["endpoints"] is None:
-        raise ConfigError(
-            f"{source}: dispatch.webhook.endpoints is required when dispatch.transport is webhook"
-        )
+            problems.append(f"dispatch.webhook.ca_file: {exc}")
+    if problems:
+        raise ConfigError.collected(source, problems)
+    assert dispatch is not None
     # Any-typed values are safe here: every one passed its rule above.
-    config = Config(
+    return Config(
         store=values["store"],
         durability=values["durability"],
         busy_timeout_seconds=values["busy_timeout_seconds"],
         dispatch=DispatchConfig(**{**dispatch, "webhook": WebhookConfig(**dispatch["webhook"])}),
         worker=WorkerConfig(**values["worker"]),
-        http=http,
+        http=HttpConfig(**values["http"]),
         log_level=values["log_level"],
         path=path,
     )
-    ca_file = config.dispatch.webhook.ca_file
-    if ca_file is not None:  # the worker would refuse it at start: so does the file
-        from .transports.webhook import tls_context
-
-        try:
-            tls_context(config._relative(ca_file))
-        except ValueError as exc:
-            raise ConfigError(f"{source}: dispatch.webhook.ca_file: {exc}") from None
-    return config
 
 
 def parse_config(data: object, *, source: str = "<config>") -> Config:

@@ -6,11 +6,12 @@ no row can hold (a NUL, a lone surrogate) with "not found" on every engine.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
-from ..lifecycle import ENTITY_TYPE, STATUSES, Status
+from ..lifecycle import ENTITY_TYPE, STATUSES, Reason, Status
 from ..store.base import Conn, Database, Row
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
@@ -197,17 +198,113 @@ async def list_page(
     return [row for row in map(decode, rows) if row is not None]
 
 
+# -- labels and id prefixes for operators ----------------------------------------
+
+AWAITING_ACK: Final = "awaiting ack"
+"""The label of a pending row whose last send succeeded and that now waits
+for its consumer's ack (and a resend when its backoff ends)."""
+
+
+def awaiting_ack(row: Mapping[str, Any], last_reason: str | None = None) -> bool:
+    """Whether ``row`` waits for an ack: pending, ``ack_required``, sent at
+    least once, and its last transition ``dispatch.pending.awaiting_ack``.
+    Without ``last_reason`` (see :func:`last_reasons`) the row alone
+    decides: a failed send records its error, a successful one clears it."""
+    if row["status"] != Status.PENDING or not row["ack_required"] or not row["attempt"]:
+        return False
+    if last_reason is not None:
+        return last_reason == Reason.AWAITING_ACK
+    return row.get("last_error") is None
+
+
+def status_label(row: Mapping[str, Any], last_reason: str | None = None) -> str:
+    """What to show as a row's status: :data:`AWAITING_ACK` for a row that
+    waits for an ack (:func:`awaiting_ack`), else its status."""
+    return AWAITING_ACK if awaiting_ack(row, last_reason) else str(row["status"])
+
+
+_REASON_CHUNK: Final = 500
+
+
+async def last_reasons(db: Database, rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The newest transition's reason code of each row that could wait for
+    an ack (pending, ``ack_required``, sent), by id; one indexed read per
+    :data:`_REASON_CHUNK` rows. Pass it to :func:`status_label`."""
+    ids = [str(row["id"]) for row in rows if awaiting_ack(row, Reason.AWAITING_ACK)]
+    if not ids:
+        return {}
+
+    def collect(conn: Conn) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), _REASON_CHUNK):
+            chunk = ids[start : start + _REASON_CHUNK]
+            for row in conn.query(sql.last_reasons(len(chunk)), (ENTITY_TYPE, *chunk)):
+                found[str(row["id"])] = str(row["reason_code"])
+        return found
+
+    return await db.read(collect)
+
+
+async def status_labels(db: Database, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """:func:`status_label` of each row, from its last transition (one
+    bounded read): "awaiting ack" or the row's status."""
+    reasons = await last_reasons(db, rows)
+    return [status_label(row, reasons.get(str(row["id"]))) for row in rows]
+
+
+MIN_ID_PREFIX: Final = 8
+"""The shortest id prefix an operator command resolves (UUIDv7 ids made
+in the same minute share their first 8 characters anyway)."""
+ID_PREFIX_CAP: Final = 1000
+"""Matches of a prefix counted at most (an ambiguous prefix is an error)."""
+_HEX: Final = re.compile(r"[0-9a-fA-F]+")
+
+
+def is_id_prefix(text: str) -> bool:
+    """Whether ``text`` reads as a shortened dispatch id (hex, shorter than
+    an id); whether it is long enough is the caller's question."""
+    return len(text) < 32 and _HEX.fullmatch(text) is not None
+
+
+async def ids_with_prefix(
+    db: Database, prefix: str, *, in_history: bool = False, cap: int = ID_PREFIX_CAP
+) -> list[str]:
+    """The ids of dispatches that start with ``prefix`` (case-insensitive
+    hex), in order, at most ``cap``: an indexed range read. With
+    ``in_history``, ids in the transition history (purged dispatches
+    included) when no dispatch row matches."""
+    if _HEX.fullmatch(prefix) is None:
+        return []
+    low = prefix.lower()
+    bounds = (low, low + "g")
+    rows = await db.read(lambda conn: conn.query(sql.IDS_IN_RANGE, (*bounds, cap)))
+    if not rows and in_history:
+        rows = await db.read(
+            lambda conn: conn.query(sql.HISTORY_IDS_IN_RANGE, (ENTITY_TYPE, *bounds, cap))
+        )
+    return [str(row["id"]) for row in rows]
+
+
 __all__ = [
+    "AWAITING_ACK",
     "COUNT_CAP",
     "DEFAULT_LIST_LIMIT",
+    "ID_PREFIX_CAP",
+    "MIN_ID_PREFIX",
+    "awaiting_ack",
     "bounded_stats",
     "decode",
     "dispatch_stats",
     "frequent_kinds",
     "get_dispatch",
     "get_row",
+    "ids_with_prefix",
+    "is_id_prefix",
+    "last_reasons",
     "list_dispatches",
     "list_page",
     "list_transitions",
     "next_due_at",
+    "status_label",
+    "status_labels",
 ]

@@ -73,6 +73,25 @@ def list_newest(where: str) -> str:
 
 
 SELECT_BY_ID: Final = f"SELECT {COLUMNS} FROM dispatch_outbox WHERE id = ?"
+# Ids that start with a prefix: a range on the primary key (ids are
+# lowercase hex, so every id starting with p sorts between p and p + "g").
+IDS_IN_RANGE: Final = "SELECT id FROM dispatch_outbox WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
+HISTORY_IDS_IN_RANGE: Final = (
+    "SELECT DISTINCT entity_id AS id FROM status_transitions "
+    "WHERE entity_type = ? AND entity_id >= ? AND entity_id < ? ORDER BY entity_id LIMIT ?"
+)
+
+
+def last_reasons(count: int) -> str:
+    """The newest transition's reason code of ``count`` dispatches (each
+    a probe of the (entity_type, entity_id, id) index)."""
+    marks = ", ".join("?" * count)
+    return (
+        "SELECT t.entity_id AS id, t.reason_code FROM status_transitions t "
+        f"WHERE t.entity_type = ? AND t.entity_id IN ({marks}) AND t.id = ("
+        "SELECT MAX(u.id) FROM status_transitions u "
+        "WHERE u.entity_type = t.entity_type AND u.entity_id = t.entity_id)"
+    )
 
 
 def select_due(status: Status, columns: str, lock_clause: str, skip: int = 0) -> str:

@@ -103,9 +103,10 @@ async def open_store(
     :class:`SchemaError` naming ``trio-dispatch migrate``; a write raises
     :class:`StoreError`. ``migrate=False`` opens for writing but likewise
     requires the current schema (and never creates a file). ``snapshot``
-    (with ``read_only``, SQLite) is for one short read: a database no other
-    connection has open is read without creating its ``-wal``/``-shm``
-    files (a later commit by another process is then not seen).
+    (with ``read_only``, SQLite): each read opens a connection of its own,
+    so a database no other connection has open is read without creating
+    its ``-wal``/``-shm`` files, and another process's commits are seen by
+    the next read.
 
     Raises ``ValueError`` for a target or option it cannot use, naming it
     (password masked), before touching any file; :class:`StoreError` (one

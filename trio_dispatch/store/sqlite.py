@@ -147,6 +147,52 @@ def _open_read_only(path: str, busy_timeout: float, *, immutable: bool) -> sqlit
     return conn
 
 
+def _journal_state(path: str) -> tuple[bool, bool]:
+    """(in WAL mode, idle): idle means in WAL mode with no ``-wal`` or
+    ``-shm`` file, so no other connection has the database open and every
+    commit is in the main file. Raises StoreError for a file that is not
+    a SQLite database."""
+    header = _file_header(path)
+    if header and not header.startswith(_HEADER):
+        raise StoreError(f"{path!r} is not a SQLite database")
+    wal_mode = len(header) > 18 and header[18] == _WAL_VERSION
+    idle = wal_mode and not os.path.exists(f"{path}-wal") and not os.path.exists(f"{path}-shm")
+    return wal_mode, idle
+
+
+def _read_snapshot(path: str, busy_timeout: float, work: Callable[[SQLiteConn], T]) -> T:
+    """Run ``work`` on a connection of its own, opened for this read and
+    closed after it: ``immutable=1`` while the database is idle (nothing is
+    created beside it), ``mode=ro`` while another connection has it open
+    (its ``-wal``/``-shm`` files exist already, and its commits are seen).
+
+    A writer may open the database during an immutable read, and a
+    checkpoint may then change the main file under it: if the database is
+    no longer idle when the read ends (or the read failed), the read runs
+    again on a ``mode=ro`` connection, whose answer is consistent."""
+
+    def run(conn: sqlite3.Connection) -> T:
+        try:
+            conn.execute("BEGIN")
+            try:
+                return work(SQLiteConn(conn))
+            finally:
+                conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+    if _journal_state(path)[1]:
+        try:
+            result = run(_open_read_only(path, busy_timeout, immutable=True))
+        except sqlite3.DatabaseError:
+            if _journal_state(path)[1]:
+                raise
+        else:
+            if _journal_state(path)[1]:
+                return result
+    return run(_connect_read_only(path, busy_timeout=busy_timeout, snapshot=False))
+
+
 def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sqlite3.Connection:
     """A connection that cannot change the file or its journal mode.
 
@@ -162,12 +208,8 @@ def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sql
     a one-off read (``snapshot``, the CLI's read commands) of an idle
     database, and a user who cannot create the ``-shm`` file (a read-only
     directory) when nothing else has the database open."""
-    header = _file_header(path)
-    if header and not header.startswith(_HEADER):
-        raise StoreError(f"{path!r} is not a SQLite database")
-    wal_mode = len(header) > 18 and header[18] == _WAL_VERSION
+    wal_mode, idle = _journal_state(path)
     wal, shm = f"{path}-wal", f"{path}-shm"
-    idle = wal_mode and not os.path.exists(wal) and not os.path.exists(shm)
     if snapshot and idle:
         return _open_read_only(path, busy_timeout, immutable=True)
     try:
@@ -241,8 +283,10 @@ class SQLiteStore(BatchingStore):
         super().__init__(url, read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
         self.path = path
         self.snapshot = snapshot and read_only
-        """A one-off read: an idle database is read without creating its
-        ``-wal``/``-shm`` files (see :func:`_connect_read_only`)."""
+        """Each read opens a connection of its own and closes it: an idle
+        database is read without creating its ``-wal``/``-shm`` files, and a
+        commit made meanwhile by another process is seen by the next read
+        (see :func:`_read_snapshot`)."""
         self.durability: Durability = durability
         self.busy_timeout = busy_timeout
         self._writer: sqlite3.Connection | None = None
@@ -252,10 +296,17 @@ class SQLiteStore(BatchingStore):
 
     def _connect_all(self) -> None:
         where = repr(self.path)
-        if self.read_only:
-            reader = _connect_read_only(
-                self.path, busy_timeout=self.busy_timeout, snapshot=self.snapshot
+        if self.read_only and self.snapshot:
+            # Every read opens its own connection (see read()): this one
+            # only checks the schema, and is closed.
+            self.found_schema_version = _read_snapshot(
+                self.path,
+                self.busy_timeout,
+                lambda conn: require_current(conn, SQLITE, where),
             )
+            return
+        if self.read_only:
+            reader = _connect_read_only(self.path, busy_timeout=self.busy_timeout, snapshot=False)
             try:
                 self.found_schema_version = require_current(SQLiteConn(reader), SQLITE, where)
             except BaseException:
@@ -316,6 +367,10 @@ class SQLiteStore(BatchingStore):
 
     async def read(self, work: Callable[[SQLiteConn], T]) -> T:
         self._check_open()
+        if self.snapshot:
+            return await anyio.to_thread.run_sync(
+                _read_snapshot, self.path, self.busy_timeout, work, limiter=self._read_limiter
+            )
         if self._reader is None or self._reader_conn is None:
             # ":memory:" has no second connection that could see the data.
             return await self.write(work)  # type: ignore[arg-type]
