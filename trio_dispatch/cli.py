@@ -68,6 +68,7 @@ from .store.base import (
     StoreError,
     check_busy_timeout,
     parse_target,
+    store_schema,
 )
 from .store.schema import SCHEMA_VERSION
 from .transports import template_warnings
@@ -114,6 +115,7 @@ class StoreChoice:
     busy_timeout: float
     durability: str = "full"
     max_body_bytes: int | None = None
+    schema: str | None = None
 
 
 def resolve_store(
@@ -127,7 +129,9 @@ def resolve_store(
     of the configuration found by SPEC order; ``busy_timeout`` is
     ``--busy-timeout``, else the ``busy_timeout_seconds`` of the
     configuration found by SPEC order (with ``--db`` too, as the worker
-    does). A SQLite store must already exist unless ``must_exist`` is False
+    does). The configuration's ``schema`` goes with its ``store``: a
+    ``--db`` URL names its own (``options=-csearch_path%3DNAME``). A SQLite
+    store must already exist unless ``must_exist`` is False
     (``migrate``): a read must never create an empty database. Raises
     :class:`UsageError` naming what was tried."""
     loaded: Config | None = None
@@ -141,14 +145,18 @@ def resolve_store(
         )
     if path is not None:
         loaded = load_config(path)
+    schema: str | None = None
     if db:
         target, origin = db, "--db"
     else:
         assert loaded is not None and loaded.path is not None
         target, origin = loaded.store_target(), f"store of {loaded.path}"
+        schema = loaded.schema
     register_secrets(url_secrets(target))
     try:
         engine, location = parse_target(target)
+        if engine == "postgres":
+            schema = store_schema(target, schema)
     except ValueError as exc:
         raise UsageError(f"{origin}: {exc}") from None
     wait = (
@@ -161,6 +169,7 @@ def resolve_store(
         wait,
         durability=loaded.durability if loaded is not None else "full",
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
+        schema=schema,
     )
     if engine == "postgres":
         return choice
@@ -204,6 +213,7 @@ async def serve(
         durability=config.durability,
         busy_timeout=config.busy_timeout_seconds,
         max_body_bytes=config.dispatch.max_body_bytes,
+        schema=config.schema,
     ) as db:
         worker = DispatchWorker(db, **config.worker_options())
         if config.dispatch.transport == "command":
@@ -263,12 +273,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, http=http)
     if args.db:
         store = args.db if "://" in args.db else os.path.abspath(args.db)
-        config = dataclasses.replace(config, store=store)
+        config = dataclasses.replace(config, store=store, schema=None)  # it goes with the store
     if args.busy_timeout is not None:
         config = dataclasses.replace(config, busy_timeout_seconds=args.busy_timeout)
     register_secrets(url_secrets(config.store_target()))
     try:
-        parse_target(config.store_target())
+        if parse_target(config.store_target())[0] == "postgres":
+            schema = store_schema(config.store_target(), config.schema)
+            config = dataclasses.replace(config, schema=schema)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(config.log_level)
@@ -587,6 +599,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 "path": str(path),
                 "valid": True,
                 "store": store,
+                "schema": config.schema,
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
                 "transport": config.dispatch.transport,
@@ -607,7 +620,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         )
     else:
         print(f"{visible(path)}: ok")
-        print(f"  store: {visible(store)} (durability {config.durability})")
+        in_schema = f", schema {config.schema}" if config.schema is not None else ""
+        print(f"  store: {visible(store)} (durability {config.durability}{in_schema})")
         if config.dispatch.transport == "webhook":
             hook = config.dispatch.webhook.describe()
             print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
@@ -663,7 +677,12 @@ def _cmd_web(args: argparse.Namespace) -> int:
         from .web.server import serve_app
 
         async with (
-            open_store(choice.target, busy_timeout=choice.busy_timeout, read_only=True) as db,
+            open_store(
+                choice.target,
+                busy_timeout=choice.busy_timeout,
+                read_only=True,
+                schema=choice.schema,
+            ) as db,
             anyio.create_task_group() as tg,
         ):
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -706,6 +725,7 @@ def _cmd_store(args: argparse.Namespace) -> int:
             read_only=args.command in READ_COMMANDS,
             migrate=migrating,
             snapshot=args.command in READ_COMMANDS,
+            schema=choice.schema,
         ) as db:
             return await command(db, args)
 
@@ -734,7 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         metavar="PATH",
         help="the store (SQLite file, sqlite:/// or postgresql:// URL); "
-        "overrides the configuration's",
+        "overrides the configuration's store and schema (a URL's schema: "
+        "?options=-csearch_path%%3DNAME)",
     )
     parser.add_argument(
         "--config",

@@ -30,7 +30,9 @@ from .store.base import (
     DEFAULT_MAX_BODY_BYTES,
     DURABILITIES,
     check_busy_timeout,
+    check_schema_name,
     parse_target,
+    store_schema,
 )
 from .transports import ChildEnvironment, is_valid_template
 from .transports.webhook import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, Endpoint, parse_endpoints
@@ -120,6 +122,10 @@ class Config:
     log_level: str
     path: Path | None
     """The absolute path of the file this came from; None if built in memory."""
+    schema: str | None = None
+    """PostgreSQL: the schema that holds the outbox's tables (``schema``, or
+    the ``search_path`` the store URL's ``options`` set); None: the server's
+    ``search_path``."""
 
     def store_target(self) -> str:
         """The ``target`` to pass to ``open_store``.
@@ -231,6 +237,10 @@ def _check_store(key: str, value: object) -> str:
     return value
 
 
+def _check_schema(key: str, value: object) -> str | None:
+    return None if value is None else check_schema_name(value, key)
+
+
 def _check_durability(key: str, value: object) -> str:
     if not isinstance(value, str) or value not in DURABILITIES:
         raise ValueError(f"{key} must be one of {', '.join(DURABILITIES)}, got {show(value)}")
@@ -327,6 +337,7 @@ _Schema = Mapping[str, "_Rule | _Schema"]
 
 _SCHEMA: Final[_Schema] = {
     "store": _Rule(_check_store, "outbox.db"),
+    "schema": _Rule(_check_schema, None),
     "durability": _Rule(_check_durability, "full"),
     "busy_timeout_seconds": _Rule(
         lambda key, value: check_busy_timeout(value, key), DEFAULT_BUSY_TIMEOUT_SECONDS
@@ -406,6 +417,13 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         raise ConfigError(
             f"{source}: dispatch.webhook.endpoints is required when dispatch.transport is webhook"
         )
+    engine, _ = parse_target(values["store"])
+    if engine != "postgres" and values["schema"] is not None:
+        raise ConfigError(f"{source}: schema applies to a PostgreSQL store only")
+    try:
+        schema = store_schema(values["store"], values["schema"]) if engine == "postgres" else None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: store {mask_url(values['store'])}: {exc}") from None
     # Any-typed values are safe here: every one passed its rule above.
     config = Config(
         store=values["store"],
@@ -416,6 +434,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         http=http,
         log_level=values["log_level"],
         path=path,
+        schema=schema,
     )
     ca_file = config.dispatch.webhook.ca_file
     if ca_file is not None:  # the worker would refuse it at start: so does the file
