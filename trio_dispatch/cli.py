@@ -642,22 +642,25 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 async def _migrate(db: Store, args: argparse.Namespace) -> int:
     found = getattr(db, "found_schema_version", None)
+    schema: str | None = getattr(db, "schema", None)  # PostgreSQL's, when one is set
     version = SCHEMA_VERSION
+    where = visible(db.url) + ("" if schema is None else f" schema {schema}")
     if args.json:
         _emit_json(
             {
                 "store": db.url,
+                "schema": schema,
                 "from_version": found,
                 "version": version,
                 "changed": found != version,
             }
         )
     elif found is None:
-        print(f"created the trio_dispatch schema (version {version}) in {visible(db.url)}")
+        print(f"created the trio_dispatch schema (version {version}) in {where}")
     elif found != version:
-        print(f"migrated {visible(db.url)} from schema version {found} to {version}")
+        print(f"migrated {where} from schema version {found} to {version}")
     else:
-        print(f"{visible(db.url)} is at schema version {version}: nothing to do")
+        print(f"{where} is at schema version {version}: nothing to do")
     return EXIT_OK
 
 
