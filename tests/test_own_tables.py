@@ -190,16 +190,15 @@ async def test_a_schema_of_its_own_holds_every_table_and_a_worker_delivers_from_
     fresh_target: str, how: str
 ) -> None:
     public_sessions_of_the_service(fresh_target)  # an incompatible table in public
-    if how == "option":
-        target, options = fresh_target, {"schema": "outbox_x"}
-    else:
-        target, options = f"{fresh_target}?options=-csearch_path%3Doutbox_x", {}
+    target, schema = fresh_target, "outbox_x"
+    if how == "url":
+        target, schema = f"{fresh_target}?options=-csearch_path%3Doutbox_x", None
     delivered: list[str] = []
 
     async def send(delivery: Delivery) -> None:
         delivered.append(delivery.dispatch_id)
 
-    async with open_store(target, **options) as db, anyio.create_task_group() as tg:
+    async with open_store(target, schema=schema) as db, anyio.create_task_group() as tg:
         await tg.start(DispatchWorker(db, transport=send, tick_seconds=3600).run)
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="x", dedup_key="d")
         assert await enqueue_dispatch(db, kind="k", deliver_to="x", dedup_key="d") == dispatch_id
