@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -190,7 +190,7 @@ async def test_a_schema_of_its_own_holds_every_table_and_a_worker_delivers_from_
     fresh_target: str, how: str
 ) -> None:
     public_sessions_of_the_service(fresh_target)  # an incompatible table in public
-    target, schema = fresh_target, "outbox_x"
+    target, schema = fresh_target, cast("str | None", "outbox_x")
     if how == "url":
         target, schema = f"{fresh_target}?options=-csearch_path%3Doutbox_x", None
     delivered: list[str] = []
