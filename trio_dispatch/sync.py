@@ -25,10 +25,19 @@ API's own (:mod:`trio_dispatch.outbox`); one small adapter per connection
 kind is all that differs:
 
 - the dispatch and its ``dispatch.pending.enqueued`` transition are written
-  atomically: inside a savepoint on PostgreSQL, so after any error the
-  caller's transaction is still usable with nothing of the failed enqueue in
-  it; on SQLite, where a failed statement leaves the transaction usable, a
-  failure after the first write deletes what the enqueue wrote;
+  atomically: inside a savepoint on PostgreSQL, every time, so after any
+  error (a lock timeout, a table missing from this ``search_path``, a
+  cancel) the caller's transaction is still usable with nothing of the
+  failed enqueue in it; on SQLite, where a failed statement leaves the
+  transaction usable, a failure after the first write deletes what the
+  enqueue wrote;
+- psycopg: the outbox's tables are found through the connection's
+  ``search_path`` (``SET search_path TO outbox`` for an outbox in a schema
+  of its own; ``install_schema`` creates them in the first existing schema
+  on it). Inside the caller's ``conn.pipeline()`` an enqueue first syncs
+  what the caller queued (an error of the caller's is raised then, before
+  anything of the enqueue is sent), then reads each of its results as it
+  needs them;
 - a connection in autocommit mode (``sqlite3`` with ``isolation_level=None``
   or ``autocommit=True``, psycopg ``autocommit=True``, SQLAlchemy
   ``AUTOCOMMIT``) has no transaction to join: the enqueue is its own
@@ -468,9 +477,13 @@ def enqueue_many(
 def install_schema(conn: object) -> None:
     """Create the outbox tables in ``conn``'s database, or bring them forward
     to this version -- idempotently, in the caller's current transaction
-    (commit it afterwards; in autocommit mode it commits at once). A newer
-    schema raises :class:`~trio_dispatch.store.base.SchemaError` and changes
-    nothing."""
+    (commit it afterwards; in autocommit mode it commits at once). On
+    PostgreSQL they go in the first existing schema of the connection's
+    ``search_path``. A newer schema, a ``search_path`` naming no existing
+    schema, or an existing ``sessions``/``schedule_runs`` table whose ``id``
+    the outbox's foreign keys cannot point at raises
+    :class:`~trio_dispatch.store.base.SchemaError` (one line, naming the
+    table) and changes nothing."""
     adapter = _adapt(conn)
     with adapter.atomic(()):
         if adapter.dialect is POSTGRES:  # one migrator at a time, across hosts
