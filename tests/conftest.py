@@ -98,6 +98,28 @@ def db_target(engine: str, db_path: Path, request: pytest.FixtureRequest) -> str
 
 
 @pytest.fixture
+def fresh_target(engine: str, db_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of this test's alone, with nothing in it: a new SQLite
+    file, or a PostgreSQL database created for the test and dropped after
+    it (for a test that puts tables of its own where the outbox's go)."""
+    if engine == "sqlite":
+        yield str(db_path)
+        return
+    if request.getfixturevalue("postgres_url") is None:
+        pytest.skip(f"no PostgreSQL server answers at {POSTGRES_ADMIN_URL}")
+    import psycopg
+
+    name = f"trio_dispatch_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{POSTGRES_ADMIN_URL.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
 async def store(db_target: str) -> AsyncIterator[SQLiteStore]:
     """An open store on ``db_target`` (use with ``@pytest.mark.anyio``)."""
     async with open_store(db_target) as db:

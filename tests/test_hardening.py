@@ -413,6 +413,7 @@ def test_migrate_creates_the_schema_in_a_new_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {
         "store": f"sqlite:///{fresh}",
+        "schema": None,
         "from_version": None,
         "version": SCHEMA_VERSION,
         "changed": True,

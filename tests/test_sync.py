@@ -5,6 +5,7 @@ a same-key race between two processes, and wake-ups at commit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -409,3 +410,128 @@ async def test_a_whole_transaction_as_one_unit_of_the_group_commit(
         dispatch_id = await db.write(place_order)
         assert db.stats["hops"] - hops == 1  # type: ignore[attr-defined]  # one hop, commit too
     assert raw.row(dispatch_id)["session_id"] == "s-1" and raw.counts() == (1, 1)
+
+
+# -- PostgreSQL: every error on a warm connection, and pipeline mode ---------------------
+
+
+def hold_dedup_key(target: str, key: str) -> Any:
+    """Another transaction holding ``key``, uncommitted: a same-key insert
+    waits for it."""
+    holder = connect("postgres", target)
+    outbox.enqueue_dispatch(holder, kind="k", deliver_to="holder", dedup_key=key)
+    return holder
+
+
+def fail_an_enqueue(app: Any, failure: str) -> None:
+    """An enqueue that fails in the server, the connection already warm."""
+    import psycopg
+
+    if failure == "missing schema":  # the caller's search_path points elsewhere
+        app.execute("SET search_path TO somewhere_else")
+        with pytest.raises(SchemaError, match="install_schema"):
+            outbox.enqueue_dispatch(app, kind="k", deliver_to="lost")
+        app.execute("SET search_path TO DEFAULT")
+    else:  # the key is held by another transaction longer than the caller waits
+        app.execute("SET lock_timeout = '50ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            outbox.enqueue_dispatch(app, kind="k", deliver_to="lost", dedup_key="held")
+        app.execute("SET lock_timeout = DEFAULT")
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "pipeline"])
+@pytest.mark.parametrize("failure", ["missing schema", "lock timeout"])
+def test_a_failing_enqueue_on_a_warm_connection_leaves_the_callers_transaction_usable(
+    app: Any, engine: str, db_target: str, raw: RawDB, failure: str, pipeline: bool
+) -> None:
+    holder = hold_dedup_key(db_target, "held")
+    try:
+        with app.pipeline() if pipeline else contextlib.nullcontext():
+            order(app, engine, "o-1")
+            first = outbox.enqueue_dispatch(app, kind="k", deliver_to="warm")
+            fail_an_enqueue(app, failure)
+            order(app, engine, "o-2")  # the caller's transaction goes on
+            second = outbox.enqueue_dispatch(app, kind="k", deliver_to="after")
+        app.commit()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert raw.scalar("SELECT COUNT(*) FROM orders") == 2
+    rows = raw.rows("SELECT id, deliver_to FROM dispatch_outbox ORDER BY deliver_to")
+    assert [(r["id"], r["deliver_to"]) for r in rows] == [(second, "after"), (first, "warm")]
+    assert raw.counts() == (2, 2)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transaction", "autocommit"])
+def test_enqueues_inside_the_callers_pipeline_return_the_ids_that_commit(
+    engine: str, db_target: str, raw: RawDB, autocommit: bool
+) -> None:
+    outbox.install_schema(connect(engine, db_target, autocommit=True))
+    conn = connect(engine, db_target, autocommit=autocommit)
+    try:
+        warm = outbox.enqueue_dispatch(conn, kind="k", deliver_to="warm")
+        with conn.pipeline():
+            first = outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", dedup_key="d")
+            again = outbox.enqueue_dispatch(conn, kind="k", deliver_to="y", dedup_key="d")
+            many = outbox.enqueue_many(
+                conn,
+                [
+                    {"kind": "k", "deliver_to": "a"},
+                    {"kind": "k", "deliver_to": "b", "dedup_key": "d"},
+                    {"kind": "k", "deliver_to": "c", "dedup_key": "e"},
+                ],
+            )
+        if not autocommit:
+            conn.commit()
+    finally:
+        conn.close()
+    assert again == first and many[1] == outbox.EnqueueResult(first, True)
+    assert not many[0].dedup_hit and not many[2].dedup_hit
+    rows = raw.rows("SELECT id, deliver_to FROM dispatch_outbox")
+    assert {r["id"]: r["deliver_to"] for r in rows} == {
+        warm: "warm",
+        first: "x",
+        many[0].id: "a",
+        many[2].id: "c",
+    }
+    assert raw.counts() == (4, 4)
+
+
+@pytest.mark.postgres_only
+def test_an_error_queued_in_the_callers_pipeline_is_raised_before_the_enqueue_sends_anything(
+    app: Any, engine: str, raw: RawDB, tmp_path: Path
+) -> None:
+    import psycopg
+
+    trace = tmp_path / "libpq.trace"
+    with trace.open("w") as sink:
+        app.pgconn.trace(sink.fileno())
+        try:
+            with pytest.raises(psycopg.errors.DivisionByZero), app.pipeline():
+                app.execute("SELECT 1 / 0")
+                outbox.enqueue_dispatch(app, kind="k", deliver_to="x")
+        finally:
+            app.pgconn.untrace()
+    sent = trace.read_text()
+    assert "1 / 0" in sent and "SAVEPOINT" not in sent and "dispatch_outbox" not in sent
+    app.rollback()
+    assert raw.counts() == (0, 0)
+
+
+@pytest.mark.postgres_only
+def test_a_warm_enqueue_takes_two_round_trips_with_its_savepoint(app: Any, tmp_path: Path) -> None:
+    outbox.enqueue_dispatch(app, kind="k", deliver_to="warm")
+    trace = tmp_path / "libpq.trace"
+    with trace.open("w") as sink:
+        app.pgconn.trace(sink.fileno())
+        try:
+            outbox.enqueue_dispatch(app, kind="k", deliver_to="x")
+        finally:
+            app.pgconn.untrace()
+    sent = trace.read_text()
+    # SAVEPOINT rides with the one-statement enqueue; RELEASE is the second.
+    assert sent.count("\tReadyForQuery") == 2
+    assert "SAVEPOINT trio_dispatch_enqueue" in sent and "RELEASE SAVEPOINT" in sent
+    app.rollback()

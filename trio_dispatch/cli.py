@@ -79,6 +79,7 @@ from .store.base import (
     StoreError,
     check_busy_timeout,
     parse_target,
+    store_schema,
 )
 from .store.schema import SCHEMA_VERSION
 from .validate import INT_MAX
@@ -126,6 +127,7 @@ class StoreChoice:
     busy_timeout: float
     durability: str = "full"
     max_body_bytes: int | None = None
+    schema: str | None = None
 
 
 def resolve_store(
@@ -139,7 +141,9 @@ def resolve_store(
     of the configuration found by SPEC order; ``busy_timeout`` is
     ``--busy-timeout``, else the ``busy_timeout_seconds`` of the
     configuration found by SPEC order (with ``--db`` too, as the worker
-    does). A SQLite store must already exist unless ``must_exist`` is False
+    does). The configuration's ``schema`` goes with its ``store``: a
+    ``--db`` URL names its own (``options=-csearch_path%3DNAME``). A SQLite
+    store must already exist unless ``must_exist`` is False
     (``migrate``): a read must never create an empty database. Raises
     :class:`UsageError` naming what was tried."""
     loaded: Config | None = None
@@ -153,14 +157,18 @@ def resolve_store(
         )
     if path is not None:
         loaded = load_config(path)
+    schema: str | None = None
     if db:
         target, origin = db, "--db"
     else:
         assert loaded is not None and loaded.path is not None
         target, origin = loaded.store_target(), f"store of {loaded.path}"
+        schema = loaded.schema
     register_secrets(url_secrets(target))
     try:
         engine, location = parse_target(target)
+        if engine == "postgres":
+            schema = store_schema(target, schema)
     except ValueError as exc:
         raise UsageError(f"{origin}: {exc}") from None
     wait = (
@@ -173,6 +181,7 @@ def resolve_store(
         wait,
         durability=loaded.durability if loaded is not None else "full",
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
+        schema=schema,
     )
     if engine == "postgres":
         return choice
@@ -253,6 +262,7 @@ async def serve(
         durability=config.durability,
         busy_timeout=config.busy_timeout_seconds,
         max_body_bytes=config.dispatch.max_body_bytes,
+        schema=config.schema,
     ) as db:
         worker = DispatchWorker(db, **config.worker_options())
         for warning in config_warnings(config):
@@ -311,12 +321,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, http=http)
     if args.db:
         store = args.db if "://" in args.db else os.path.abspath(args.db)
-        config = dataclasses.replace(config, store=store)
+        config = dataclasses.replace(config, store=store, schema=None)  # it goes with the store
     if args.busy_timeout is not None:
         config = dataclasses.replace(config, busy_timeout_seconds=args.busy_timeout)
     register_secrets(url_secrets(config.store_target()))
     try:
-        parse_target(config.store_target())
+        if parse_target(config.store_target())[0] == "postgres":
+            schema = store_schema(config.store_target(), config.schema)
+            config = dataclasses.replace(config, schema=schema)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     configure_logging(config.log_level)
@@ -678,7 +690,11 @@ def _print_config(config: Config, path: Path) -> None:
     """``check-config``'s text report: what the worker would run with."""
     template = config.dispatch.notify_template
     print(f"{visible(path)}: ok")
-    print(f"  store: {visible(mask_url(config.store_target()))} (durability {config.durability})")
+    in_schema = f", schema {config.schema}" if config.schema is not None else ""
+    print(
+        f"  store: {visible(mask_url(config.store_target()))} "
+        f"(durability {config.durability}{in_schema})"
+    )
     if config.dispatch.transport == "webhook":
         hook = config.dispatch.webhook.describe()
         print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
@@ -747,6 +763,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 "path": str(path),
                 "valid": True,
                 "store": mask_url(config.store_target()),
+                "schema": config.schema,
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
                 "transport": config.dispatch.transport,
@@ -774,22 +791,25 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 async def _migrate(db: Store, args: argparse.Namespace) -> int:
     found = getattr(db, "found_schema_version", None)
+    schema: str | None = getattr(db, "schema", None)  # PostgreSQL's, when one is set
     version = SCHEMA_VERSION
+    where = visible(db.url) + ("" if schema is None else f" schema {schema}")
     if args.json:
         _emit_json(
             {
                 "store": db.url,
+                "schema": schema,
                 "from_version": found,
                 "version": version,
                 "changed": found != version,
             }
         )
     elif found is None:
-        print(f"created the trio_dispatch schema (version {version}) in {visible(db.url)}")
+        print(f"created the trio_dispatch schema (version {version}) in {where}")
     elif found != version:
-        print(f"migrated {visible(db.url)} from schema version {found} to {version}")
+        print(f"migrated {where} from schema version {found} to {version}")
     else:
-        print(f"{visible(db.url)} is at schema version {version}: nothing to do")
+        print(f"{where} is at schema version {version}: nothing to do")
     return EXIT_OK
 
 
@@ -815,7 +835,11 @@ def _cmd_web(args: argparse.Namespace) -> int:
             # idle database gets no -wal/-shm files and a later commit by
             # another process is seen by the next request (SPEC 12).
             open_store(
-                choice.target, busy_timeout=choice.busy_timeout, read_only=True, snapshot=True
+                choice.target,
+                busy_timeout=choice.busy_timeout,
+                read_only=True,
+                snapshot=True,
+                schema=choice.schema,
             ) as db,
             anyio.create_task_group() as tg,
         ):
@@ -881,6 +905,7 @@ def _cmd_store(args: argparse.Namespace) -> int:
             read_only=args.command in READ_COMMANDS,
             migrate=migrating,
             snapshot=args.command in READ_COMMANDS,
+            schema=choice.schema,
         ) as db:
             if args.command in ID_COMMANDS:
                 args.id = await _resolve_id(db, args.id, in_history=args.command == "history")
@@ -917,8 +942,9 @@ def _global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> 
     group.add_argument(
         "--db",
         metavar="PATH",
-        help="the store (SQLite file, sqlite:/// or postgresql:// URL); default: the "
-        "configuration's store. Other local users can read argv: give a URL with a "
+        help="the store (SQLite file, sqlite:/// or postgresql:// URL; a URL's schema: "
+        "?options=-csearch_path%%3DNAME); default: the configuration's store and "
+        "schema. Other local users can read argv: give a URL with a "
         "password with --db-env",
         **default,
     )

@@ -30,7 +30,9 @@ from .store.base import (
     DEFAULT_MAX_BODY_BYTES,
     DURABILITIES,
     check_busy_timeout,
+    check_schema_name,
     parse_target,
+    store_schema,
 )
 from .transports import ChildEnvironment, is_valid_template
 from .transports.webhook import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, Endpoint, parse_endpoints
@@ -132,6 +134,10 @@ class Config:
     log_level: str
     path: Path | None
     """The absolute path of the file this came from; None if built in memory."""
+    schema: str | None = None
+    """PostgreSQL: the schema that holds the outbox's tables (``schema``, or
+    the ``search_path`` the store URL's ``options`` set); None: the server's
+    ``search_path``."""
 
     def store_target(self) -> str:
         """The ``target`` to pass to ``open_store``.
@@ -266,6 +272,10 @@ def _check_store(key: str, value: object) -> str:
     return value
 
 
+def _check_schema(key: str, value: object) -> str | None:
+    return None if value is None else check_schema_name(value, key)
+
+
 def _check_durability(key: str, value: object) -> str:
     if not isinstance(value, str) or value not in DURABILITIES:
         raise ValueError(f"{key} must be one of {', '.join(DURABILITIES)}, got {show(value)}")
@@ -362,6 +372,7 @@ _Schema = Mapping[str, "_Rule | _Schema"]
 
 _SCHEMA: Final[_Schema] = {
     "store": _Rule(_check_store, "outbox.db"),
+    "schema": _Rule(_check_schema, None),
     "durability": _Rule(_check_durability, "full"),
     "busy_timeout_seconds": _Rule(
         lambda key, value: check_busy_timeout(value, key), DEFAULT_BUSY_TIMEOUT_SECONDS
@@ -465,6 +476,16 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
             tls_context(_relative_to(path, dispatch["webhook"]["ca_file"]))
         except ValueError as exc:
             problems.append(f"dispatch.webhook.ca_file: {exc}")
+    schema: str | None = None
+    if "store" in values and "schema" in values:
+        engine, _ = parse_target(values["store"])
+        if engine != "postgres" and values["schema"] is not None:
+            problems.append("schema applies to a PostgreSQL store only")
+        elif engine == "postgres":
+            try:
+                schema = store_schema(values["store"], values["schema"])
+            except ValueError as exc:
+                problems.append(f"store {mask_url(values['store'])}: {exc}")
     if problems:
         raise ConfigError.collected(source, problems)
     assert dispatch is not None
@@ -478,6 +499,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],
         path=path,
+        schema=schema,
     )
 
 

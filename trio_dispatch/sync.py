@@ -25,10 +25,19 @@ API's own (:mod:`trio_dispatch.outbox`); one small adapter per connection
 kind is all that differs:
 
 - the dispatch and its ``dispatch.pending.enqueued`` transition are written
-  atomically: inside a savepoint on PostgreSQL, so after any error the
-  caller's transaction is still usable with nothing of the failed enqueue in
-  it; on SQLite, where a failed statement leaves the transaction usable, a
-  failure after the first write deletes what the enqueue wrote;
+  atomically: inside a savepoint on PostgreSQL, every time, so after any
+  error (a lock timeout, a table missing from this ``search_path``, a
+  cancel) the caller's transaction is still usable with nothing of the
+  failed enqueue in it; on SQLite, where a failed statement leaves the
+  transaction usable, a failure after the first write deletes what the
+  enqueue wrote;
+- psycopg: the outbox's tables are found through the connection's
+  ``search_path`` (``SET search_path TO outbox`` for an outbox in a schema
+  of its own; ``install_schema`` creates them in the first existing schema
+  on it). Inside the caller's ``conn.pipeline()`` an enqueue first syncs
+  what the caller queued (an error of the caller's is raised then, before
+  anything of the enqueue is sent), then reads each of its results as it
+  needs them;
 - a connection in autocommit mode (``sqlite3`` with ``isolation_level=None``
   or ``autocommit=True``, psycopg ``autocommit=True``, SQLAlchemy
   ``AUTOCOMMIT``) has no transaction to join: the enqueue is its own
@@ -50,8 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 from .outbox import sql
@@ -158,38 +166,74 @@ class _Psycopg:
     where = "this PostgreSQL database"
 
     def __init__(self, conn: Any) -> None:
-        from .store.postgres import PostgresConn
-
         self._conn = conn
-        self._inner = PostgresConn(conn)
+        self._pipeline: Any = None
+        """The pipeline an enqueue runs in (see :meth:`atomic`), or None."""
+
+    def _run(self, send: Callable[[], object]) -> None:
+        send()
+        if self._pipeline is not None:
+            # The statement's result -- or its error -- is wanted now: it
+            # goes out with whatever was queued before it (the SAVEPOINT).
+            self._pipeline.sync()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self._inner.execute(sql, params)
+        with self._conn.cursor() as cursor:
+            self._run(lambda: cursor.execute(_psycopg_sql(sql), tuple(params)))
+            return int(cursor.rowcount)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        return self._inner.executemany(sql, rows)
+        with self._conn.cursor() as cursor:
+            self._run(lambda: cursor.executemany(_psycopg_sql(sql), [tuple(r) for r in rows]))
+            return int(cursor.rowcount)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return self._inner.query(sql, params)
+        from psycopg.rows import dict_row
+
+        with self._conn.cursor(row_factory=dict_row) as cursor:
+            self._run(lambda: cursor.execute(_psycopg_sql(sql), tuple(params)))
+            return list(cursor.fetchall()) if cursor.description else []
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        return self._inner.query_one(sql, params)
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
 
     def announce_enqueue(self) -> None:
-        self._inner.announce_enqueue()  # delivered when the caller commits
+        self.execute(f"NOTIFY {CHANNEL}")  # delivered when the caller commits
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+        # PostgreSQL has no statement-level rollback: any failed statement
+        # (a missing table on this search_path, a lock_timeout on a dedup
+        # key another transaction holds, a cancel) aborts the whole
+        # transaction. So every enqueue runs in a savepoint, on a warm
+        # connection as on a cold one; pipelined, the SAVEPOINT rides with
+        # the first statement and RELEASE is the only extra round trip.
+        import psycopg
+
+        if not psycopg.Pipeline.is_supported():  # libpq before 14
+            with self._protected():
+                yield
+            return
+        with self._conn.pipeline() as pipeline:
+            if pipeline.level > 1:
+                # The caller's own pipeline: what it queued runs now, and
+                # any error of its own is raised here, before anything of
+                # this enqueue is sent.
+                pipeline.sync()
+            self._pipeline = pipeline
+            try:
+                with self._protected():
+                    yield
+            finally:
+                self._pipeline = None
+
+    @contextlib.contextmanager
+    def _protected(self) -> Iterator[None]:
         conn = self._conn
         if conn.autocommit:  # no transaction to join: its own, committed at once
             with conn.transaction():
                 yield
-            return
-        if len(ids) == 1 and conn in _SCHEMA_SEEN:
-            # One enqueue is one statement (a data-modifying WITH): it cannot
-            # half-fail, a dedup hit does not raise, and the schema is known
-            # to be there, so no savepoint round trips are needed.
-            yield
             return
         conn.execute(f"SAVEPOINT {_SAVEPOINT}")  # psycopg begins the caller's transaction
         try:
@@ -199,12 +243,10 @@ class _Psycopg:
             conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
             raise
         conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-        if ids:
-            _SCHEMA_SEEN.add(conn)
 
 
-_SCHEMA_SEEN: Final[weakref.WeakSet[Any]] = weakref.WeakSet()
-"""psycopg connections an enqueue has already succeeded on."""
+def _psycopg_sql(sql: str) -> str:
+    return to_paramstyle(sql, "format")
 
 
 # -- SQLAlchemy -------------------------------------------------------------------
@@ -435,9 +477,13 @@ def enqueue_many(
 def install_schema(conn: object) -> None:
     """Create the outbox tables in ``conn``'s database, or bring them forward
     to this version -- idempotently, in the caller's current transaction
-    (commit it afterwards; in autocommit mode it commits at once). A newer
-    schema raises :class:`~trio_dispatch.store.base.SchemaError` and changes
-    nothing."""
+    (commit it afterwards; in autocommit mode it commits at once). On
+    PostgreSQL they go in the first existing schema of the connection's
+    ``search_path``. A newer schema, a ``search_path`` naming no existing
+    schema, or an existing ``sessions``/``schedule_runs`` table whose ``id``
+    the outbox's foreign keys cannot point at raises
+    :class:`~trio_dispatch.store.base.SchemaError` (one line, naming the
+    table) and changes nothing."""
     adapter = _adapt(conn)
     with adapter.atomic(()):
         if adapter.dialect is POSTGRES:  # one migrator at a time, across hosts

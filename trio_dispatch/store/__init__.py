@@ -84,6 +84,7 @@ async def open_store(
     migrate: bool = True,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     snapshot: bool = False,
+    schema: str | None = None,
 ) -> AsyncIterator[Store]:
     """Open (creating or migrating forward) the store that ``target`` names
     and close it when the block exits.
@@ -108,6 +109,16 @@ async def open_store(
     its ``-wal``/``-shm`` files, and another process's commits are seen by
     the next read.
 
+    ``schema`` (PostgreSQL) is the schema that holds every outbox table: it
+    is created if absent (when migrating) and is the ``search_path`` of
+    every connection the store opens. A URL's
+    ``options=-csearch_path%3Dname`` names it too (the first schema of the
+    path). Without either, the tables live where the server's
+    ``search_path`` puts them (usually ``public``). An existing
+    ``sessions``/``schedule_runs`` table the outbox's foreign keys cannot
+    point at is refused (:class:`SchemaError` naming it) before anything
+    is created.
+
     Raises ``ValueError`` for a target or option it cannot use, naming it
     (password masked), before touching any file; :class:`StoreError` (one
     line, password masked) when the database cannot be opened.
@@ -123,6 +134,10 @@ async def open_store(
         raise ValueError(f"max_body_bytes must be an int >= 1, got {show(max_body_bytes)}")
     raw = os.fspath(target)
     engine, location = parse_target(raw)
+    if schema is not None and engine != "postgres":
+        raise ValueError(
+            f"schema {show(schema)} applies to a PostgreSQL store only, not {show(mask_url(raw))}"
+        )
     store: SQLiteStore | PostgresStore
     if engine == "postgres":
         from .postgres import PostgresStore  # psycopg is imported only for it
@@ -134,6 +149,7 @@ async def open_store(
             read_only=read_only,
             migrate=migrate,
             max_body_bytes=max_body_bytes,
+            schema=schema,
         )
     else:
         store = SQLiteStore(

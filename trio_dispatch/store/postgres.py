@@ -23,6 +23,7 @@ from .base import (
     Row,
     StoreError,
     T,
+    store_schema,
 )
 from .batching import BatchingStore
 from .placeholders import to_paramstyle
@@ -114,22 +115,40 @@ def _configure(
     durability: str,
     lock_timeout: float,
     read_only: bool = False,
+    schema: str | None = None,
 ) -> None:
     # JSON columns come back as their text, as stored (the payload is sent as is).
     conn.adapters.register_loader("json", TextLoader)
     conn.adapters.register_loader("jsonb", TextLoader)
     conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
     conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+    if schema is not None:
+        # Every outbox statement names its tables unqualified: on every
+        # connection of the store they resolve in this schema alone
+        # (pg_catalog, always searched first, still serves the built-ins).
+        # The name is a checked identifier (store_schema).
+        conn.execute(f'SET search_path TO "{schema}"')
     if read_only:
         conn.execute("SET default_transaction_read_only = on")
 
 
 def _connect(
-    url: str, *, durability: str, lock_timeout: float, read_only: bool = False
+    url: str,
+    *,
+    durability: str,
+    lock_timeout: float,
+    read_only: bool = False,
+    schema: str | None = None,
 ) -> psycopg.Connection[Any]:
     conn = psycopg.connect(url, autocommit=True)
     try:
-        _configure(conn, durability=durability, lock_timeout=lock_timeout, read_only=read_only)
+        _configure(
+            conn,
+            durability=durability,
+            lock_timeout=lock_timeout,
+            read_only=read_only,
+            schema=schema,
+        )
     except BaseException:
         conn.close()
         raise
@@ -149,6 +168,7 @@ class PostgresStore(BatchingStore):
         read_only: bool = False,
         migrate: bool = True,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        schema: str | None = None,
     ) -> None:
         if psycopg is None:
             raise StoreError(
@@ -160,6 +180,10 @@ class PostgresStore(BatchingStore):
         register_secrets(url_secrets(url))
         self.durability = durability
         self.busy_timeout = busy_timeout
+        self.schema = store_schema(url, schema)
+        """The schema that holds the outbox's tables (None: the first of the
+        server's ``search_path``)."""
+        self._where = self.url if self.schema is None else f"{self.url} schema {self.schema}"
         self._writer: psycopg.Connection[Any] | None = None
         self._lazy: PostgresConn | None = None  # the writer's Conn, typed as itself
         self._readers: ConnectionPool[Any] | None = None
@@ -171,6 +195,7 @@ class PostgresStore(BatchingStore):
             durability=self.durability,
             lock_timeout=self.busy_timeout,
             read_only=self.read_only,
+            schema=self.schema,
         )
 
     def _read_pool(self) -> ConnectionPool[Any]:
@@ -184,6 +209,7 @@ class PostgresStore(BatchingStore):
                 durability=self.durability,
                 lock_timeout=self.busy_timeout,
                 read_only=self.read_only,
+                schema=self.schema,
             ),
             open=True,
         )
@@ -192,7 +218,9 @@ class PostgresStore(BatchingStore):
         if self.read_only:
             probe = self._connect()
             try:
-                self.found_schema_version = require_current(PostgresConn(probe), POSTGRES, self.url)
+                self.found_schema_version = require_current(
+                    PostgresConn(probe), POSTGRES, self._where
+                )
             finally:
                 probe.close()
             self._readers = self._read_pool()
@@ -202,10 +230,12 @@ class PostgresStore(BatchingStore):
             if self.migrate:
                 with writer.transaction():  # one migrator at a time, on any host
                     writer.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                    self.found_schema_version = migrate(PostgresConn(writer), POSTGRES, self.url)
+                    self.found_schema_version = migrate(
+                        PostgresConn(writer), POSTGRES, self._where, self.schema
+                    )
             else:
                 self.found_schema_version = require_current(
-                    PostgresConn(writer), POSTGRES, self.url
+                    PostgresConn(writer), POSTGRES, self._where
                 )
             readers = self._read_pool()
         except BaseException:
