@@ -46,6 +46,23 @@ class StoreError(RuntimeError):
     write. The message is one line and never holds a password."""
 
 
+class ConnectionLostError(StoreError):
+    """The store's connection to its server ended under this unit of work
+    (a server restart, a failover, ``pg_terminate_backend``, an idle-session
+    timeout). The store reconnects by itself; whether to try the work again
+    is the caller's choice, made with :attr:`outcome_unknown`."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        super().__init__(message)
+        self.outcome_unknown = outcome_unknown
+        """False: nothing of the work was committed (the server rolls back a
+        transaction whose session ended before its COMMIT), so running it
+        again is safe. True: the connection ended while the COMMIT was on
+        its way, and the work may or may not have been committed; running
+        it again may apply it twice (an enqueue with a ``dedup_key`` is safe
+        to repeat)."""
+
+
 class SchemaError(StoreError):
     """The database's schema cannot be used by this version: missing, older
     (run ``trio-dispatch migrate``) or newer (upgrade trio_dispatch)."""

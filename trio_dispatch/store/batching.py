@@ -10,6 +10,17 @@ never fails or undoes another's write, and every result reported was
 committed. An engine supplies the connection and five synchronous
 primitives (begin, commit, rollback, in-transaction, close).
 
+A connection that ends under a batch (:class:`~.base.ConnectionLostError`,
+raised by an engine that reconnects) fails the units whose statement was
+running -- all the items of a coalesced step, since which of them the
+server saw is unknown -- and nothing else: the other units of the batch
+had not been committed either, and run again in a new transaction (the
+engine reconnects when it begins), as after any unit's error. A connection
+that ends during the COMMIT fails every unit of the batch with an error
+saying the outcome is unknown; none is run again, since running twice
+what may have committed is not safe in general (an enqueue without a
+``dedup_key`` would be sent twice).
+
 The writer's thread (a :class:`~trio_dispatch._threads.ServiceThread`) is
 started on first use and stopped by :meth:`BatchingStore.aclose`. Under trio
 and asyncio alike a job handed to it and its result handed back cost about
@@ -39,7 +50,16 @@ import anyio
 
 from .._threads import ServiceThread
 from ..redact import mask_url
-from .base import DEFAULT_MAX_BODY_BYTES, Conn, ItemT, ResultT, Row, StoreError, T
+from .base import (
+    DEFAULT_MAX_BODY_BYTES,
+    Conn,
+    ConnectionLostError,
+    ItemT,
+    ResultT,
+    Row,
+    StoreError,
+    T,
+)
 
 
 class _State(enum.Enum):
@@ -301,7 +321,15 @@ class BatchingStore(abc.ABC):
                     _run_step(conn, step)
                 except BaseException as exc:
                     self._rollback()
-                    if len(step) > 1:
+                    if isinstance(exc, ConnectionLostError):
+                        # The step was on the wire when the connection ended:
+                        # its units fail (nothing of them committed). The
+                        # others never committed either; they run again, on
+                        # a new connection if one can be had.
+                        for unit in step:
+                            unit.error = exc
+                        rerun = [unit for unit in units if unit not in step]
+                    elif len(step) > 1:
                         # Which item failed is unknown: each runs alone next time.
                         for unit in step:
                             unit.alone = True

@@ -7,19 +7,45 @@ LOCKED``), so concurrent workers never wait on each other's rows; every
 write keeps the outbox's (status, attempt, lease) fencing. An enqueue sends
 ``NOTIFY trio_dispatch`` in its own transaction, so workers listening on any
 host wake at once; the tick remains the fallback.
+
+A connection that ends (a server restart, a failover, an idle-session
+timeout, ``pg_terminate_backend``) is replaced, never reused: the writer
+checks its connection before each transaction begins -- an idle
+connection the server closed has already said so on its socket, so no
+caller's work is spent finding out -- and reconnects, waiting
+:data:`RECONNECT_FIRST_DELAY` doubling to :data:`RECONNECT_MAX_DELAY`
+between tries while the server does not answer (each write that comes
+meanwhile makes at most one try, and fails with
+:class:`~.base.ConnectionLostError` if it fails). The listener reconnects
+the same way, listens again and calls back once (notifications sent while
+it was away are lost). The read pool drops a dead connection before a read
+uses it. Work that was running when its connection ended fails with
+:class:`~.base.ConnectionLostError`: nothing of it was committed, except
+when the COMMIT itself went unanswered, which the error says
+(``outcome_unknown``).
 """
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import anyio
 
-from ..redact import mask_url, register_secrets, scrubbed_logger, url_secrets
+from ..redact import (
+    known_secrets,
+    mask_url,
+    one_line,
+    register_secrets,
+    scrubbed_logger,
+    url_secrets,
+)
 from .base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
+    ConnectionLostError,
     Row,
     StoreError,
     T,
@@ -31,7 +57,7 @@ from .schema import MIGRATION_LOCK, POSTGRES, migrate, require_current
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     import psycopg
-    from psycopg.pq import TransactionStatus
+    from psycopg.pq import ConnStatus, TransactionStatus
     from psycopg.rows import dict_row
     from psycopg.types.string import TextLoader
     from psycopg_pool import ConnectionPool
@@ -41,6 +67,11 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 CHANNEL: Final = "trio_dispatch"
 READERS: Final = 4
 """Connections in the read pool (and reads running at once)."""
+RECONNECT_FIRST_DELAY: Final = 0.05
+"""Seconds between the first failed reconnect and the next try (the first
+try is at once); each failure doubles it up to :data:`RECONNECT_MAX_DELAY`."""
+RECONNECT_MAX_DELAY: Final = 2.0
+"""The longest wait between two tries to reconnect, in seconds."""
 
 log = scrubbed_logger("trio_dispatch.store")
 
@@ -48,6 +79,49 @@ log = scrubbed_logger("trio_dispatch.store")
 def _placeholders(sql: str) -> str:
     """The outbox's portable SQL (``?`` placeholders) in psycopg's style."""
     return to_paramstyle(sql, "format")
+
+
+def _lost(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn``'s session has ended (libpq knows it is dead)."""
+    return conn.closed or conn.broken
+
+
+def _alive(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection still has its session, without a round
+    trip: a server that ended the session (terminated, shutting down) sent
+    its last words and closed the socket, so an idle connection with
+    something to read is read, and libpq sees the end. A session that is
+    cut without a word (a network partition) looks alive until used."""
+    if _lost(conn):
+        return False
+    try:
+        fd = conn.fileno()
+        for _ in range(4):  # the farewell, then the end of the stream
+            if not _readable(fd):
+                return True
+            conn.pgconn.consume_input()
+            if conn.pgconn.status != ConnStatus.OK:
+                return False
+    except (psycopg.Error, OSError, ValueError):
+        return False
+    return not _lost(conn)
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))  # POLLHUP and POLLERR count too
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - no poll()
+
+
+def _reason(exc: BaseException) -> str:
+    """A driver error as one password-free line."""
+    return one_line(exc, known_secrets())
+
+
+def _next_delay(delay: float) -> float:
+    return min(RECONNECT_MAX_DELAY, max(RECONNECT_FIRST_DELAY, delay * 2))
 
 
 class PostgresConn:
@@ -61,13 +135,22 @@ class PostgresConn:
     row_key = "id"
     writes_in_with = True
 
-    __slots__ = ("_conn", "begin_pending")
+    __slots__ = ("_conn", "begin_pending", "where")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], where: str = "the server") -> None:
         self._conn = conn
         self.begin_pending = False
+        self.where = where  # the masked URL, for messages
 
     def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
+        try:
+            self._send_once(send, pipelined)
+        except psycopg.OperationalError as exc:
+            if not _lost(self._conn):
+                raise
+            _raise_lost(exc, self.where)
+
+    def _send_once(self, send: Callable[[], object], pipelined: bool) -> None:
         if not self.begin_pending:
             send()
             return
@@ -107,6 +190,13 @@ class PostgresConn:
     def announce_enqueue(self) -> None:
         # Delivered to listeners when (and only if) this transaction commits.
         self.execute(f"NOTIFY {CHANNEL}")
+
+
+def _raise_lost(exc: BaseException, where: str) -> NoReturn:
+    raise ConnectionLostError(
+        f"the connection to {where} ended during this transaction ({_reason(exc)}): "
+        "nothing in it was committed"
+    ) from None
 
 
 def _configure(
@@ -188,6 +278,14 @@ class PostgresStore(BatchingStore):
         self._lazy: PostgresConn | None = None  # the writer's Conn, typed as itself
         self._readers: ConnectionPool[Any] | None = None
         self._read_limiter = anyio.CapacityLimiter(READERS)
+        # The writer's reconnection (its thread only): when the loss was
+        # found, tries since, and when the next try may start.
+        self._lost_at: float | None = None
+        self._tries = 0
+        self._delay = 0.0
+        self._next_try_at = 0.0
+        self.reconnects = {"writer": 0, "listener": 0}
+        """Connections replaced after their session ended, by role."""
 
     def _connect(self) -> psycopg.Connection[Any]:
         return _connect(
@@ -242,7 +340,42 @@ class PostgresStore(BatchingStore):
             writer.close()
             raise
         self._writer, self._readers = writer, readers
-        self._writer_conn = self._lazy = PostgresConn(writer)
+        self._writer_conn = self._lazy = PostgresConn(writer, self.url)
+
+    def _ensure_writer(self) -> None:
+        """Replace the writer connection if its session has ended; on
+        failure raise :class:`ConnectionLostError` (the next try waits out
+        the backoff first, at most :data:`RECONNECT_MAX_DELAY`)."""
+        assert self._lazy is not None
+        writer = self._writer
+        if writer is not None and _alive(writer):
+            return
+        now = time.monotonic()
+        if self._lost_at is None:
+            self._lost_at, self._tries, self._delay, self._next_try_at = now, 0, 0.0, now
+            if writer is not None:
+                writer.close()
+        if self._next_try_at > now:
+            time.sleep(self._next_try_at - now)
+        self._tries += 1
+        try:
+            writer = self._connect()
+        except psycopg.Error as exc:
+            self._delay = _next_delay(self._delay)
+            self._next_try_at = time.monotonic() + self._delay
+            raise ConnectionLostError(
+                f"the connection to {self.url} ended and reconnecting failed "
+                f"({_reason(exc)}); the next try waits {self._delay:g}s"
+            ) from None
+        self._writer = self._lazy._conn = writer
+        self.reconnects["writer"] += 1
+        log.warning(
+            "store %s: the writer's connection had ended; reconnected (%d tries, %.2fs)",
+            self.url,
+            self._tries,
+            time.monotonic() - self._lost_at,
+        )
+        self._lost_at = None
 
     # -- the engine primitives ---------------------------------------------------
 
@@ -250,7 +383,8 @@ class PostgresStore(BatchingStore):
         # Lazy: BEGIN goes out with the transaction's first statement, in
         # one round trip (a PostgreSQL BEGIN waits for nothing, unlike
         # SQLite's BEGIN IMMEDIATE, so sending it later changes no outcome).
-        assert self._writer is not None and self._lazy is not None
+        assert self._lazy is not None
+        self._ensure_writer()
         self._lazy.begin_pending = True
 
     def _commit(self) -> None:
@@ -261,11 +395,22 @@ class PostgresStore(BatchingStore):
         if self._writer.info.transaction_status == TransactionStatus.INERROR:
             # A statement failed and its caller went on: PostgreSQL would
             # answer COMMIT with a silent ROLLBACK. Say so instead.
-            self._writer.execute("ROLLBACK")
+            self._rollback()
             raise StoreError(
                 "the transaction was aborted by an earlier error in it; nothing was committed"
             )
-        self._writer.execute("COMMIT")
+        try:
+            self._writer.execute("COMMIT")
+        except psycopg.OperationalError as exc:
+            if not _lost(self._writer):
+                raise
+            # The server may have committed and its answer been lost:
+            # never report success, nor claim a rollback.
+            raise ConnectionLostError(
+                f"the connection to {self.url} ended while committing ({_reason(exc)}); "
+                "the outcome is unknown: the transaction may or may not have been committed",
+                outcome_unknown=True,
+            ) from None
 
     def _rollback(self) -> None:
         if self._lazy is not None and self._lazy.begin_pending:
@@ -273,7 +418,14 @@ class PostgresStore(BatchingStore):
             return
         if self._in_transaction():
             assert self._writer is not None
-            self._writer.execute("ROLLBACK")
+            try:
+                self._writer.execute("ROLLBACK")
+            except psycopg.Error:
+                # Never leave a session idle in a transaction: closing ends
+                # it on the server (a rollback), and the next transaction
+                # reconnects. This runs on error paths: the first error is
+                # the one to report.
+                self._writer.close()
 
     def _in_transaction(self) -> bool:
         if self._lazy is not None and self._lazy.begin_pending:
@@ -295,19 +447,26 @@ class PostgresStore(BatchingStore):
 
     async def read(self, work: Callable[[PostgresConn], T]) -> T:
         """Run ``work`` on a snapshot (a read-only repeatable-read
-        transaction) from the read pool; reads never wait for the writer."""
+        transaction) from the read pool; reads never wait for the writer.
+        A pooled connection whose session has ended is dropped before use
+        (the pool opens another); one that ends during the read raises
+        :class:`ConnectionLostError`."""
         self._check_open()
         readers = self._readers
         if readers is None:
             raise StoreError(f"store {self.url} is closed")
 
         def run() -> T:
+            # After a restart every idle connection of the pool is dead:
+            # each is found so without a round trip, and closed (the pool
+            # replaces a closed connection when it comes back).
+            for _ in range(READERS):
+                with readers.connection() as reader:
+                    if _alive(reader):
+                        return _read(reader, work, self.url)
+                    reader.close()
             with readers.connection() as reader:
-                reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                try:
-                    return work(PostgresConn(reader))
-                finally:
-                    reader.execute("ROLLBACK")
+                return _read(reader, work, self.url)
 
         return await anyio.to_thread.run_sync(run, limiter=self._read_limiter)
 
@@ -323,29 +482,101 @@ class PostgresStore(BatchingStore):
         an enqueue to this database, until cancelled. Raises if notifications
         are unavailable (e.g. behind a transaction-mode pooler); the caller
         then relies on its tick."""
-        conn = await anyio.to_thread.run_sync(self._connect)
+        conn = await anyio.to_thread.run_sync(self._listening)
         try:
-            await anyio.to_thread.run_sync(conn.execute, f"LISTEN {CHANNEL}")
             task_status.started()
-            fd = conn.fileno()
             while True:
-                # The event loop watches the socket: cancellation is at once,
-                # and no thread sits in a timed wait.
-                await anyio.wait_readable(fd)
-                if _drain_notifications(conn):
-                    callback()
+                try:
+                    await _relay(conn, callback)
+                except psycopg.OperationalError as exc:
+                    if not _lost(conn):
+                        raise
+                    reason = _reason(exc)
+                await anyio.to_thread.run_sync(conn.close)
+                conn = await self._listen_again(reason)
+                callback()  # what was sent while it was away is lost: look once
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(conn.close)
 
+    def _listening(self) -> psycopg.Connection[Any]:
+        """A new connection that listens on :data:`CHANNEL`."""
+        conn = self._connect()
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _listen_again(self, reason: str) -> psycopg.Connection[Any]:
+        """Reconnect and listen, waiting :data:`RECONNECT_FIRST_DELAY`
+        doubling to :data:`RECONNECT_MAX_DELAY` between tries while the
+        server does not answer; anything else (e.g. a pooler refusing
+        LISTEN) raises."""
+        started = time.monotonic()
+        delay, tries = 0.0, 0
+        while True:
+            tries += 1
+            try:
+                conn = await anyio.to_thread.run_sync(self._listening)
+            except psycopg.OperationalError as exc:
+                reason = _reason(exc)
+                delay = _next_delay(delay)
+                log.debug("store %s: listening again failed (%s)", self.url, reason)
+                await anyio.sleep(delay)
+                continue
+            self.reconnects["listener"] += 1
+            log.warning(
+                "store %s: the listener's connection had ended (%s); "
+                "listening again (%d tries, %.2fs)",
+                self.url,
+                reason,
+                tries,
+                time.monotonic() - started,
+            )
+            return conn
+
+
+def _read(reader: psycopg.Connection[Any], work: Callable[[PostgresConn], T], where: str) -> T:
+    """``work`` in a read-only snapshot on ``reader``, which is left with
+    no transaction open (or closed, and so dropped by the pool)."""
+    try:
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return work(PostgresConn(reader, where))
+    except psycopg.OperationalError as exc:
+        if not _lost(reader):
+            raise
+        _raise_lost(exc, where)
+    finally:
+        if not _lost(reader):
+            try:
+                reader.execute("ROLLBACK")
+            except psycopg.Error:
+                reader.close()  # the first error is the one to report
+
+
+async def _relay(conn: psycopg.Connection[Any], callback: Callable[[], None]) -> NoReturn:
+    """Call ``callback`` for each batch of notifications on ``conn`` until
+    its session ends (psycopg's OperationalError)."""
+    fd = conn.fileno()
+    while True:
+        # The event loop watches the socket: cancellation is at once,
+        # and no thread sits in a timed wait.
+        await anyio.wait_readable(fd)
+        if _drain_notifications(conn):
+            callback()
+
 
 def _drain_notifications(conn: psycopg.Connection[Any]) -> int:
     """Read what the server sent on an idle listening connection; return how
-    many notifications came. Raises if the connection failed (the server
-    went away): the listener then falls back to its tick and reconnects."""
+    many notifications came. Raises psycopg's OperationalError once the
+    session has ended (the server went away or ended it)."""
     pgconn = conn.pgconn
     pgconn.consume_input()
     count = 0
     while pgconn.notifies() is not None:
         count += 1
+    if pgconn.status != ConnStatus.OK:  # pragma: no cover - consume_input raises first
+        raise psycopg.OperationalError("the connection is closed")
     return count
