@@ -14,6 +14,8 @@ import anyio
 import pytest
 
 from trio_dispatch import (
+    AckRefused,
+    DispatchNotFound,
     InvalidTransition,
     ack_dispatch,
     deliver_due_dispatches,
@@ -67,8 +69,11 @@ async def test_ack_of_missing_row_raises_lookup_error_and_writes_nothing(
     dispatch_id = await enqueue(store)
     before = snapshot(raw)
 
-    with pytest.raises(LookupError):
+    with pytest.raises(DispatchNotFound) as caught:
         await ack_dispatch(store, "0" * 32, token_of(raw, dispatch_id), now=T0 + 1)
+
+    assert isinstance(caught.value, LookupError)  # what callers caught before
+    assert caught.value.dispatch_id == "0" * 32
 
     assert snapshot(raw) == before
     assert raw.counts() == (1, 1)
@@ -84,6 +89,7 @@ async def test_ack_of_row_without_ack_required_raises_value_error_and_writes_not
         await ack_dispatch(store, dispatch_id, "f" * 32, now=T0 + 1)
 
     assert not isinstance(caught.value, InvalidTransition)
+    assert isinstance(caught.value, AckRefused)
     assert snapshot(raw) == before
     assert raw.row(dispatch_id)["status"] == "pending"
 
@@ -115,7 +121,8 @@ async def test_ack_with_wrong_token_raises_value_error_and_writes_nothing(
     with pytest.raises(ValueError) as caught:
         await ack_dispatch(store, dispatch_id, wrong, now=T0 + 1)
 
-    assert type(caught.value) is ValueError  # not InvalidTransition, not TypeError
+    # A ValueError, as callers caught before; not InvalidTransition, not TypeError.
+    assert type(caught.value) is AckRefused
     assert snapshot(raw) == before
     assert raw.row(dispatch_id)["status"] == "pending"
 

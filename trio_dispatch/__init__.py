@@ -8,41 +8,67 @@ acknowledgement, recording every status change with a reason.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._version import __version__
-from .backoff import backoff_seconds
-from .config import resolve_notify_template
-from .lifecycle import InvalidTransition
-from .outbox import (
-    DEFAULT_MAX_ATTEMPTS,
-    EnqueueResult,
-    ack_dispatch,
-    deliver_due_dispatches,
-    enqueue_dispatch,
-    enqueue_many,
-    get_dispatch,
-    list_dispatches,
-    list_transitions,
-    prune_dispatches,
-    purge_dispatch,
-    retry_dispatch,
-)
-from .revival import enqueue_revival_heartbeat
-from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
-from .store import open_store
-from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
-from .worker import DispatchWorker
+
+if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on first use
+    from .backoff import backoff_seconds
+    from .config import resolve_notify_template
+    from .errors import (
+        AckRefused,
+        ConfigError,
+        ConnectionLostError,
+        DispatchError,
+        DispatchNotFound,
+        InvalidTransition,
+        SchemaError,
+        StoreError,
+        TransactionMisuse,
+        WorkerError,
+    )
+    from .outbox import (
+        DEFAULT_MAX_ATTEMPTS,
+        EnqueueResult,
+        ack_dispatch,
+        deliver_due_dispatches,
+        enqueue_dispatch,
+        enqueue_many,
+        get_dispatch,
+        list_dispatches,
+        list_transitions,
+        prune_dispatches,
+        purge_dispatch,
+        retry_dispatch,
+    )
+    from .outbox.enqueue import EnqueueArgs
+    from .revival import enqueue_revival_heartbeat
+    from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
+    from .store import open_store
+    from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
+    from .worker import DispatchWorker
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "NOTIFY_TIMEOUT_SECONDS",
     "SIGNAL_SCHEMA_VERSION",
+    "AckRefused",
+    "ConfigError",
+    "ConnectionLostError",
     "Delivery",
+    "DispatchError",
+    "DispatchNotFound",
     "DispatchSignal",
     "DispatchWorker",
+    "EnqueueArgs",
     "EnqueueResult",
     "InvalidTransition",
+    "SchemaError",
     "Signal",
+    "StoreError",
+    "TransactionMisuse",
     "TransportResult",
+    "WorkerError",
     "__version__",
     "ack_dispatch",
     "asyncio_transport",
@@ -60,3 +86,61 @@ __all__ = [
     "resolve_notify_template",
     "retry_dispatch",
 ]
+
+# Where each public name lives. Importing ``trio_dispatch`` (or one of its
+# modules, such as ``trio_dispatch.sync``) loads only what that needs: the
+# worker, YAML and the web stack load when first named.
+_LAZY: dict[str, str] = {
+    "ack_dispatch": ".outbox",
+    "AckRefused": ".errors",
+    "asyncio_transport": ".transports",
+    "backoff_seconds": ".backoff",
+    "ConfigError": ".errors",
+    "ConnectionLostError": ".errors",
+    "DEFAULT_MAX_ATTEMPTS": ".outbox",
+    "deliver_due_dispatches": ".outbox",
+    "Delivery": ".transports",
+    "DispatchError": ".errors",
+    "DispatchNotFound": ".errors",
+    "DispatchSignal": ".signal",
+    "DispatchWorker": ".worker",
+    "enqueue_dispatch": ".outbox",
+    "enqueue_many": ".outbox",
+    "EnqueueArgs": ".outbox.enqueue",
+    "enqueue_revival_heartbeat": ".revival",
+    "EnqueueResult": ".outbox",
+    "get_dispatch": ".outbox",
+    "InvalidTransition": ".errors",
+    "list_dispatches": ".outbox",
+    "list_transitions": ".outbox",
+    "NOTIFY_TIMEOUT_SECONDS": ".transports",
+    "open_store": ".store",
+    "prune_dispatches": ".outbox",
+    "purge_dispatch": ".outbox",
+    "resolve_notify_template": ".config",
+    "retry_dispatch": ".outbox",
+    "SchemaError": ".errors",
+    "Signal": ".signal",
+    "SIGNAL_SCHEMA_VERSION": ".signal",
+    "StoreError": ".errors",
+    "TransactionMisuse": ".errors",
+    "TransportResult": ".transports",
+    "WorkerError": ".errors",
+}
+
+
+if not TYPE_CHECKING:  # a type checker sees the imports above, and no catch-all
+
+    def __getattr__(name: str) -> object:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'trio_dispatch' has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 
+from .errors import ConfigError as ConfigError
 from .redact import mask_url
 from .settings import SETTING_CHECKS, WorkerSettings
 from .store.base import (
@@ -49,26 +50,6 @@ MAX_CONFIG_BYTES: Final = 1024 * 1024
 """A configuration file larger than this is refused unread."""
 
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
-class ConfigError(ValueError):
-    """A configuration file that cannot be used.
-
-    The message is one line, starts with the file it concerns and names the
-    offending key (as a dotted path) or the YAML position. A file with
-    several bad keys is reported whole: ``problems`` holds each one (without
-    the file name), and the message joins them with ``"; "``.
-    """
-
-    def __init__(self, message: str, problems: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.problems: tuple[str, ...] = problems or (message,)
-        """Each problem found, one line each, in file order."""
-
-    @classmethod
-    def collected(cls, source: str, problems: list[str]) -> ConfigError:
-        """One error for every problem found in ``source``."""
-        return cls(f"{source}: {'; '.join(problems)}", tuple(problems))
 
 
 TRANSPORTS: Final = ("command", "webhook")

@@ -17,6 +17,8 @@ import enum
 from collections.abc import Iterable
 from typing import Final
 
+from .errors import InvalidTransition as InvalidTransition
+
 
 class Status(enum.StrEnum):
     """A dispatch row's status: the column ``dispatch_outbox.status``."""
@@ -149,20 +151,6 @@ _EDGES: Final[dict[tuple[str, str], frozenset[Source]]] = {
 }
 
 EDGES: Final = frozenset(_EDGES)
-
-
-class InvalidTransition(ValueError):
-    """A status change that the closed lifecycle graph does not allow."""
-
-    def __init__(self, dispatch_id: str, from_status: str, to_status: str, why: str = "") -> None:
-        self.dispatch_id = dispatch_id
-        self.from_status = from_status
-        self.to_status = to_status
-        detail = f": {why}" if why else ""
-        super().__init__(
-            f"dispatch {dispatch_id}: transition {str(from_status)!r} -> {str(to_status)!r} "
-            f"is not allowed{detail}"
-        )
 
 
 def check_edge(dispatch_id: str, from_status: str, to_status: str, *, source: str) -> None:

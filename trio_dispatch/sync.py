@@ -60,12 +60,12 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, Unpack
 
 from .outbox import sql
-from .outbox.enqueue import DEFAULT_MAX_ATTEMPTS, prepare, prepare_items
+from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
 from .outbox.machine import EnqueueResult, NewDispatch, insert_all
-from .store.base import DEFAULT_MAX_BODY_BYTES, Conn, Row, SchemaError
+from .store.base import Conn, Row, SchemaError
 from .store.placeholders import to_paramstyle
 from .store.schema import MIGRATION_LOCK, POSTGRES, SQLITE, Dialect, migrate
 from .validate import clock_from
@@ -421,20 +421,7 @@ def _write(
         raise
 
 
-def enqueue_dispatch(
-    conn: object,
-    *,
-    kind: str,
-    deliver_to: str,
-    body: dict[str, Any] | None = None,
-    dedup_key: str | None = None,
-    ack_required: bool = False,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    expires_at: float | None = None,
-    session_id: str | None = None,
-    schedule_run_id: str | None = None,
-    now: float | None = None,
-) -> str:
+def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[EnqueueArgs]) -> str:
     """Write one dispatch and its ``dispatch.pending.enqueued`` transition in
     the caller's current transaction on ``conn``; return its id (the first
     row's id on a dedup hit, writing nothing). Never commits, rolls back or
@@ -448,18 +435,7 @@ def enqueue_dispatch(
     usable, with nothing of this enqueue in it.
     """
     adapter = _adapt(conn)  # an unsupported connection is refused before anything else
-    new = prepare(
-        kind=kind,
-        deliver_to=deliver_to,
-        body=body,
-        dedup_key=dedup_key,
-        ack_required=ack_required,
-        max_attempts=max_attempts,
-        expires_at=expires_at,
-        session_id=session_id,
-        schedule_run_id=schedule_run_id,
-        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
-    )
+    new = prepare(args)
     return _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
 
 
@@ -470,7 +446,7 @@ def enqueue_many(
     transaction; one :class:`EnqueueResult` per item, in order. An invalid
     item raises, naming its index, before anything is written."""
     adapter = _adapt(conn)
-    batch = prepare_items(items, DEFAULT_MAX_BODY_BYTES)
+    batch = prepare_items(items)
     return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 from ..signal import dispatch_envelope_json, uuid7_bytes
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
@@ -30,47 +30,74 @@ from .machine import EnqueueResult, NewDispatch, insert_all, insert_plain
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 
-ENQUEUE_KEYS: Final = frozenset(
-    {
-        "kind",
-        "deliver_to",
-        "body",
-        "dedup_key",
-        "ack_required",
-        "max_attempts",
-        "expires_at",
-        "session_id",
-        "schedule_run_id",
-    }
-)
-"""The keyword arguments of :func:`enqueue_dispatch` (and of each
-:func:`enqueue_many` item)."""
+
+class _RequiredArgs(TypedDict):
+    kind: str
+    """What happened, e.g. ``"order.shipped"`` (non-empty, one line)."""
+    deliver_to: str
+    """The route the transport delivers to (non-empty, one line)."""
+
+
+class EnqueueArgs(_RequiredArgs, total=False):
+    """The arguments of one enqueue, declared once: the keywords of
+    :func:`enqueue_dispatch` (async and :mod:`trio_dispatch.sync`) and the
+    keys of each :func:`enqueue_many` item. ``kind`` and ``deliver_to`` are
+    required; the rest default as :data:`ENQUEUE_DEFAULTS` says."""
+
+    body: dict[str, Any] | None
+    """A JSON object, at most the store's ``max_body_bytes`` serialised."""
+    dedup_key: str | None
+    """At most one row per key, ever: a repeat returns the first row's id."""
+    ack_required: bool
+    """Whether the consumer must acknowledge with the row's token."""
+    max_attempts: int
+    """Attempts before the row is dead-lettered (at least 1)."""
+    expires_at: float | None
+    """Unix time after which the row is expired instead of delivered."""
+    session_id: str | None
+    """An existing ``sessions.id`` the row belongs to."""
+    schedule_run_id: str | None
+    """An existing ``schedule_runs.id`` the row was made by."""
+
+
+ENQUEUE_KEYS: Final = EnqueueArgs.__required_keys__ | EnqueueArgs.__optional_keys__
+"""The names :class:`EnqueueArgs` declares."""
+
+ENQUEUE_DEFAULTS: Final[Mapping[str, object]] = {
+    "body": None,
+    "dedup_key": None,
+    "ack_required": False,
+    "max_attempts": DEFAULT_MAX_ATTEMPTS,
+    "expires_at": None,
+    "session_id": None,
+    "schedule_run_id": None,
+}
 
 
 def prepare(
-    *,
-    kind: object,
-    deliver_to: object,
-    body: object = None,
-    dedup_key: object = None,
-    ack_required: object = False,
-    max_attempts: object = DEFAULT_MAX_ATTEMPTS,
-    expires_at: object = None,
-    session_id: object = None,
-    schedule_run_id: object = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    args: Mapping[str, object], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> NewDispatch:
-    """Validate one enqueue's arguments and build its row (id, token and
-    serialised envelope), all before any transaction."""
-    kind_ = require_non_empty("kind", kind)
-    route = require_route(deliver_to)
-    body_json = require_body(body, max_body_bytes)
+    """Validate one enqueue's arguments (an :class:`EnqueueArgs`) and build
+    its row (id, token and serialised envelope), all before any transaction.
+    An unknown or missing argument raises ``TypeError`` naming it."""
+    unknown = set(args) - ENQUEUE_KEYS
+    if unknown:
+        raise TypeError(f"unknown enqueue argument {show(sorted(map(str, unknown))[0])}")
+    for required in ("kind", "deliver_to"):
+        if required not in args:
+            raise TypeError(f"missing required argument {required!r}")
+    given = {**ENQUEUE_DEFAULTS, **args}
+    kind_ = require_non_empty("kind", given["kind"])
+    route = require_route(given["deliver_to"])
+    body_json = require_body(given["body"], max_body_bytes)
+    dedup_key = given["dedup_key"]
     key = None if dedup_key is None else require_non_empty("dedup_key", dedup_key)
-    ack = require_bool("ack_required", ack_required)
-    bound = require_int("max_attempts", max_attempts, minimum=1)
+    ack = require_bool("ack_required", given["ack_required"])
+    bound = require_int("max_attempts", given["max_attempts"], minimum=1)
+    expires_at = given["expires_at"]
     expiry = None if expires_at is None else require_number("expires_at", expires_at)
-    session = require_optional_id("session_id", session_id)
-    run = require_optional_id("schedule_run_id", schedule_run_id)
+    session = require_optional_id("session_id", given["session_id"])
+    run = require_optional_id("schedule_run_id", given["schedule_run_id"])
     dispatch_id = uuid7_bytes().hex()
     # The ack token is a secret: 128 bits of the OS CSPRNG, never time-ordered.
     token = secrets.token_hex(16) if ack else None
@@ -95,7 +122,9 @@ def prepare(
     )
 
 
-def prepare_items(items: Iterable[Mapping[str, Any]], max_body_bytes: int) -> list[NewDispatch]:
+def prepare_items(
+    items: Iterable[Mapping[str, Any]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> list[NewDispatch]:
     """:func:`prepare` for each item of an :func:`enqueue_many` call; an
     invalid item raises naming its index, before anything is written."""
     if isinstance(items, Mapping | str | bytes):
@@ -106,16 +135,8 @@ def prepare_items(items: Iterable[Mapping[str, Any]], max_body_bytes: int) -> li
             raise TypeError(
                 f"item {index} must be a mapping of enqueue arguments, got {show(item)}"
             )
-        unknown = set(item) - ENQUEUE_KEYS
-        if unknown:
-            raise TypeError(
-                f"item {index}: unknown enqueue argument {show(sorted(map(str, unknown))[0])}"
-            )
-        for required in ("kind", "deliver_to"):
-            if required not in item:
-                raise TypeError(f"item {index}: missing required argument {required!r}")
         try:
-            batch.append(prepare(**item, max_body_bytes=max_body_bytes))
+            batch.append(prepare(item, max_body_bytes))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"item {index}: {exc}") from None
     return batch
@@ -128,18 +149,7 @@ def body_limit(db: object) -> int:
 
 
 async def enqueue_dispatch(
-    db: Database,
-    *,
-    kind: str,
-    deliver_to: str,
-    body: dict[str, Any] | None = None,
-    dedup_key: str | None = None,
-    ack_required: bool = False,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    expires_at: float | None = None,
-    session_id: str | None = None,
-    schedule_run_id: str | None = None,
-    now: float | None = None,
+    db: Database, *, now: float | None = None, **args: Unpack[EnqueueArgs]
 ) -> str:
     """Commit one dispatch and its ``dispatch.pending.enqueued`` transition;
     return its id.
@@ -152,18 +162,7 @@ async def enqueue_dispatch(
     propagates as the driver's error, with nothing written.
     Passed a transaction handle, the row commits or rolls back with it.
     """
-    new = prepare(
-        kind=kind,
-        deliver_to=deliver_to,
-        body=body,
-        dedup_key=dedup_key,
-        ack_required=ack_required,
-        max_attempts=max_attempts,
-        expires_at=expires_at,
-        session_id=session_id,
-        schedule_run_id=schedule_run_id,
-        max_body_bytes=body_limit(db),
-    )
+    new = prepare(args, body_limit(db))
     if new.plain:
         # Coalesced with the other plain enqueues of the same group commit.
         result: EnqueueResult = await db.write_many(insert_plain, (new, clock_from(now)()))

@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
+from ..errors import StoreError
 from ..lifecycle import (
     ACTOR_ENQUEUE,
     ENTITY_TYPE,
@@ -264,7 +265,7 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
         return EnqueueResult(new.id, False)
     winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
     if winner is None:
-        raise RuntimeError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
+        raise StoreError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
     return EnqueueResult(_text(winner["id"]), True)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Final
 
+from ..errors import AckRefused, DispatchNotFound
 from ..lifecycle import (
     TERMINAL_STATUSES,
     InvalidTransition,
@@ -49,30 +50,31 @@ async def ack_dispatch(
 ) -> bool:
     """Acknowledge a dispatch with its token; True if it moved to ``acked``.
 
-    Raises ``LookupError`` if the row does not exist, ``ValueError`` if it
-    did not ask for acknowledgement, has no token, or the token does not
-    match (compared in constant time), and :class:`InvalidTransition` if its
-    status has no edge to ``acked`` (delivered, acked, dead_letter, expired).
+    Raises :class:`DispatchNotFound` (a ``LookupError``) if the row does not
+    exist, :class:`AckRefused` (a ``ValueError``) if it did not ask for
+    acknowledgement, has no token, or the token does not match (compared in
+    constant time), and :class:`InvalidTransition` if its status has no edge
+    to ``acked`` (delivered, acked, dead_letter, expired).
     Returns False if the row's status changed between the read and the write.
     """
     dispatch_id = require_dispatch_id(dispatch_id)
     if not findable(dispatch_id):
-        raise LookupError(f"dispatch {dispatch_id!r} not found")
+        raise DispatchNotFound(dispatch_id)
     clock = clock_from(now)
     row = await db.read(partial(get_row, dispatch_id=dispatch_id))
     if row is None:
-        raise LookupError(f"dispatch {dispatch_id!r} not found")
+        raise DispatchNotFound(dispatch_id)
     if not row["ack_required"]:
-        raise ValueError(f"dispatch {dispatch_id!r} did not request acknowledgement")
+        raise AckRefused(f"dispatch {dispatch_id!r} did not request acknowledgement")
     if not isinstance(ack_token, str):
         raise TypeError(f"ack_token must be a str, got {show(ack_token)}")
     stored = row["ack_token"]
     if not isinstance(stored, str) or not stored:
         # Never compare against a stand-in ("None"): no token, no ack.
-        raise ValueError(f"dispatch {dispatch_id!r} has no ack token: it cannot be acknowledged")
+        raise AckRefused(f"dispatch {dispatch_id!r} has no ack token: it cannot be acknowledged")
     given = ack_token.encode("utf-8", "surrogatepass")
     if not hmac.compare_digest(given, stored.encode("utf-8")):
-        raise ValueError(f"ack token does not match dispatch {dispatch_id!r}")
+        raise AckRefused(f"ack token does not match dispatch {dispatch_id!r}")
     # Checked here too, so a refused ack never enters (and rolls back) a
     # group commit shared with other callers; the write checks it again.
     check_edge(dispatch_id, row["status"], Status.ACKED, source=Source.CONSUMER)

@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
+from ..errors import ConnectionLostError as ConnectionLostError
+from ..errors import SchemaError as SchemaError
+from ..errors import StoreError as StoreError
 from ..redact import mask_url, url_secrets
 from ..values import show
 
@@ -38,34 +41,6 @@ PostgreSQL's ``lock_timeout`` are both a 32-bit count of milliseconds."""
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
 """The largest ``body`` an enqueue accepts, in bytes of JSON (SPEC 12)."""
 MIGRATE_HINT: Final = "run `trio-dispatch migrate` to create it"
-
-
-class StoreError(RuntimeError):
-    """A store that cannot be opened or used as asked: a missing or foreign
-    database, a server that does not answer, a read-only store asked to
-    write. The message is one line and never holds a password."""
-
-
-class ConnectionLostError(StoreError):
-    """The store's connection to its server ended under this unit of work
-    (a server restart, a failover, ``pg_terminate_backend``, an idle-session
-    timeout). The store reconnects by itself; whether to try the work again
-    is the caller's choice, made with :attr:`outcome_unknown`."""
-
-    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
-        super().__init__(message)
-        self.outcome_unknown = outcome_unknown
-        """False: nothing of the work was committed (the server rolls back a
-        transaction whose session ended before its COMMIT), so running it
-        again is safe. True: the connection ended while the COMMIT was on
-        its way, and the work may or may not have been committed; running
-        it again may apply it twice (an enqueue with a ``dedup_key`` is safe
-        to repeat)."""
-
-
-class SchemaError(StoreError):
-    """The database's schema cannot be used by this version: missing, older
-    (run ``trio-dispatch migrate``) or newer (upgrade trio_dispatch)."""
 
 
 def check_schema_version(found: int | None, where: str, current: int, *, migrating: bool) -> None:

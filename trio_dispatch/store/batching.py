@@ -49,6 +49,7 @@ from typing import Any
 import anyio
 
 from .._threads import ServiceThread
+from ..errors import TransactionMisuse
 from ..redact import mask_url
 from .base import (
     DEFAULT_MAX_BODY_BYTES,
@@ -395,7 +396,7 @@ class BatchingStore(abc.ABC):
         if self._writer_conn is None:
             raise StoreError(f"store {self.url} is closed")
         if self._tx_owner is not None and self._tx_owner == anyio.get_current_task().id:
-            raise RuntimeError(
+            raise TransactionMisuse(
                 "this task holds an open transaction on the store: pass the transaction "
                 "handle (not the store) to calls made inside `async with db.transaction()`"
             )
@@ -426,7 +427,7 @@ class BatchingTransaction:
         self._closed = False
         self._begun = False  # BEGIN rides with the first statement's hop
         self._enqueued = False
-        self._lost: RuntimeError | None = None
+        self._lost: StoreError | None = None
 
     @property
     def max_body_bytes(self) -> int:
@@ -435,7 +436,7 @@ class BatchingTransaction:
 
     async def _run(self, fn: Callable[[], T]) -> T:
         if self._closed:
-            raise RuntimeError("the transaction has ended")
+            raise TransactionMisuse("the transaction has ended")
         return await self._store._in_writer(self._guarded, fn)
 
     def _guarded(self, fn: Callable[[], T]) -> T:
@@ -451,7 +452,7 @@ class BatchingTransaction:
             return fn()
         finally:
             if not self._store._in_transaction():
-                self._lost = RuntimeError(
+                self._lost = StoreError(
                     "the transaction was rolled back by the database after an error; "
                     "nothing in it was committed"
                 )

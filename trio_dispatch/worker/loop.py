@@ -43,6 +43,7 @@ import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
 from ..backoff import jittered_backoff
+from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
@@ -255,7 +256,7 @@ class DispatchWorker:
         deliveries ``grace_seconds``, then kills and releases the rest, and
         only then returns (re-raising the cancellation)."""
         if self._running:
-            raise RuntimeError("this DispatchWorker is already running")
+            raise WorkerError("this DispatchWorker is already running")
         self._running = True
         self._closing = False
         self._wake = anyio.Event()
