@@ -66,13 +66,13 @@ from .outbox import sql
 from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
 from .outbox.machine import EnqueueResult, NewDispatch, insert_all
 from .store.base import Conn, Row, SchemaError
+from .store.dialect import DIALECTS, POSTGRES, SQLITE, Dialect
 from .store.placeholders import to_paramstyle
-from .store.schema import MIGRATION_LOCK, POSTGRES, SQLITE, Dialect, migrate
+from .store.schema import migrate
 from .validate import clock_from
 
 __all__ = ["EnqueueResult", "enqueue_dispatch", "enqueue_many", "install_schema"]
 
-CHANNEL: Final = "trio_dispatch"
 SUPPORTED: Final = (
     "a sqlite3.Connection, a psycopg.Connection, or an SQLAlchemy Connection or Session"
 )
@@ -97,9 +97,6 @@ class _Adapter(Conn, Protocol):
 class _SQLite3:
     """A ``sqlite3.Connection`` of the caller's."""
 
-    lock_clause = ""
-    row_key = "rowid"
-    writes_in_with = False
     dialect = SQLITE
     where = "this SQLite database"
 
@@ -159,9 +156,6 @@ class _SQLite3:
 class _Psycopg:
     """A ``psycopg.Connection`` of the caller's."""
 
-    lock_clause = " FOR UPDATE SKIP LOCKED"
-    row_key = "id"
-    writes_in_with = True
     dialect = POSTGRES
     where = "this PostgreSQL database"
 
@@ -199,7 +193,7 @@ class _Psycopg:
         return rows[0] if rows else None
 
     def announce_enqueue(self) -> None:
-        self.execute(f"NOTIFY {CHANNEL}")  # delivered when the caller commits
+        self.execute(self.dialect.notify)  # delivered when the caller commits
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
@@ -261,17 +255,13 @@ class _SQLAlchemy:
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         dialect = conn.dialect
-        if dialect.name == "sqlite":
-            self.dialect, self.lock_clause, self.row_key = SQLITE, "", "rowid"
-            self.writes_in_with = False
-        elif dialect.name == "postgresql":
-            self.dialect, self.lock_clause, self.row_key = POSTGRES, " FOR UPDATE SKIP LOCKED", "id"
-            self.writes_in_with = True
-        else:
+        ours = DIALECTS.get("postgres" if dialect.name == "postgresql" else dialect.name)
+        if ours is None:
             raise TypeError(
                 f"an SQLAlchemy connection to {dialect.name!r}: trio_dispatch supports "
                 "SQLite and PostgreSQL"
             )
+        self.dialect: Dialect = ours
         self._style = str(dialect.paramstyle)
         self.where = f"this {dialect.name} database"
 
@@ -294,8 +284,8 @@ class _SQLAlchemy:
         return rows[0] if rows else None
 
     def announce_enqueue(self) -> None:
-        if self.dialect is POSTGRES:
-            self._conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+        if self.dialect.notify:
+            self._conn.exec_driver_sql(self.dialect.notify)
 
     def _autocommit(self) -> bool:
         level = self._conn.get_isolation_level()
@@ -324,12 +314,9 @@ class _Unit:
     """The connection a store hands a unit of work: already one transaction
     that commits or rolls back as a whole."""
 
-    def __init__(self, conn: Conn, dialect: Dialect) -> None:
+    def __init__(self, conn: Conn) -> None:
         self._conn = conn
-        self.dialect = dialect
-        self.lock_clause = conn.lock_clause
-        self.row_key = conn.row_key
-        self.writes_in_with = conn.writes_in_with
+        self.dialect = conn.dialect
         self.where = "this store"
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
@@ -388,12 +375,12 @@ def _adapt(conn: object) -> _Adapter:
     from .store.sqlite import SQLiteConn
 
     if isinstance(conn, SQLiteConn):
-        return _Unit(conn, SQLITE)
+        return _Unit(conn)
     if module == "trio_dispatch.store.postgres":  # loaded, so psycopg is there
         from .store.postgres import PostgresConn
 
         if isinstance(conn, PostgresConn):
-            return _Unit(conn, POSTGRES)
+            return _Unit(conn)
     raise TypeError(
         f"conn must be {SUPPORTED}; got a {type(conn).__module__}.{type(conn).__qualname__}"
     )
@@ -462,6 +449,6 @@ def install_schema(conn: object) -> None:
     table) and changes nothing."""
     adapter = _adapt(conn)
     with adapter.atomic(()):
-        if adapter.dialect is POSTGRES:  # one migrator at a time, across hosts
-            adapter.query_one(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK}) AS locked")
-        migrate(adapter, adapter.dialect, adapter.where)
+        if adapter.dialect.migration_lock:  # one migrator at a time, across hosts
+            adapter.query_one(adapter.dialect.migration_lock)
+        migrate(adapter, adapter.where)

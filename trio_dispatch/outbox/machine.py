@@ -185,7 +185,7 @@ def insert_rows(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert transition rows built (and checked) by :func:`transition_rows`."""
     if len(rows) == 1:
         conn.execute(sql.INSERT_TRANSITION, rows[0])
-    elif rows and conn.writes_in_with:  # PostgreSQL: one statement, an array per column
+    elif rows and conn.dialect.arrays:  # PostgreSQL: one statement, an array per column
         *texts, created = (list(column) for column in zip(*rows, strict=True))
         # An array holds one type: a caller's clock may give ints among floats.
         conn.execute(sql.INSERT_TRANSITIONS_ARRAYS, [*texts, [float(t) for t in created]])
@@ -250,7 +250,7 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
     # winner (B3).
-    if conn.writes_in_with:  # row, history and NOTIFY in one round trip
+    if conn.dialect.arrays:  # row, history and NOTIFY in one round trip
         entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
         inserted = (
             conn.query_one(sql.INSERT_DISPATCH_RECORDED, (*_row(new, now), entity_type, *history))
@@ -281,7 +281,7 @@ def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list
     data-modifying ``WITH`` it is one statement per row instead, sent in
     one pipelined round trip (the server delivers the repeated ``NOTIFY``
     of one transaction once)."""
-    if conn.writes_in_with:
+    if conn.dialect.arrays:
         rows = [
             (*_row(new, now), entity_type, *history)
             for (new, now), (entity_type, _, *history) in zip(
@@ -338,7 +338,7 @@ def select_due(
     (SPEC B5): one ordered range read of the due index per live status,
     merged here; finished rows are not in the index. Rows whose
     ``deliver_to`` is in ``skip`` are left out."""
-    lock_clause = conn.lock_clause if lock else ""
+    lock_clause = conn.dialect.lock_clause if lock else ""
     rows = [
         row
         for status in (Status.PENDING, Status.DELIVERING)
@@ -422,7 +422,7 @@ def claim_batch(
     cap are left out and no more rows are claimed for one destination than
     its cap has room for; the claims are counted against it."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
-    columns = _SCAN_COLUMNS.format(row_key=conn.row_key)
+    columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
     if ids is None:
         skip = caps.full(at) if caps is not None else ()
         rows = select_due(conn, at, limit, columns, lock=True, skip=skip)
@@ -430,7 +430,9 @@ def claim_batch(
         rows = [
             row
             for dispatch_id in ids[:limit]
-            for row in conn.query(sql.select_if_due(columns, conn.lock_clause), (dispatch_id, at))
+            for row in conn.query(
+                sql.select_if_due(columns, conn.dialect.lock_clause), (dispatch_id, at)
+            )
         ]
     counts["attempted"] = len(rows)
     fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
@@ -463,9 +465,9 @@ def claim_batch(
         keys = [row["row_key"] for row in group]
         won = (
             conn.query(sql.CLAIM_ROWS_ARRAY, (lease_until, at, keys, previous))
-            if conn.writes_in_with
+            if conn.dialect.arrays
             else conn.query(
-                sql.claim_rows(conn.row_key, len(group)), (lease_until, at, *keys, previous)
+                sql.claim_rows(conn.dialect.row_key, len(group)), (lease_until, at, *keys, previous)
             )
         )
         recovered = previous == Status.DELIVERING
@@ -654,7 +656,7 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             error,
         ]
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
-    if conn.writes_in_with:  # PostgreSQL: one array per column, the same text every time
+    if conn.dialect.arrays:  # PostgreSQL: one array per column, the same text every time
         columns = [params[i::7] for i in range(7)]
         for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
             columns[i] = [float(v) for v in columns[i]]

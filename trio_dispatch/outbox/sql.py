@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FINISHED_SQL, Status
+from ..store.dialect import CHANNEL
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
@@ -40,7 +41,7 @@ INSERT_DISPATCH_RECORDED: Final = (
     "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
     "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
     "SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM inserted RETURNING entity_id) "
-    "SELECT entity_id AS id, pg_notify('trio_dispatch', '') AS announced FROM recorded"
+    f"SELECT entity_id AS id, pg_notify('{CHANNEL}', '') AS announced FROM recorded"
 )
 """PostgreSQL only (SQLite has no data-modifying ``WITH``): :data:`INSERT_DISPATCH`,
 its :data:`INSERT_TRANSITION` row and the ``NOTIFY`` in one statement, one

@@ -18,13 +18,16 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from ..errors import ConnectionLostError as ConnectionLostError
 from ..errors import SchemaError as SchemaError
 from ..errors import StoreError as StoreError
 from ..redact import mask_url, url_secrets
 from ..values import show
+
+if TYPE_CHECKING:
+    from .dialect import Dialect
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -259,26 +262,9 @@ class Conn(Protocol):
     """A connection inside an open transaction, used from a unit of work."""
 
     @property
-    def lock_clause(self) -> str:
-        """Appended to a SELECT whose rows the transaction is about to claim:
-        ``" FOR UPDATE SKIP LOCKED"`` where rows lock (PostgreSQL), empty
-        where the write transaction already excludes other writers (SQLite)."""
-
-    @property
-    def row_key(self) -> str:
-        """The cheapest way to address a ``dispatch_outbox`` row selected
-        earlier in the same write transaction: ``rowid`` on SQLite (the
-        table's own b-tree, no probe of the random-uuid primary key index),
-        ``id`` on PostgreSQL."""
-
-    @property
-    def writes_in_with(self) -> bool:
-        """Whether this is PostgreSQL's SQL, where a ``WITH`` clause may
-        write and parameters may be arrays: then an enqueue is one statement
-        (:data:`~trio_dispatch.outbox.sql.INSERT_DISPATCH_RECORDED`), not
-        three round trips, and the delivery path's bulk statements take one
-        array per column (fixed SQL text, prepared once) instead of a row of
-        placeholders per item."""
+    def dialect(self) -> Dialect:
+        """How this connection's engine spells what differs between engines
+        (row locks, row keys, bulk statements, notices)."""
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one statement; return the number of rows it changed."""

@@ -52,8 +52,9 @@ from .base import (
     store_schema,
 )
 from .batching import BatchingStore
+from .dialect import POSTGRES
 from .placeholders import to_paramstyle
-from .schema import MIGRATION_LOCK, POSTGRES, migrate, require_current
+from .schema import migrate, require_current
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     import psycopg
@@ -64,7 +65,6 @@ try:  # an optional dependency: `pip install trio_dispatch[postgres]`
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
-CHANNEL: Final = "trio_dispatch"
 READERS: Final = 4
 """Connections in the read pool (and reads running at once)."""
 RECONNECT_FIRST_DELAY: Final = 0.05
@@ -131,9 +131,7 @@ class PostgresConn:
     :meth:`PostgresStore._begin`) the first statement carries the
     transaction's ``BEGIN`` with it: both go in one pipelined round trip."""
 
-    lock_clause = " FOR UPDATE SKIP LOCKED"
-    row_key = "id"
-    writes_in_with = True
+    dialect = POSTGRES
 
     __slots__ = ("_conn", "begin_pending", "where")
 
@@ -189,7 +187,7 @@ class PostgresConn:
 
     def announce_enqueue(self) -> None:
         # Delivered to listeners when (and only if) this transaction commits.
-        self.execute(f"NOTIFY {CHANNEL}")
+        self.execute(POSTGRES.notify)
 
 
 def _raise_lost(exc: BaseException, where: str) -> NoReturn:
@@ -316,9 +314,7 @@ class PostgresStore(BatchingStore):
         if self.read_only:
             probe = self._connect()
             try:
-                self.found_schema_version = require_current(
-                    PostgresConn(probe), POSTGRES, self._where
-                )
+                self.found_schema_version = require_current(PostgresConn(probe), self._where)
             finally:
                 probe.close()
             self._readers = self._read_pool()
@@ -327,14 +323,11 @@ class PostgresStore(BatchingStore):
         try:
             if self.migrate:
                 with writer.transaction():  # one migrator at a time, on any host
-                    writer.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-                    self.found_schema_version = migrate(
-                        PostgresConn(writer), POSTGRES, self._where, self.schema
-                    )
+                    conn = PostgresConn(writer)
+                    conn.execute(POSTGRES.migration_lock)
+                    self.found_schema_version = migrate(conn, self._where, self.schema)
             else:
-                self.found_schema_version = require_current(
-                    PostgresConn(writer), POSTGRES, self._where
-                )
+                self.found_schema_version = require_current(PostgresConn(writer), self._where)
             readers = self._read_pool()
         except BaseException:
             writer.close()
@@ -500,10 +493,10 @@ class PostgresStore(BatchingStore):
                 await anyio.to_thread.run_sync(conn.close)
 
     def _listening(self) -> psycopg.Connection[Any]:
-        """A new connection that listens on :data:`CHANNEL`."""
+        """A new connection that listens for enqueues (``POSTGRES.listen``)."""
         conn = self._connect()
         try:
-            conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(POSTGRES.listen)
         except BaseException:
             conn.close()
             raise

@@ -10,23 +10,22 @@ the claim order comes from the index alone (the index still serves every
 query the ADR's two-column one does).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
-statements are written once, in SQLite's spelling, and a :class:`Dialect`
-says how an engine spells the few things that differ.
+statements are written once, in SQLite's spelling, and the connection's
+:class:`~.dialect.Dialect` says how its engine spells the few things that
+differ.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
 from .base import Conn, SchemaError, check_schema_version
+from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
+from .dialect import quoted
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
-MIGRATION_LOCK: Final = 727_274_001
-"""The PostgreSQL advisory lock key a migrator holds: one at a time."""
 FINISHED_STATUSES_SQL: Final = FINISHED_SQL
 """A query that wants the finished-age index must repeat this term verbatim."""
 
@@ -134,111 +133,6 @@ _VERSION_TABLE_DDL: Final = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Dialect:
-    """What an engine spells differently in the schema and its bookkeeping."""
-
-    name: str
-    table_exists: str
-    """A query taking a table name, answering one row whose first value is
-    true when the table exists."""
-    ddl: Callable[[str], str] = lambda statement: statement
-    """The engine's spelling of one statement of :data:`MIGRATIONS`."""
-    key_problem: Callable[[Conn, str], str | None] = lambda conn, table: None
-    """What keeps an existing table's ``id`` from being the target of the
-    outbox's foreign keys (None: the table is absent, or it can be)."""
-
-
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _sqlite_key_problem(conn: Conn, table: str) -> str | None:
-    # SQLite checks a foreign key's target only when a row is written
-    # ("foreign key mismatch"), so the check is ours. Any declared type
-    # will do: SQLite compares a key with the target column's affinity.
-    found = conn.query_one(
-        "SELECT type FROM sqlite_master WHERE type IN ('table', 'view') AND name = ? "
-        "COLLATE NOCASE",
-        (table,),
-    )
-    if found is None:
-        return None
-    if found["type"] != "table":
-        return f"is a {found['type']}, not a table"
-    columns = conn.query(f"PRAGMA table_info({_quoted(table)})")
-    if not any(str(column["name"]).lower() == "id" for column in columns):
-        return 'has no "id" column'
-    key = [str(column["name"]).lower() for column in columns if column["pk"]]
-    if key == ["id"]:
-        return None
-    for index in conn.query(f"PRAGMA index_list({_quoted(table)})"):
-        if index["unique"] and not index["partial"]:
-            parts = conn.query(f"PRAGMA index_info({_quoted(str(index['name']))})")
-            if [str(part["name"]).lower() for part in parts] == ["id"]:
-                return None
-    return 'lacks a unique "id" column (neither its primary key nor a unique index)'
-
-
-_POSTGRES_KEY: Final = """
-    SELECT c.relkind::text AS kind,
-           a.attnum IS NOT NULL AS has_id,
-           format_type(a.atttypid, a.atttypmod) AS id_type,
-           a.atttypid IN ('text'::regtype, 'varchar'::regtype) AS text_id,
-           EXISTS (
-               SELECT 1 FROM pg_index i
-               WHERE i.indrelid = c.oid AND i.indisunique AND i.indimmediate
-                 AND i.indpred IS NULL AND i.indexprs IS NULL
-                 AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
-           ) AS unique_id
-    FROM pg_class c
-    LEFT JOIN pg_attribute a
-           ON a.attrelid = c.oid AND a.attname = 'id' AND a.attnum > 0 AND NOT a.attisdropped
-    WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
-      AND c.relname = ?
-"""
-_POSTGRES_KINDS: Final = {
-    "v": "view",
-    "m": "materialized view",
-    "f": "foreign table",
-    "S": "sequence",
-    "i": "index",
-    "I": "index",
-    "c": "composite type",
-}
-
-
-def _postgres_key_problem(conn: Conn, table: str) -> str | None:
-    # Where CREATE TABLE IF NOT EXISTS looks: the first schema of the
-    # search_path that exists, not every schema a name resolves through.
-    found = conn.query_one(_POSTGRES_KEY, (table,))
-    if found is None:
-        return None
-    if found["kind"] not in ("r", "p"):
-        return f"is a {_POSTGRES_KINDS.get(found['kind'], 'relation')}, not a table"
-    if not found["has_id"]:
-        return 'has no "id" column'
-    if not found["text_id"]:
-        return f'has an "id" column of type {found["id_type"]}, not text'
-    if not found["unique_id"]:
-        return 'lacks a unique "id" column (neither its primary key nor a unique constraint)'
-    return None
-
-
-SQLITE: Final = Dialect(
-    "sqlite",
-    "SELECT COUNT(*) AS found FROM sqlite_master WHERE type = 'table' AND name = ?",
-    key_problem=_sqlite_key_problem,
-)
-POSTGRES: Final = Dialect(
-    "postgres",
-    "SELECT to_regclass(?) IS NOT NULL AS found",
-    lambda statement: statement.replace(
-        "INTEGER PRIMARY KEY", "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
-    ),
-    _postgres_key_problem,
-)
-
 REFERENCED_TABLES: Final = (
     ("sessions", "dispatch_outbox.session_id"),
     ("schedule_runs", "dispatch_outbox.schedule_run_id"),
@@ -255,32 +149,33 @@ OWN_TABLES: Final = (
 """Every table the outbox creates."""
 
 
-def check_referenced_tables(conn: Conn, dialect: Dialect, where: str) -> None:
+def check_referenced_tables(conn: Conn, where: str) -> None:
     """Raise :class:`~trio_dispatch.store.base.SchemaError` naming the first
     existing ``sessions``/``schedule_runs`` table that the outbox's foreign
     keys cannot point at (a service's own table of the same name, say);
     reads only."""
+    dialect = conn.dialect
     for table, column in REFERENCED_TABLES:
         problem = dialect.key_problem(conn, table)
         if problem is not None:
             raise SchemaError(
                 f'{where}: table "{table}" exists but {problem}, and the outbox\'s '
                 f"{column} references it; give the outbox a database"
-                f"{' or a schema (the store option schema)' if dialect is POSTGRES else ''} "
+                f"{' or a schema (the store option schema)' if dialect.schemas else ''} "
                 "of its own"
             )
 
 
-def schema_version(conn: Conn, dialect: Dialect) -> int | None:
+def schema_version(conn: Conn) -> int | None:
     """The recorded schema version, or None if the database has none."""
-    found = conn.query_one(dialect.table_exists, (SCHEMA_VERSION_TABLE,))
+    found = conn.query_one(conn.dialect.table_exists, (SCHEMA_VERSION_TABLE,))
     if found is None or not found["found"]:
         return None
     row = conn.query_one(f"SELECT MAX(version) AS version FROM {SCHEMA_VERSION_TABLE}")
     return int(row["version"] or 0) if row else 0
 
 
-def migrate(conn: Conn, dialect: Dialect, where: str, schema: str | None = None) -> int | None:
+def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
     """Bring the schema to :data:`SCHEMA_VERSION`, forward only; return the
     version found before (None: there was no outbox schema). Runs inside the
     caller's write transaction, which must exclude other migrators (SQLite:
@@ -294,8 +189,9 @@ def migrate(conn: Conn, dialect: Dialect, where: str, schema: str | None = None)
     if schema is not None and conn.query_one(_SCHEMA_EXISTS, (schema,)) is None:
         # Only when absent: CREATE SCHEMA IF NOT EXISTS needs the right to
         # create schemas even when there is nothing to create.
-        conn.execute(f"CREATE SCHEMA {_quoted(schema)}")
-    if dialect is POSTGRES:
+        conn.execute(f"CREATE SCHEMA {quoted(schema)}")
+    dialect = conn.dialect
+    if dialect.schemas:
         current = conn.query_one("SELECT current_schema() AS name")
         if current is None or current["name"] is None:
             raise SchemaError(
@@ -303,9 +199,9 @@ def migrate(conn: Conn, dialect: Dialect, where: str, schema: str | None = None)
                 "there is nowhere to create the outbox's tables: create the schema first, "
                 "or set search_path to one that exists"
             )
-    recorded = schema_version(conn, dialect)
+    recorded = schema_version(conn)
     check_schema_version(recorded, where, SCHEMA_VERSION, migrating=True)
-    check_referenced_tables(conn, dialect, where)
+    check_referenced_tables(conn, where)
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
@@ -317,9 +213,9 @@ def migrate(conn: Conn, dialect: Dialect, where: str, schema: str | None = None)
     return recorded
 
 
-def require_current(conn: Conn, dialect: Dialect, where: str) -> int | None:
+def require_current(conn: Conn, where: str) -> int | None:
     """The recorded version, if it is the current one; else
     :class:`~trio_dispatch.store.base.SchemaError` naming ``migrate``."""
-    recorded = schema_version(conn, dialect)
+    recorded = schema_version(conn)
     check_schema_version(recorded, where, SCHEMA_VERSION, migrating=False)
     return recorded

@@ -26,7 +26,8 @@ from .base import (
     parse_target,
 )
 from .batching import BatchingStore, BatchingTransaction
-from .schema import SQLITE, migrate, require_current
+from .dialect import SQLITE
+from .schema import migrate, require_current
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",
@@ -50,9 +51,7 @@ class SQLiteConn:
 
     __slots__ = ("_conn", "_db")
 
-    lock_clause = ""  # BEGIN IMMEDIATE already excludes other writers
-    row_key = "rowid"
-    writes_in_with = False
+    dialect = SQLITE  # BEGIN IMMEDIATE excludes other writers: no row locks
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -232,7 +231,7 @@ def _migrate(conn: sqlite3.Connection, path: str) -> int | None:
     other migrators out); return the version found before."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        found = migrate(SQLiteConn(conn), SQLITE, repr(path))
+        found = migrate(SQLiteConn(conn), repr(path))
     except BaseException:
         _rollback(conn)
         raise
@@ -302,13 +301,13 @@ class SQLiteStore(BatchingStore):
             self.found_schema_version = _read_snapshot(
                 self.path,
                 self.busy_timeout,
-                lambda conn: require_current(conn, SQLITE, where),
+                lambda conn: require_current(conn, where),
             )
             return
         if self.read_only:
             reader = _connect_read_only(self.path, busy_timeout=self.busy_timeout, snapshot=False)
             try:
-                self.found_schema_version = require_current(SQLiteConn(reader), SQLITE, where)
+                self.found_schema_version = require_current(SQLiteConn(reader), where)
             except BaseException:
                 reader.close()
                 raise
@@ -325,7 +324,7 @@ class SQLiteStore(BatchingStore):
             if self.migrate:
                 self.found_schema_version = _migrate(writer, self.path)
             else:  # only an existing outbox may be put in WAL mode
-                self.found_schema_version = require_current(SQLiteConn(writer), SQLITE, where)
+                self.found_schema_version = require_current(SQLiteConn(writer), where)
                 _use_wal(writer, self.path)
             if self.path != ":memory:":
                 reader = _connect(

@@ -1,0 +1,164 @@
+"""The one place where the engines differ: a :class:`Dialect` per engine.
+
+Every statement the outbox runs is written once, in SQLite's spelling with
+``?`` placeholders (each connection turns them into its driver's style);
+what an engine spells differently -- its DDL, how a claim locks rows, how a
+row is addressed, whether bulk statements take arrays, how other processes
+are told of an enqueue, how migrators take turns -- is a field here. A
+connection carries its dialect (:attr:`~.base.Conn.dialect`), and the
+state machine asks it instead of testing for an engine. A new engine is a
+connection module plus one :class:`Dialect`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from .base import Conn
+
+CHANNEL: Final = "trio_dispatch"
+"""The PostgreSQL ``LISTEN``/``NOTIFY`` channel of enqueues."""
+MIGRATION_LOCK: Final = 727_274_001
+"""The PostgreSQL advisory lock key a migrator holds: one at a time."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dialect:
+    """How one engine spells what differs between engines."""
+
+    name: str
+    table_exists: str
+    """A query taking a table name, answering one row whose first value is
+    true when the table exists."""
+    ddl: Callable[[str], str] = lambda statement: statement
+    """The engine's spelling of one schema statement."""
+    key_problem: Callable[[Conn, str], str | None] = lambda conn, table: None
+    """What keeps an existing table's ``id`` from being the target of the
+    outbox's foreign keys (None: the table is absent, or it can be)."""
+    lock_clause: str = ""
+    """Appended to a SELECT whose rows the transaction is about to claim:
+    ``" FOR UPDATE SKIP LOCKED"`` where rows lock (PostgreSQL), empty where
+    the write transaction already excludes other writers (SQLite)."""
+    row_key: str = "rowid"
+    """The cheapest way to address a ``dispatch_outbox`` row selected earlier
+    in the same write transaction: ``rowid`` on SQLite (the table's own
+    b-tree, no probe of the random-uuid primary key index), ``id`` on
+    PostgreSQL."""
+    arrays: bool = False
+    """Whether a ``WITH`` clause may write and parameters may be arrays: then
+    an enqueue is one statement (row, history and notice), and the delivery
+    path's bulk statements take one array per column (fixed SQL text,
+    prepared once) instead of a ``VALUES`` row of placeholders per item."""
+    notify: str = ""
+    """The statement that tells other processes, once the transaction
+    commits, that a dispatch was enqueued (empty: they poll)."""
+    listen: str = ""
+    """The statement a connection runs to hear :attr:`notify`."""
+    schemas: bool = False
+    """Whether tables live in named schemas found through ``search_path``."""
+    migration_lock: str = ""
+    """A statement that makes concurrent migrators take turns until the
+    transaction ends (empty: the write lock already does)."""
+
+
+def quoted(name: str) -> str:
+    """``name`` as an SQL identifier, quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sqlite_key_problem(conn: Conn, table: str) -> str | None:
+    # SQLite checks a foreign key's target only when a row is written
+    # ("foreign key mismatch"), so the check is ours. Any declared type
+    # will do: SQLite compares a key with the target column's affinity.
+    found = conn.query_one(
+        "SELECT type FROM sqlite_master WHERE type IN ('table', 'view') AND name = ? "
+        "COLLATE NOCASE",
+        (table,),
+    )
+    if found is None:
+        return None
+    if found["type"] != "table":
+        return f"is a {found['type']}, not a table"
+    columns = conn.query(f"PRAGMA table_info({quoted(table)})")
+    if not any(str(column["name"]).lower() == "id" for column in columns):
+        return 'has no "id" column'
+    key = [str(column["name"]).lower() for column in columns if column["pk"]]
+    if key == ["id"]:
+        return None
+    for index in conn.query(f"PRAGMA index_list({quoted(table)})"):
+        if index["unique"] and not index["partial"]:
+            parts = conn.query(f"PRAGMA index_info({quoted(str(index['name']))})")
+            if [str(part["name"]).lower() for part in parts] == ["id"]:
+                return None
+    return 'lacks a unique "id" column (neither its primary key nor a unique index)'
+
+
+_POSTGRES_KEY: Final = """
+    SELECT c.relkind::text AS kind,
+           a.attnum IS NOT NULL AS has_id,
+           format_type(a.atttypid, a.atttypmod) AS id_type,
+           a.atttypid IN ('text'::regtype, 'varchar'::regtype) AS text_id,
+           EXISTS (
+               SELECT 1 FROM pg_index i
+               WHERE i.indrelid = c.oid AND i.indisunique AND i.indimmediate
+                 AND i.indpred IS NULL AND i.indexprs IS NULL
+                 AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum
+           ) AS unique_id
+    FROM pg_class c
+    LEFT JOIN pg_attribute a
+           ON a.attrelid = c.oid AND a.attname = 'id' AND a.attnum > 0 AND NOT a.attisdropped
+    WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())
+      AND c.relname = ?
+"""
+_POSTGRES_KINDS: Final = {
+    "v": "view",
+    "m": "materialized view",
+    "f": "foreign table",
+    "S": "sequence",
+    "i": "index",
+    "I": "index",
+    "c": "composite type",
+}
+
+
+def _postgres_key_problem(conn: Conn, table: str) -> str | None:
+    # Where CREATE TABLE IF NOT EXISTS looks: the first schema of the
+    # search_path that exists, not every schema a name resolves through.
+    found = conn.query_one(_POSTGRES_KEY, (table,))
+    if found is None:
+        return None
+    if found["kind"] not in ("r", "p"):
+        return f"is a {_POSTGRES_KINDS.get(found['kind'], 'relation')}, not a table"
+    if not found["has_id"]:
+        return 'has no "id" column'
+    if not found["text_id"]:
+        return f'has an "id" column of type {found["id_type"]}, not text'
+    if not found["unique_id"]:
+        return 'lacks a unique "id" column (neither its primary key nor a unique constraint)'
+    return None
+
+
+SQLITE: Final = Dialect(
+    "sqlite",
+    "SELECT COUNT(*) AS found FROM sqlite_master WHERE type = 'table' AND name = ?",
+    key_problem=_sqlite_key_problem,
+)
+POSTGRES: Final = Dialect(
+    "postgres",
+    "SELECT to_regclass(?) IS NOT NULL AS found",
+    lambda statement: statement.replace(
+        "INTEGER PRIMARY KEY", "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
+    ),
+    _postgres_key_problem,
+    lock_clause=" FOR UPDATE SKIP LOCKED",
+    row_key="id",
+    arrays=True,
+    schemas=True,
+    notify=f"NOTIFY {CHANNEL}",
+    listen=f"LISTEN {CHANNEL}",
+    migration_lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK}) AS locked",
+)
+DIALECTS: Final = {dialect.name: dialect for dialect in (SQLITE, POSTGRES)}
