@@ -585,7 +585,7 @@ async def test_an_enqueue_from_another_process_during_a_fault_fails_cleanly(
         module, name, message = reports["fresh"]
         assert fresh in message
         if name == "StoreError":  # failed while opening
-            assert module == "trio_dispatch.store.base"
+            assert module == "trio_dispatch.errors"
             assert message.startswith("cannot open store ")
         else:  # opened (nothing to write), failed at the first write
             assert (module, name) == ("sqlite3", "OperationalError")
