@@ -365,7 +365,8 @@ async def test_the_index_shows_recent_failures_newest_first_and_rows_awaiting_an
         assert 'class="badge dead_letter">dead_letter<' in by_id[dead]
         # The time as the CLI prints it: UTC ISO 8601, then the age.
         assert re.search(
-            r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ</span> <span class=\"muted rel\">\(", by_id[dead]
+            r"\d{4}-\d\d-\d\dT(<wbr>)?\d\d:\d\d:\d\dZ</span> <span class=\"muted rel\">\(",
+            by_id[dead],
         )
         # A row whose send succeeded and that waits for its ack says so, in
         # the list and on its page; a plain pending row does not.

@@ -99,7 +99,7 @@ def when(seconds: object, now: float) -> str:
         return text(repr(moment))
     rel = relative_time(moment, now)
     return (
-        f"<span class=stamp>{stamp:%Y-%m-%dT%H:%M:%SZ}</span> "
+        f"<span class=stamp>{stamp:%Y-%m-%dT}<wbr>{stamp:%H:%M:%SZ}</span> "
         f'<span class="muted rel">({rel})</span>'
     )
 
@@ -258,7 +258,7 @@ def dispatch_table(
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
     head = (
-        columns("15%", "11%", "10%", "13%", "10%", "6%", "15%", "")
+        columns("11.5em", "10%", "10%", "12%", "8em", "5.5em", "11.5em", "")
         + "<tr><th>created</th><th>id</th><th>kind</th><th>deliver_to</th><th>status</th>"
         "<th>attempt</th><th>next attempt</th><th>last error</th></tr>"
     )
@@ -286,7 +286,7 @@ def failures_table(failures: Sequence[Mapping[str, Any]], now: float) -> str:
     if not failures:
         return "<p class=muted id=failures>No failed attempts.</p>"
     head = (
-        columns("15%", "11%", "13%", "10%", "")
+        columns("11.5em", "10%", "14%", "8em", "")
         + "<tr><th>when</th><th>id</th><th>deliver_to</th><th>outcome</th><th>reason</th></tr>"
     )
     lines = []
@@ -376,7 +376,7 @@ def detail(
     if rows:
         parts.append(
             "<table id=history>"
-            + columns("15%", "14%", "18%", "14%", "", "16%")
+            + columns("11.5em", "14%", "18%", "14%", "", "16%")
             + "<tr><th>when</th><th>change</th><th>reason</th><th>by</th>"
             f"<th>summary</th><th>metadata</th></tr>{''.join(rows)}</table>"
         )
