@@ -1,6 +1,7 @@
-"""Make docs/dashboard.png: a store with a realistic mix of dispatches,
-served by `trio-dispatch web`, photographed in headless Chromium (Debian's
-chromium and chromium-driver).
+"""Make docs/dashboard.png: a store with a realistic mix of dispatches
+(failures with long errors, rows awaiting their ack among them), served by
+`trio-dispatch web`, photographed in headless Chromium (Debian's chromium
+and chromium-driver) at 1280 px wide.
 
     .venv/bin/python scripts/dashboard_screenshot.py [OUT.png]
 """
@@ -24,6 +25,12 @@ from trio_dispatch.store import open_store
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ["order.paid", "order.shipped", "invoice.issued", "user.welcome", "build.finished"]
 ROUTES = ["billing", "warehouse", "mailer", "seat-7", "analytics"]
+PARTNER = "https://hooks.partner.example.com/v2/webhooks/inbound/7f3c9a51e2b84d06/orders"
+PARTNER_ERROR = (
+    "HTTP 502 from https://hooks.partner.example.com/v2/webhooks/inbound/7f3c9a51e2b84d06/"
+    "orders: <html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad "
+    "Gateway</h1></center><hr><center>nginx</center></body></html> " * 4
+)
 
 
 async def fill(db_path: Path) -> None:
@@ -40,16 +47,32 @@ async def fill(db_path: Path) -> None:
             for i in range(240)
         ]
         await enqueue_many(db, items)
+        await enqueue_many(
+            db,
+            [{"kind": "order.paid", "deliver_to": PARTNER, "body": {"n": i}} for i in range(2)],
+        )
 
         async def send(delivery: Delivery) -> None:
             if delivery.deliver_to == "analytics" and delivery.attempt == 1:
                 raise RuntimeError("HTTP 503: upstream busy, try later")
             if delivery.deliver_to == "seat-7":
                 raise RuntimeError("connection refused")
+            if delivery.deliver_to == PARTNER:
+                raise RuntimeError(PARTNER_ERROR)
 
         await deliver_due_dispatches(db, transport=send, batch_size=1000, timeout_seconds=5)
         for row in await _awaiting(db):
             await ack_dispatch(db, row["id"], row["ack_token"])
+        # The newest: sends that wait for their ack, and a dead letter.
+        await enqueue_many(
+            db,
+            [
+                {"kind": "invoice.issued", "deliver_to": "mailer", "ack_required": True},
+                {"kind": "order.paid", "deliver_to": "seat-7", "max_attempts": 1},
+                {"kind": "user.welcome", "deliver_to": "mailer", "ack_required": True},
+            ],
+        )
+        await deliver_due_dispatches(db, transport=send, timeout_seconds=5)
         await enqueue_many(
             db,
             [
@@ -73,6 +96,7 @@ def main() -> None:
     from selenium.webdriver.chrome.service import Service
 
     with tempfile.TemporaryDirectory() as tmp:
+        profile = Path(tmp) / "profile"
         db = Path(tmp) / "shop.db"
         anyio.run(fill, db, backend="trio")
         server = subprocess.Popen(
@@ -104,7 +128,14 @@ def main() -> None:
                 "--headless=new",
                 "--no-sandbox",
                 "--disable-gpu",
-                "--window-size=1280,860",
+                "--disable-dev-shm-usage",
+                "--disable-background-networking",
+                "--no-first-run",
+                "--disable-component-update",
+                "--disable-sync",
+                "--hide-scrollbars",
+                "--window-size=1280,1500",
+                f"--user-data-dir={profile}",
             ):
                 options.add_argument(argument)
             driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)

@@ -30,13 +30,16 @@ from trio_dispatch import (
     enqueue_many,
 )
 from trio_dispatch.config import ConfigError, parse_config
-from trio_dispatch.outbox import claim_due
+from trio_dispatch.outbox import claim_due, sql
+from trio_dispatch.outbox.reads import AWAITING_ACK, recent_failures
 from trio_dispatch.store import SQLiteStore, open_store
+from trio_dispatch.store.dialect import POSTGRES, SQLITE
+from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from trio_dispatch.web import WebApp, parse_listen, serve_app
 from trio_dispatch.worker import DispatchWorker
 from trio_dispatch.worker.metrics import DeliveryMetrics
 
-from .conftest import RawDB
+from .conftest import PostgresRaw, RawDB
 from .helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -81,6 +84,22 @@ async def serving(app: WebApp) -> AsyncIterator[httpx.AsyncClient]:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             yield client
         tg.cancel_scope.cancel()
+
+
+def listed(page: str) -> list[str]:
+    """The dispatch ids of the page's dispatch list (not of its other panels)."""
+    found = re.search(r"<table id=dispatches>.*?</table>", page, re.S)
+    return re.findall(r'href="/dispatch/([0-9a-f]+)"', found.group(0)) if found else []
+
+
+def rows_by_id(table: str) -> dict[str, str]:
+    """A table's rows, each by the dispatch id it links to."""
+    found = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", table, re.S):
+        link = re.search(r'href="/dispatch/([0-9a-f]+)"', row)
+        if link is not None:
+            found[link.group(1)] = row
+    return found
 
 
 def metrics_of(text: str) -> dict[str, Any]:
@@ -294,17 +313,17 @@ async def test_the_dashboard_lists_filters_pages_and_shows_a_dispatch_escaped(
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile.text
         assert "<script" not in hostile.text.lower() and "<script" not in home.text.lower()
         assert home.headers["content-security-policy"].startswith("default-src 'none'")
-        first = re.findall(r'href="/dispatch/([0-9a-f]+)"', home.text)
+        first = listed(home.text)
         assert len(first) == 50  # one page, newest first
         older = re.search(r'id=older href="([^"]+)"', home.text)
         assert older is not None
         second = await client.get(older.group(1).replace("&amp;", "&"))
-        rest = re.findall(r'href="/dispatch/([0-9a-f]+)"', second.text)
+        rest = listed(second.text)
         assert len(rest) == 61 - 50 and not set(rest) & set(first)
         dead = await client.get("/", params={"status": "dead_letter"})
-        assert re.findall(r'href="/dispatch/([0-9a-f]+)"', dead.text) == [ids["dead_letter"]]
+        assert listed(dead.text) == [ids["dead_letter"]]
         by_kind = await client.get("/", params={"kind": "order.paid"})
-        assert len(re.findall(r'href="/dispatch/([0-9a-f]+)"', by_kind.text)) == 5
+        assert len(listed(by_kind.text)) == 5
         page = await client.get(f"/dispatch/{ids['acked']}")
         token = str(raw.row(ids["acked"])["ack_token"])
         assert page.status_code == 200 and token not in page.text
@@ -316,6 +335,177 @@ async def test_the_dashboard_lists_filters_pages_and_shows_a_dispatch_escaped(
         head = await client.head("/", params={"status": "dead_letter"})
         assert head.status_code == 200
         assert head.headers["content-length"] == dead.headers["content-length"]
+
+
+async def test_the_index_shows_recent_failures_newest_first_and_rows_awaiting_an_ack(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    retried = await enqueue_dispatch(store, kind="k", deliver_to="flaky", max_attempts=3)
+    dead = await enqueue_dispatch(store, kind="k", deliver_to="gone-seat", max_attempts=1)
+    waiting = await enqueue_dispatch(store, kind="k", deliver_to="ok", ack_required=True)
+    fine = await enqueue_dispatch(store, kind="k", deliver_to="ok")
+    now = time.time()
+
+    async def send(delivery: Delivery) -> None:
+        if delivery.deliver_to != "ok":
+            raise RuntimeError(f"refused by {delivery.deliver_to} <i>now</i>")
+
+    await deliver_due_dispatches(store, transport=send, now=now, timeout_seconds=5)
+    assert str(raw.row(retried)["status"]) == "pending"
+    assert str(raw.row(waiting)["status"]) == "pending"
+    async with serving(WebApp(store)) as client:
+        home = (await client.get("/")).text
+        panel = re.search(r"<table id=failures>.*?</table>", home, re.S)
+        assert panel is not None
+        failed = re.findall(r'href="/dispatch/([0-9a-f]+)"', panel.group(0))
+        assert sorted(failed) == sorted([retried, dead]) and fine not in failed
+        by_id = rows_by_id(panel.group(0))
+        assert 'class="badge retry">retry<' in by_id[retried]
+        assert 'title="flaky"' in by_id[retried]
+        assert "refused by flaky &lt;i&gt;now&lt;/i&gt;" in by_id[retried]
+        assert 'class="badge dead_letter">dead_letter<' in by_id[dead]
+        # The time as the CLI prints it: UTC ISO 8601, then the age.
+        assert re.search(
+            r"\d{4}-\d\d-\d\dT(<wbr>)?\d\d:\d\d:\d\dZ</span> <span class=\"muted rel\">\(",
+            by_id[dead],
+        )
+        # A row whose send succeeded and that waits for its ack says so, in
+        # the list and on its page; a plain pending row does not.
+        listing = re.search(r"<table id=dispatches>.*?</table>", home, re.S)
+        assert listing is not None
+        lines = rows_by_id(listing.group(0))
+        assert f'class="badge awaiting_ack">{AWAITING_ACK}<' in lines[waiting]
+        assert AWAITING_ACK not in lines[retried] and 'badge pending">pending<' in lines[retried]
+        page = (await client.get(f"/dispatch/{waiting}")).text
+        assert f'class="badge awaiting_ack">{AWAITING_ACK}<' in page
+        assert AWAITING_ACK not in (await client.get(f"/dispatch/{retried}")).text
+    # Another failure goes on top of the panel.
+    await deliver_due_dispatches(store, transport=send, now=now + 3600, timeout_seconds=5)
+    async with serving(WebApp(store)) as client:
+        home = (await client.get("/")).text
+    panel = re.search(r"<table id=failures>.*?</table>", home, re.S)
+    assert panel is not None
+    assert re.findall(r'href="/dispatch/([0-9a-f]+)"', panel.group(0))[0] == retried
+
+
+async def test_recent_failures_read_the_failures_index_newest_first(
+    store: SQLiteStore, raw: RawDB, engine: str
+) -> None:
+    now = time.time()
+    ids = [
+        await enqueue_dispatch(store, kind="k", deliver_to=f"seat-{i}", max_attempts=2)
+        for i in range(3)
+    ]
+
+    async def send(delivery: Delivery) -> None:
+        if delivery.deliver_to != "ok":
+            raise RuntimeError(f"no {delivery.deliver_to}")
+
+    async def one_at_a_time(at: float) -> None:  # oldest due first: a known history order
+        for _ in ids:
+            await deliver_due_dispatches(
+                store, transport=send, now=at, batch_size=1, timeout_seconds=5
+            )
+
+    await one_at_a_time(now)
+    # Successes in between: the history holds far more than failures.
+    await enqueue_many(store, [{"kind": "k", "deliver_to": "ok"} for _ in range(40)])
+    await deliver_due_dispatches(store, transport=send, now=now + 1, timeout_seconds=5)
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'") == 40
+    await one_at_a_time(now + 3600)
+    found = await recent_failures(store, limit=4)
+    assert [(f["id"], f["status"]) for f in found] == [
+        (ids[2], "dead_letter"),
+        (ids[1], "dead_letter"),
+        (ids[0], "dead_letter"),
+        (ids[2], "pending"),
+    ]
+    assert found[0]["deliver_to"] == "seat-2" and "no seat-2" in found[0]["reason_summary"]
+    assert found[3]["reason_code"] == "dispatch.pending.retry_backoff"
+    assert len(await recent_failures(store)) == 6
+    # The newest few come from the partial index of failures, read
+    # backwards: never a scan of the whole history.
+    if engine == "sqlite":
+        plan = " ".join(
+            r["detail"] for r in raw.rows("EXPLAIN QUERY PLAN " + sql.RECENT_FAILURES, (10,))
+        )
+        assert "USING INDEX ix_status_transitions_failures" in plan, plan
+    else:
+        with raw._connect() as conn:  # type: ignore[attr-defined]
+            conn.execute("SET enable_seqscan = off")  # a few rows: it would read them all
+            plan = " ".join(
+                r[0]
+                for r in conn.execute("EXPLAIN " + sql.RECENT_FAILURES.replace("?", "%s"), (10,))
+            )
+        assert "on ix_status_transitions_failures" in plan, plan
+        assert "Seq Scan on status_transitions" not in plan, plan
+
+
+async def test_a_version_2_store_gains_the_failures_index_and_keeps_its_history(
+    engine: str, fresh_target: str, db_path: Path
+) -> None:
+    raw = RawDB(db_path) if engine == "sqlite" else PostgresRaw(fresh_target)
+    dialect = SQLITE if engine == "sqlite" else POSTGRES
+    for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+        raw.execute(dialect.ddl(statement))
+    raw.execute(
+        "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"
+    )
+    raw.execute("INSERT INTO trio_dispatch_schema VALUES (1, 0), (2, 0)")
+    raw.execute(
+        "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+        "reason_code, reason_summary, source, actor, created_at) VALUES "
+        "('dispatch', 'old1', 'delivering', 'dead_letter', 'dispatch.dead_letter.gone', "
+        "'attempt 1: gone', 'scheduler', 'x', 1), "
+        "('dispatch', 'old1', 'dead_letter', 'pending', 'dispatch.pending.operator_retry', "
+        "'retried', 'operator', 'x', 2)"
+    )
+    async with open_store(fresh_target) as db:
+        found = await recent_failures(db)
+    assert [(f["id"], f["reason_code"], f["deliver_to"]) for f in found] == [
+        ("old1", "dispatch.dead_letter.gone", None)
+    ]
+    versions = raw.rows("SELECT version FROM trio_dispatch_schema ORDER BY version")
+    assert [r["version"] for r in versions] == list(range(1, SCHEMA_VERSION + 1))
+    index = (
+        "SELECT sql AS d FROM sqlite_master WHERE name = 'ix_status_transitions_failures'"
+        if engine == "sqlite"
+        else "SELECT indexdef AS d FROM pg_indexes "
+        "WHERE indexname = 'ix_status_transitions_failures'"
+    )
+    definition = str(raw.scalar(index))
+    assert "dispatch.pending.retry_backoff" in definition
+    assert "dispatch.pending.operator_retry" not in definition
+
+
+async def test_auto_refresh_is_a_meta_refresh_within_bounds_and_a_bad_value_is_a_400(
+    store: SQLiteStore,
+) -> None:
+    await enqueue_dispatch(store, kind="k", deliver_to="x")
+    async with serving(WebApp(store)) as client:
+        plain = await client.get("/", params={"status": "pending"})
+        assert "http-equiv=refresh" not in plain.text
+        toggle = re.search(r'<a href="([^"]*refresh=10[^"]*)">10s</a>', plain.text)
+        assert toggle is not None  # a link turns it on, keeping the filter
+        on = await client.get(toggle.group(1).replace("&amp;", "&"))
+        assert on.status_code == 200
+        assert '<meta http-equiv=refresh content="10">' in on.text
+        assert "auto-refresh every 10s" in on.text
+        assert '<input type=hidden name=refresh value="10">' in on.text
+        stop = re.search(r'<a href="([^"]*)">stop</a>', on.text)
+        assert stop is not None and stop.group(1) == "/?status=pending"
+        for bounds in ("2", "3600"):
+            assert (await client.get("/", params={"refresh": bounds})).status_code == 200
+        for bad in ("1", "3601", "abc", "-5", "10.5", "99999999999"):
+            refused = await client.get("/", params={"refresh": bad})
+            assert refused.status_code == 400, bad
+            assert refused.text == (
+                f"refresh must be a whole number of seconds from 2 to 3600, got {bad!r}\n"
+            )
+        # No page runs script, refreshing or not: the policy forbids it.
+        policy = on.headers["content-security-policy"]
+        assert policy.startswith("default-src 'none'") and "script-src" not in policy
+        assert "<script" not in on.text.lower()
 
 
 async def test_with_a_token_every_request_must_carry_it(store: SQLiteStore) -> None:
@@ -448,7 +638,7 @@ def test_the_web_command_serves_a_store_without_writing_to_it(
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
-def browser(tmp_path: Path) -> Any:
+def browser(tmp_path: Path, *, width: int = 1280, height: int = 900) -> Any:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         if os.environ.get("CI") == "true":
             pytest.fail(".ci/run installs chromium and chromium-driver; they are missing")
@@ -463,7 +653,11 @@ def browser(tmp_path: Path) -> Any:
         "--no-sandbox",
         "--disable-gpu",
         "--disable-dev-shm-usage",
-        "--window-size=1280,900",
+        "--disable-background-networking",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--window-size={width},{height}",
         f"--user-data-dir={tmp_path / 'profile'}",
     ):
         options.add_argument(argument)
@@ -500,13 +694,13 @@ def test_an_operator_finds_a_dead_letter_in_a_real_browser(tmp_path: Path) -> No
             for status in ("pending", "delivering", "delivered", "acked", "dead letter", "expired"):
                 assert cards[status] == "1", (status, cards)
             assert cards["dead letters, last 24 h"] == "1"
-            assert "<script>alert(1)</script>" in driver.find_element(By.TAG_NAME, "table").text
+            assert "<script>alert(1)</script>" in driver.find_element(By.ID, "dispatches").text
             # Filter to dead letters with the form, as a person would.
             select = driver.find_element(By.NAME, "status")
             select.find_element(By.CSS_SELECTOR, "option[value=dead_letter]").click()
             driver.find_element(By.CSS_SELECTOR, "form.filter button").click()
             wait_until(lambda: "status=dead_letter" in driver.current_url)
-            links = driver.find_elements(By.CSS_SELECTOR, "table a[href^='/dispatch/']")
+            links = driver.find_elements(By.CSS_SELECTOR, "#dispatches a[href^='/dispatch/']")
             assert [link.text for link in links] == [ids["dead_letter"]]
             links[0].click()
             wait_until(lambda: "/dispatch/" in driver.current_url)
@@ -524,6 +718,59 @@ def test_an_operator_finds_a_dead_letter_in_a_real_browser(tmp_path: Path) -> No
     finally:
         driver.quit()
     assert (tmp_path / "overview.png").stat().st_size > 10_000
+
+
+def test_long_values_keep_every_table_within_a_1024px_window(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    db = tmp_path / "o.db"
+    error = "E" * 100 + "".join(f"word{i} " for i in range(400))
+    error = (error * 2)[:2000]
+    far = "https://hooks.example.com/" + "x" * (300 - len("https://hooks.example.com/"))
+    assert len(error) == 2000 and len(far) == 300
+    ids: list[str] = []
+
+    async def fill() -> None:
+        async with open_store(str(db)) as store:
+            ids.append(await enqueue_dispatch(store, kind="k" * 120, deliver_to=far))
+            ids.append(await enqueue_dispatch(store, kind="fine", deliver_to="ok"))
+
+            async def send(delivery: Delivery) -> None:
+                if delivery.deliver_to == far:
+                    raise RuntimeError(error)
+
+            await deliver_due_dispatches(
+                store, transport=send, now=time.time() + 1, timeout_seconds=5
+            )
+
+    anyio.run(fill, backend="trio")
+    whole_error = str(RawDB(db).row(ids[0])["last_error"])
+    assert len(whole_error) == 2000  # what the row holds, cut at its limit
+    args = ["--db", str(db), "web", "--listen", "127.0.0.1:0"]
+    driver = browser(tmp_path, width=1024, height=768)
+    try:
+        with running(args, tmp_path, r"dashboard \(read-only\) at (http://\S+)/") as (url, _):
+            for path in ("/", f"/dispatch/{ids[0]}"):
+                driver.get(url + path)
+                inner = driver.execute_script("return window.innerWidth")
+                scroll = driver.execute_script("return document.documentElement.scrollWidth")
+                assert 900 <= inner <= 1024, inner
+                assert scroll <= inner, (path, scroll, inner)
+            driver.get(url + "/")
+            row = driver.find_element(By.CSS_SELECTOR, f"#dispatches a[href='/dispatch/{ids[0]}']")
+            cells = row.find_element(By.XPATH, "./ancestor::tr").find_elements(By.TAG_NAME, "td")
+            titles = [cell.get_attribute("title") for cell in cells]
+            assert whole_error in titles and far in titles and ids[0] in titles
+            failure = driver.find_element(By.CSS_SELECTOR, "#failures td[title^='attempt 1']")
+            assert failure.rect["width"] < 1024
+            # The row's page shows every value whole.
+            driver.get(url + f"/dispatch/{ids[0]}")
+            page = driver.find_element(By.TAG_NAME, "main").text
+            assert whole_error.split()[0] in page and far in page
+            assert whole_error.split()[-1] in page
+            driver.save_screenshot(str(tmp_path / "long.png"))
+    finally:
+        driver.quit()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> None:

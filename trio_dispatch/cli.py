@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import getpass
 import importlib.util
 import json
@@ -82,6 +81,8 @@ from .store.base import (
     store_schema,
 )
 from .store.schema import SCHEMA_VERSION
+from .times import format_time as format_time
+from .times import relative_time as relative_time
 from .validate import INT_MAX
 from .web.binding import DEFAULT_HOST, DEFAULT_PORT, Listen, check_binding, parse_listen
 from .worker import DispatchWorker
@@ -343,38 +344,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _emit_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=True, default=str))
-
-
-def relative_time(when: float | None, now: float) -> str:
-    """``in 1m05s`` / ``3h02m ago`` / ``now``; ``-`` for None."""
-    if when is None:
-        return "-"
-    delta = when - now
-    if abs(delta) < 1:
-        return "now"
-    seconds = int(abs(delta))
-    if seconds < 60:
-        text = f"{seconds}s"
-    elif seconds < 3600:
-        text = f"{seconds // 60}m{seconds % 60:02d}s"
-    elif seconds < 86400:
-        text = f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    else:
-        text = f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
-    return f"in {text}" if delta > 0 else f"{text} ago"
-
-
-def format_time(when: float | None, now: float) -> str:
-    """``2026-12-01T11:34:29Z (3m05s ago)``: the time in UTC as ISO 8601,
-    then how far it is from ``now``; ``-`` for None. The one way every
-    command prints a time (``--json`` keeps the Unix seconds)."""
-    if when is None:
-        return "-"
-    try:
-        stamp = datetime.datetime.fromtimestamp(when, datetime.UTC)
-    except (OverflowError, OSError, ValueError):  # beyond what a calendar holds
-        return repr(when)
-    return f"{stamp:%Y-%m-%dT%H:%M:%SZ} ({relative_time(when, now)})"
 
 
 def _cut(text: str, width: int) -> str:

@@ -109,6 +109,19 @@ class Reason(enum.StrEnum):
 
 
 REASON_CODES: Final = frozenset(Reason)
+FAILURE_REASONS: Final = (
+    Reason.RETRY_BACKOFF,
+    Reason.MAX_ATTEMPTS,
+    Reason.GONE,
+    Reason.ACK_TIMEOUT,
+)
+"""The reason codes of an attempt that failed: retried, or dead-lettered
+(the dashboard's recent failures, read through a partial index)."""
+FAILURES_SQL: Final = (
+    f"reason_code IN ({', '.join(repr(str(reason)) for reason in FAILURE_REASONS)})"
+)
+"""The partial term of the failures index; a query that wants the index
+repeats it verbatim."""
 
 
 class Source(enum.StrEnum):

@@ -198,6 +198,23 @@ async def list_page(
     return [row for row in map(decode, rows) if row is not None]
 
 
+RECENT_FAILURES_LIMIT: Final = 10
+
+
+async def recent_failures(
+    db: Database, *, limit: int = RECENT_FAILURES_LIMIT
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` attempts that failed -- retried or
+    dead-lettered (:data:`~trio_dispatch.lifecycle.FAILURE_REASONS`) --
+    newest first: each the transition's ``created_at``, ``id`` (the
+    dispatch's), ``status``, ``reason_code``, ``reason_summary`` and the
+    dispatch's ``deliver_to`` (None once purged). A bounded read of a
+    partial index."""
+    limit = require_int("limit", limit, minimum=1)
+    rows = await db.read(lambda conn: conn.query(sql.RECENT_FAILURES, (limit,)))
+    return [dict(row) for row in rows]
+
+
 # -- labels and id prefixes for operators ----------------------------------------
 
 AWAITING_ACK: Final = "awaiting ack"
@@ -291,6 +308,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "ID_PREFIX_CAP",
     "MIN_ID_PREFIX",
+    "RECENT_FAILURES_LIMIT",
     "awaiting_ack",
     "bounded_stats",
     "decode",
@@ -305,6 +323,7 @@ __all__ = [
     "list_page",
     "list_transitions",
     "next_due_at",
+    "recent_failures",
     "status_label",
     "status_labels",
 ]

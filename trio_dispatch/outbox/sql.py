@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..lifecycle import DUE_SQL, FINISHED_SQL, Status
+from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, Status
 from ..store.dialect import CHANNEL
 
 COLUMNS: Final = (
@@ -287,3 +287,15 @@ RECENT_KINDS: Final = (
 )
 """The most frequent kinds among the newest ``?`` rows (the created-at
 index, read backwards: bounded by the first limit)."""
+
+RECENT_FAILURES: Final = (
+    "SELECT t.id AS transition_id, t.entity_id AS id, t.status, t.reason_code, "
+    "t.reason_summary, t.created_at, d.deliver_to FROM ("
+    "SELECT id, entity_id, status, reason_code, reason_summary, created_at "
+    f"FROM status_transitions WHERE {FAILURES_SQL} ORDER BY id DESC LIMIT ?) AS t "
+    "LEFT JOIN dispatch_outbox d ON d.id = t.entity_id ORDER BY t.id DESC"
+)
+"""The newest ``?`` failed attempts (retried or dead-lettered), newest
+first, with the dispatch's ``deliver_to`` (None once purged): the failures
+index read backwards, then one primary-key probe per row, so the cost
+follows the limit, not the history."""

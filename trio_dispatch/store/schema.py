@@ -7,7 +7,8 @@ statement is idempotent (``IF NOT EXISTS``), so a database created by an
 earlier implementation of the same design is adopted without touching its
 rows. Version 2 appends ``created_at`` to the ADR's partial due index, so
 the claim order comes from the index alone (the index still serves every
-query the ADR's two-column one does).
+query the ADR's two-column one does). Version 3 adds a partial index of the
+history's failed attempts (the dashboard's recent failures).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -20,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from ..lifecycle import DUE_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
+from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
 from .base import Conn, SchemaError, check_schema_version
 from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
 from .dialect import quoted
@@ -120,7 +121,19 @@ _V2: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2)
+_V3: Final = (
+    # The history's failed attempts (retried or dead-lettered), newest
+    # first: the dashboard's recent failures read the newest few through
+    # this partial index, however long the history and however rare the
+    # failures in it. Every other transition stays out of it.
+    f"""
+    CREATE INDEX IF NOT EXISTS ix_status_transitions_failures
+        ON status_transitions (id)
+        WHERE {FAILURES_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

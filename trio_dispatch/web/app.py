@@ -5,6 +5,10 @@ queries, and answers GET and HEAD.
 With a token, every request must carry it -- ``Authorization: Bearer
 <token>``, or HTTP Basic with the token as the password so a browser can
 log in -- compared in constant time.
+
+``/?refresh=N`` reloads the index page every ``N`` seconds
+(:data:`REFRESH_MIN`..:data:`REFRESH_MAX`, a meta refresh: the page still
+runs no script); any other value is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -29,9 +33,13 @@ from ..outbox.reads import (
     get_dispatch,
     list_page,
     list_transitions,
+    recent_failures,
+    status_label,
+    status_labels,
 )
 from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
 from ..store.base import Database
+from ..values import show
 from . import pages
 from .metrics import CONTENT_TYPE, families, render
 
@@ -46,6 +54,9 @@ Send = Callable[[Message], Awaitable[None]]
 STORE_CHECK_SECONDS: Final = 2.0
 """How long ``/healthz`` waits for the store to answer."""
 PAGE_SIZE: Final = DEFAULT_LIST_LIMIT
+REFRESH_MIN: Final = 2
+REFRESH_MAX: Final = 3600
+"""Bounds of ``?refresh=N``, in seconds."""
 SECURITY_HEADERS: Final = (
     (
         b"content-security-policy",
@@ -58,6 +69,24 @@ SECURITY_HEADERS: Final = (
 )
 
 log = scrubbed_logger("trio_dispatch.web")
+
+
+class BadQuery(ValueError):
+    """A query parameter the page cannot use: a 400, its one line."""
+
+
+def refresh_seconds(value: str | None) -> int | None:
+    """``?refresh=N`` as whole seconds, None when absent; a value that is
+    not a whole number in bounds raises :class:`BadQuery` naming it."""
+    if value is None:
+        return None
+    seconds = int(value) if value.isascii() and value.isdigit() and len(value) <= 6 else None
+    if seconds is None or not REFRESH_MIN <= seconds <= REFRESH_MAX:
+        raise BadQuery(
+            f"refresh must be a whole number of seconds from {REFRESH_MIN} to {REFRESH_MAX}, "
+            f"got {show(value)}"
+        )
+    return seconds
 
 
 class WebApp:
@@ -189,7 +218,11 @@ class WebApp:
             status, document = await self.health()
             return status, json.dumps(document).encode() + b"\n", b"application/json"
         if path == "/":
-            return 200, (await self._overview(query)).encode(), html
+            try:
+                content = await self._overview(query)
+            except BadQuery as exc:
+                return 400, f"{exc}\n".encode(), b"text/plain; charset=utf-8"
+            return 200, content.encode(), html
         if path.startswith("/dispatch/"):
             dispatch_id = path.removeprefix("/dispatch/")
             status, content = await self._detail(dispatch_id)
@@ -252,6 +285,7 @@ class WebApp:
 
     async def _overview(self, query: dict[str, str]) -> str:
         now = self.clock()
+        refresh = refresh_seconds(query.get("refresh"))
         status = pages.known_status(query.get("status"))
         kind = query.get("kind") or None
         before: tuple[float, str] | None = None
@@ -276,6 +310,7 @@ class WebApp:
                         "status": status,
                         "kind": kind,
                         "before": f"{float(last['created_at'])!r},{last['id']}",
+                        "refresh": str(refresh) if refresh else None,
                     }.items()
                     if value
                 }
@@ -291,10 +326,29 @@ class WebApp:
                 if statistics.last_scan_at is None
                 else max(0.0, now - statistics.last_scan_at),
             }
+        here = {
+            key: value
+            for key, value in {
+                "status": status,
+                "kind": kind,
+                "before": query.get("before") if before is not None else None,
+            }.items()
+            if value
+        }
         body = pages.overview(
-            stats, rows, status=status, kind=kind, next_page=next_page, worker=worker, now=now
+            stats,
+            rows,
+            status=status,
+            kind=kind,
+            next_page=next_page,
+            worker=worker,
+            now=now,
+            labels=await status_labels(self.db, rows),
+            failures=await recent_failures(self.db),
+            refresh=refresh,
+            here=here,
         )
-        return pages.page("Outbox", body, self.store_label)
+        return pages.page("Outbox", body, self.store_label, refresh=refresh)
 
     async def _detail(self, dispatch_id: str) -> tuple[int, str]:
         now = self.clock()
@@ -304,7 +358,11 @@ class WebApp:
         except ValueError:  # not an id at all
             row, history = None, []
         status = 200 if row is not None or history else 404
-        body = pages.detail(row, dispatch_id, history, now)
+        # The newest transition says whether the row waits for an ack.
+        label = None
+        if row is not None:
+            label = status_label(row, str(history[-1]["reason_code"]) if history else None)
+        body = pages.detail(row, dispatch_id, history, now, label)
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
 

@@ -3,21 +3,33 @@
 Outside text (a kind, a destination, an error, a payload) goes through
 :func:`text`, which makes control characters visible and then escapes it
 for HTML, so ``<script>alert(1)</script>`` as a kind shows as that text.
+
+Tables have a fixed layout: a long value (an error, a destination, an id)
+is cut to its column with an ellipsis, never widening the page, and its
+whole text is in the cell's ``title`` (shown on hover) and on the row's
+page, where long values wrap.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
-from ..lifecycle import STATUSES
+from ..lifecycle import STATUSES, Status
+from ..outbox.reads import AWAITING_ACK
 from ..redact import MASK, visible
+from ..times import relative_time
 
 STATUS_ORDER: Final = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+CELL_TEXT_LIMIT: Final = 300
+"""A table cell holds at most this many characters of a value (its
+``title`` and the row's page hold all of it)."""
+REFRESH_CHOICES: Final = (5, 10, 30, 60)
+"""The auto-refresh periods the index page offers as links, in seconds."""
 
 STYLE: Final = (
     'body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;'
@@ -25,7 +37,8 @@ STYLE: Final = (
     "header{background:#1d2330;color:#fff;padding:12px 24px;display:flex;gap:16px;"
     "align-items:baseline}"
     "header a{color:#fff;text-decoration:none;font-weight:600;font-size:16px}"
-    "header .store{color:#aab3c5;font-family:ui-monospace,monospace;font-size:12px}"
+    "header .store{color:#aab3c5;font-family:ui-monospace,monospace;font-size:12px;"
+    "min-width:0;overflow-wrap:anywhere}"
     "main{padding:16px 24px;max-width:1400px}"
     "h1{font-size:18px;margin:8px 0 12px}"
     "h2{font-size:15px;margin:20px 0 8px}"
@@ -38,13 +51,16 @@ STYLE: Final = (
     ".dead_letter .n{color:#b42318}"
     ".pending .n{color:#175cd3}"
     ".delivering .n{color:#b54708}"
-    "table{border-collapse:collapse;width:100%;background:#fff;border:1px solid #dde1e8}"
-    "th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #eceef2;vertical-align:top}"
+    "table{border-collapse:collapse;width:100%;table-layout:fixed;background:#fff;"
+    "border:1px solid #dde1e8}"
+    "th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #eceef2;vertical-align:top;"
+    "overflow:hidden;text-overflow:ellipsis;white-space:nowrap}"
     "th{background:#f0f2f5;font-weight:600;font-size:12px;color:#3b4354}"
-    "td.when{white-space:nowrap}"
+    "td.when{font-size:12px;white-space:normal}"
+    "td.when .rel{display:block}"
+    "td.wrap{white-space:normal;overflow-wrap:anywhere}"
     "td.mono,.mono{font-family:ui-monospace,monospace;font-size:12px}"
     ".err{color:#b42318}"
-    "td.err{color:#b42318;max-width:420px;overflow-wrap:anywhere}"
     ".badge{display:inline-block;padding:1px 7px;border-radius:9px;font-size:12px;"
     "background:#eceef2}"
     ".badge.dead_letter{background:#fee4e2;color:#b42318}"
@@ -52,14 +68,17 @@ STYLE: Final = (
     ".badge.pending{background:#d1e9ff;color:#175cd3}"
     ".badge.delivering{background:#fef0c7;color:#b54708}"
     ".badge.expired{background:#f2f4f7;color:#475467}"
-    "form.filter{display:flex;gap:8px;align-items:center;margin:8px 0}"
+    ".badge.awaiting_ack{background:#ebe9fe;color:#5925dc}"
+    ".badge.retry{background:#fef0c7;color:#b54708}"
+    "form.filter{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:8px 0}"
+    ".refresh{float:right;font-size:12px;margin-top:10px}"
     "pre{background:#fff;border:1px solid #dde1e8;padding:10px;overflow:auto;font-size:12px}"
     ".pager{margin:10px 0}"
     ".muted{color:#5b6475}"
     "dl{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px;background:#fff;"
     "border:1px solid #dde1e8;padding:10px 14px;margin:0}"
     "dt{color:#5b6475}"
-    "dd{margin:0}"
+    "dd{margin:0;min-width:0;overflow-wrap:anywhere}"
 )
 
 
@@ -69,30 +88,44 @@ def text(value: object) -> str:
 
 
 def when(seconds: object, now: float) -> str:
-    """A Unix time as UTC, with how long ago (or until)."""
+    """A Unix time as the CLI prints it: UTC as ISO 8601, then how long ago
+    (or until), ``2026-12-01T11:34:29Z (3m05s ago)``."""
     if seconds is None:
         return "-"
     moment = float(str(seconds))
     try:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(moment))
+        stamp = datetime.datetime.fromtimestamp(moment, datetime.UTC)
     except (OverflowError, OSError, ValueError):  # beyond the calendar: the number itself
         return text(repr(moment))
-    delta = moment - now
-    span = abs(delta)
-    if span < 1:
-        rel = "now"
-    else:
-        amount = (
-            f"{span:.0f}s"
-            if span < 60
-            else f"{span / 60:.0f}m"
-            if span < 3600
-            else f"{span / 3600:.1f}h"
-            if span < 86400
-            else f"{span / 86400:.1f}d"
-        )
-        rel = f"in {amount}" if delta > 0 else f"{amount} ago"
-    return f'<span title="{rel}">{stamp}Z</span> <span class="muted">({rel})</span>'
+    rel = relative_time(moment, now)
+    return (
+        f"<span class=stamp>{stamp:%Y-%m-%dT}<wbr>{stamp:%H:%M:%SZ}</span> "
+        f'<span class="muted rel">({rel})</span>'
+    )
+
+
+def cut(value: object, *, classes: str = "", limit: int = CELL_TEXT_LIMIT) -> str:
+    """A table cell for outside text that may be long: cut to its column
+    with an ellipsis (the stylesheet), the whole text in its ``title``."""
+    whole = "" if value is None else str(value)
+    shown = whole if len(whole) <= limit else whole[:limit] + "…"
+    kind = f' class="{classes}"' if classes else ""
+    return f'<td{kind} title="{text(whole)}">{text(shown)}</td>'
+
+
+def badge(label: str) -> str:
+    """A status badge: a status, or :data:`~trio_dispatch.outbox.reads.AWAITING_ACK`."""
+    return f'<span class="badge {text(label.replace(" ", "_"))}">{text(label)}</span>'
+
+
+def columns(*widths: str) -> str:
+    """The widths of a fixed-layout table's columns (``""``: a share of
+    what is left)."""
+    return (
+        "<colgroup>"
+        + "".join(f'<col style="width:{width}">' if width else "<col>" for width in widths)
+        + "</colgroup>"
+    )
 
 
 def age(seconds: float | None) -> str:
@@ -105,10 +138,14 @@ def age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def page(title: str, body: str, store: str) -> str:
+def page(title: str, body: str, store: str, *, refresh: int | None = None) -> str:
+    """A whole page; with ``refresh``, one the browser reloads every that
+    many seconds (a meta refresh: no script)."""
+    reload = f'<meta http-equiv=refresh content="{int(refresh)}">' if refresh else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
+        f"{reload}"
         f"<title>{text(title)} - trio_dispatch</title><style>{STYLE}</style></head><body>"
         f'<header><a href="/">trio_dispatch</a><span class=store>{text(store)}</span></header>'
         f"<main>{body}</main></body></html>"
@@ -129,9 +166,15 @@ def overview(
     next_page: str | None,
     worker: Mapping[str, Any] | None,
     now: float,
+    labels: Sequence[str] | None = None,
+    failures: Sequence[Mapping[str, Any]] = (),
+    refresh: int | None = None,
+    here: Mapping[str, str] | None = None,
 ) -> str:
-    """Counts per status, oldest due age, dead letters of the last 24 h, and
-    one page of the list filtered by status and kind."""
+    """Counts per status, oldest due age, dead letters of the last 24 h, the
+    recent failures, and one page of the list filtered by status and kind
+    (``labels``: each row's status label, "awaiting ack" included). With
+    ``here`` (the page's query), a link that turns auto-refresh on or off."""
     capped = set(stats["capped"])
     cards = []
     for name in STATUS_ORDER:
@@ -162,8 +205,10 @@ def overview(
         f'<option value="{name}"{" selected" if name == status else ""}>{name}</option>'
         for name in STATUS_ORDER
     ]
+    kept = f'<input type=hidden name=refresh value="{int(refresh)}">' if refresh else ""
     form = (
         '<form class=filter method=get action="/">'
+        f"{kept}"
         f"<label>status <select name=status>{''.join(options)}</select></label>"
         f'<label>kind <input name=kind value="{text(kind or "")}" placeholder="any kind"></label>'
         '<button type=submit>Filter</button> <a href="/">clear</a></form>'
@@ -174,39 +219,90 @@ def overview(
         + (f", kind {text(kind)}" if kind else "")
     )
     body = (
+        f"{refresh_links(here or {}, refresh)}"
         f"<h1>Outbox</h1><div class=cards>{''.join(cards)}</div>{worker_line}"
+        f"<h2>Recent failures <span class=muted>(newest first)</span></h2>"
+        f"{failures_table(failures, now)}"
         f"<h2>{heading} <span class=muted>(newest first)</span></h2>{form}"
-        f"{dispatch_table(rows, now)}"
+        f"{dispatch_table(rows, now, labels)}"
     )
     if next_page:
         body += f'<div class=pager><a id=older href="{text(next_page)}">Older &rarr;</a></div>'
     return body
 
 
-def dispatch_table(rows: Sequence[Mapping[str, Any]], now: float) -> str:
+def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
+    """Auto-refresh on (each of :data:`REFRESH_CHOICES`) or off: links to
+    this page with or without ``refresh``."""
+    rest = {key: value for key, value in here.items() if key != "refresh"}
+    if refresh:
+        return (
+            f"<p class=refresh id=refresh>auto-refresh every {int(refresh)}s &middot; "
+            f'<a href="{text(_link(rest))}">stop</a></p>'
+        )
+    choices = " ".join(
+        f'<a href="{text(_link({**rest, "refresh": str(seconds)}))}">{seconds}s</a>'
+        for seconds in REFRESH_CHOICES
+    )
+    return f"<p class=refresh id=refresh>auto-refresh: off &middot; every {choices}</p>"
+
+
+def _id_cell(dispatch_id: object) -> str:
+    shown = text(dispatch_id)
+    return f'<td class=mono title="{shown}"><a href="/dispatch/{shown}">{shown}</a></td>'
+
+
+def dispatch_table(
+    rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
+) -> str:
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
     head = (
-        "<tr><th>created</th><th>id</th><th>kind</th><th>deliver_to</th><th>status</th>"
+        columns("11.5em", "10%", "10%", "12%", "8em", "5.5em", "11.5em", "")
+        + "<tr><th>created</th><th>id</th><th>kind</th><th>deliver_to</th><th>status</th>"
         "<th>attempt</th><th>next attempt</th><th>last error</th></tr>"
     )
+    shown = labels if labels is not None else [str(row["status"]) for row in rows]
     lines = []
-    for row in rows:
-        error = str(row.get("last_error") or "")
-        live = row["status"] in ("pending", "delivering")
+    for row, label in zip(rows, shown, strict=True):
+        live = row["status"] in (Status.PENDING, Status.DELIVERING)
         next_at = when(row["next_attempt_at"], now) if live else "-"
         lines.append(
             "<tr>"
             f"<td class=when>{when(row['created_at'], now)}</td>"
-            f'<td class=mono><a href="/dispatch/{text(row["id"])}">{text(row["id"])}</a></td>'
-            f"<td>{text(row['kind'])}</td><td>{text(row['deliver_to'])}</td>"
-            f'<td><span class="badge {text(row["status"])}">{text(row["status"])}</span></td>'
+            f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
+            f"<td>{badge(label)}</td>"
             f"<td>{int(row['attempt'])}/{int(row['max_attempts'])}</td>"
             f"<td class=when>{next_at}</td>"
-            f"<td class=err>{text(error[:200] + ('…' if len(error) > 200 else ''))}</td>"
+            f"{cut(row.get('last_error') or '', classes='err')}"
             "</tr>"
         )
-    return f"<table>{head}{''.join(lines)}</table>"
+    return f"<table id=dispatches>{head}{''.join(lines)}</table>"
+
+
+def failures_table(failures: Sequence[Mapping[str, Any]], now: float) -> str:
+    """The recent failed attempts: when, which dispatch, its destination,
+    retried or dead-lettered, and the reason (cut; whole on hover)."""
+    if not failures:
+        return "<p class=muted id=failures>No failed attempts.</p>"
+    head = (
+        columns("11.5em", "10%", "14%", "8em", "")
+        + "<tr><th>when</th><th>id</th><th>deliver_to</th><th>outcome</th><th>reason</th></tr>"
+    )
+    lines = []
+    for failure in failures:
+        retried = failure["status"] == Status.PENDING
+        deliver_to = failure["deliver_to"]
+        lines.append(
+            "<tr>"
+            f"<td class=when>{when(failure['created_at'], now)}</td>"
+            f"{_id_cell(failure['id'])}"
+            + (cut(deliver_to) if deliver_to is not None else "<td class=muted>(purged)</td>")
+            + f"<td>{badge('retry' if retried else str(failure['status']))}</td>"
+            f"{cut(failure['reason_summary'], classes='err')}"
+            "</tr>"
+        )
+    return f"<table id=failures>{head}{''.join(lines)}</table>"
 
 
 def masked(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -225,15 +321,21 @@ def detail(
     dispatch_id: str,
     history: Iterable[Mapping[str, Any]],
     now: float,
+    label: str | None = None,
 ) -> str:
-    """A dispatch's fields, payload (ack token masked) and history."""
+    """A dispatch's fields, payload (ack token masked) and history, every
+    value whole (long ones wrap); ``label``: its status label ("awaiting
+    ack" included), by default its status."""
     parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>"]
     if row is None:
         parts.append("<p class=muted>No such dispatch (purged or never enqueued).</p>")
     else:
         row = masked(row)
+        status = badge(label or str(row["status"]))
+        if label == AWAITING_ACK:
+            status += f" <span class=muted>(status {text(row['status'])})</span>"
         fields = [
-            ("status", f'<span class="badge {text(row["status"])}">{text(row["status"])}</span>'),
+            ("status", status),
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
             ("attempt", f"{int(row['attempt'])} of {int(row['max_attempts'])}"),
@@ -261,18 +363,21 @@ def detail(
         metadata = t.get("metadata")
         rows.append(
             "<tr>"
-            f"<td>{when(t['created_at'], now)}</td>"
-            f"<td>{text(t['previous_status'] or '-')} &rarr; {text(t['status'])}</td>"
-            f"<td class=mono>{text(t['reason_code'])}</td>"
-            f"<td>{text(t['source'])} / {text(t['actor'])}</td>"
-            f"<td>{text(t['reason_summary'])}</td>"
-            f"<td class=mono>{text(json.dumps(metadata, sort_keys=True) if metadata else '')}</td>"
+            f"<td class=when>{when(t['created_at'], now)}</td>"
+            f"<td class=wrap>{text(t['previous_status'] or '-')} &rarr; {text(t['status'])}</td>"
+            f'<td class="mono wrap">{text(t["reason_code"])}</td>'
+            f"<td class=wrap>{text(t['source'])} / {text(t['actor'])}</td>"
+            f"<td class=wrap>{text(t['reason_summary'])}</td>"
+            f'<td class="mono wrap">'
+            f"{text(json.dumps(metadata, sort_keys=True) if metadata else '')}</td>"
             "</tr>"
         )
     parts.append("<h2>History</h2>")
     if rows:
         parts.append(
-            "<table id=history><tr><th>when</th><th>change</th><th>reason</th><th>by</th>"
+            "<table id=history>"
+            + columns("11.5em", "14%", "18%", "14%", "", "16%")
+            + "<tr><th>when</th><th>change</th><th>reason</th><th>by</th>"
             f"<th>summary</th><th>metadata</th></tr>{''.join(rows)}</table>"
         )
     else:
