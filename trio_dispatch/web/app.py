@@ -25,7 +25,6 @@ from urllib.parse import parse_qs, urlencode
 import anyio
 from anyio.abc import TaskGroup
 
-from ..outbox import sql
 from ..outbox.reads import (
     DEFAULT_LIST_LIMIT,
     bounded_stats,
@@ -33,6 +32,7 @@ from ..outbox.reads import (
     get_dispatch,
     list_page,
     list_transitions,
+    next_due_at,
     recent_failures,
     status_label,
     status_labels,
@@ -376,7 +376,7 @@ class _Probe:
 
     async def run(self, db: Database) -> None:
         try:
-            await db.read(lambda conn: conn.query_one(sql.NEXT_DUE))
+            await next_due_at(db)  # one bounded, indexed read
         except Exception as exc:
             self.error = one_line(exc, known_secrets())[:200] or type(exc).__name__
         finally:
