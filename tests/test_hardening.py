@@ -911,7 +911,7 @@ def test_ls_show_and_history_print_escapes_not_control_characters(db_path: Path)
     async def build() -> str:
         async with open_store(db_path) as db:
             dispatch_id = await enqueue_dispatch(
-                db, kind=HOSTILE_KIND, deliver_to="seat\u202e", body={"t": "\x1b]0;title\x07\u2028"}
+                db, kind=HOSTILE_KIND, deliver_to="seat", body={"t": "\x1b]0;title\x07\u2028\u202e"}
             )
 
             async def fail(delivery: Delivery) -> TransportResult:

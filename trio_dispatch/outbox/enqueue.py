@@ -20,6 +20,7 @@ from ..validate import (
     require_body,
     require_bool,
     require_int,
+    require_kind,
     require_non_empty,
     require_number,
     require_optional_id,
@@ -62,7 +63,7 @@ def prepare(
 ) -> NewDispatch:
     """Validate one enqueue's arguments and build its row (id, token and
     serialised envelope), all before any transaction."""
-    kind_ = require_non_empty("kind", kind)
+    kind_ = require_kind(kind)
     route = require_route(deliver_to)
     body_json = require_body(body, max_body_bytes)
     key = None if dedup_key is None else require_non_empty("dedup_key", dedup_key)
