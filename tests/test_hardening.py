@@ -4,6 +4,7 @@ before the rule it guards was in place."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -827,12 +828,22 @@ SECRETS = {
     "MY_PRIVATE_KEY": "k",
     "UPSTREAM": "https://user:pw@example.com/",
     "MY_DB": "postgresql://u@h/db?password=x",
+    "GITHUB_PAT": "ghp_x",
+    "STRIPE_SK": "sk_live_x",
+    "DASH_BEARER": "b",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T0/B0/x",
+    "OPS_WEBHOOK_URLS": "https://a.example/x",
+    "MIRROR": "see https://bot:s3cr3t@git.example.com/repo.git",
+    "FEED": "https://reader:pa/ss@feeds.example.com/",
 }
 HARMLESS = {
     "LANG": "C.UTF-8",
     "MY_SETTING": "1",
     "GIT_AUTHOR_NAME": "ada",
     "REPORT_URL": "https://example.com/report",
+    "PORTAL": "https://example.com:8443/@team",
+    "TASK": "nightly",
+    "MY_PATH": "/opt/x",
     "PWD": "/srv",
     "OLDPWD": "/",
 }
@@ -869,6 +880,56 @@ async def test_an_allow_list_passes_exactly_its_names_and_inherit_passes_all(
     assert {k for k in allowed if not k.startswith("TRIO_DISPATCH_")} == {"GITHUB_TOKEN", "LANG"}
     everything = await child_env(tmp_path, ChildEnvironment(inherit=True))
     assert set(SECRETS) | set(HARMLESS) <= set(everything)
+
+
+HOOK_KEY = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+@pytest.mark.anyio
+async def test_variables_the_configuration_reads_secrets_from_never_reach_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Names no heuristic flags: only the configuration says they are secrets.
+    monkeypatch.setenv("OPS_DASH", "dashboard-bearer-0123456789")
+    monkeypatch.setenv("HOOK_SIGNER", HOOK_KEY)
+    monkeypatch.setenv("NOTIFY_REGION", "eu-west")
+    script = tmp_path / "env.py"
+    script.write_text(ENV_DUMP)
+    out = tmp_path / "env.json"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": str(tmp_path / "outbox.db"),
+                "dispatch": {
+                    "notify_template": [sys.executable, str(script), str(out)],
+                    "webhook": {
+                        "endpoints": {
+                            "hooks": {"url": "https://h.example/in", "secrets": ["env:HOOK_SIGNER"]}
+                        }
+                    },
+                },
+                "http": {"token": "env:OPS_DASH"},
+            }
+        )
+    )
+    from trio_dispatch.config import load_config
+
+    loaded = load_config(config)
+    assert loaded.dispatch.env.drop == {"OPS_DASH", "HOOK_SIGNER"}
+    async with open_store(loaded.store_target()) as db:
+        await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        async with anyio.create_task_group() as tg:
+            worker = DispatchWorker.from_config(db, loaded, tick_seconds=3600)
+            await tg.start(worker.run)
+            await wait_for(lambda: worker.counts["delivered"] == 1)
+            tg.cancel_scope.cancel()
+    env: dict[str, str] = json.loads(out.read_text())
+    assert "OPS_DASH" not in env and "HOOK_SIGNER" not in env
+    assert not {"dashboard-bearer-0123456789", HOOK_KEY} & set(env.values())
+    assert env["NOTIFY_REGION"] == "eu-west"  # the rest of the environment is kept
+    shown = await arun_cli("check-config", str(config), "--json")
+    assert json.loads(shown.stdout)["env"]["dropped"] == ["HOOK_SIGNER", "OPS_DASH"]
 
 
 def test_the_env_policy_comes_from_the_configuration(tmp_path: Path) -> None:
