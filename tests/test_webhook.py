@@ -530,6 +530,37 @@ def test_bad_webhook_configuration_is_one_line_naming_the_key_without_the_secret
     assert SECRET.removeprefix("whsec_") not in text
 
 
+def test_url_credentials_with_an_authorization_header_are_refused_naming_the_endpoint(
+    tmp_path: Path,
+) -> None:
+    webhook = {
+        "endpoints": {
+            "billing": {
+                "url": "https://svc:hunter22@billing.example.com/hooks",
+                "secrets": [SECRET],
+                "headers": {"authorization": "Bearer letmein-42"},
+            },
+            # Either alone is fine.
+            "ops": {"url": "https://svc:pw@ops.example.com/", "secrets": [SECRET]},
+            "crm": {
+                "url": "https://crm.example.com/",
+                "secrets": [SECRET],
+                "headers": {"Authorization": "Bearer letmein-43"},
+            },
+        }
+    }
+    (tmp_path / "c.yaml").write_text(json.dumps(_config(webhook)))
+    done = run_cli("check-config", str(tmp_path / "c.yaml"))
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert "dispatch.webhook.endpoints.billing: url has credentials (user:password@) and " in line
+    assert "hunter22" not in line and "letmein-42" not in line
+    with pytest.raises(ValueError, match=r"endpoints\['billing'\]: url has credentials"):
+        WebhookTransport(
+            {"billing": Endpoint("https://a:b@x.example/", (), (("Authorization", "Basic x"),))}
+        )
+
+
 def test_a_webhook_configuration_builds_the_worker_transport(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -587,7 +618,7 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
             "billing": {
                 "url": url,
                 "secrets": ["env:HOOK_SECRET", SECRET],
-                "headers": {"Authorization": "Bearer letmein-42"},
+                "headers": {"X-Api-Key": "letmein-42"},
             }
         }
     }
@@ -604,7 +635,7 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
     assert shown["transport"] == "webhook"
     assert shown["webhook"]["endpoints"]["billing"]["secrets"] == ["env:HOOK_SECRET", "whsec_***"]
     everything = text.stdout + text.stderr + document.stdout + document.stderr
-    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {"Authorization": "***"}
+    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {"X-Api-Key": "***"}
     for secret in (
         "hunter22",
         "abc123",

@@ -252,12 +252,31 @@ class Endpoint:
                 )
             checked.append((header, text))
         register_secrets([text for _, text in checked])  # often a credential
+        conflict = credentials_conflict(url, checked)
+        if conflict is not None:
+            raise ValueError(f"{name}: {conflict}")
         allow_private = value.get("allow_private", False)
         if not isinstance(allow_private, bool):
             raise ValueError(
                 f"{name}.allow_private must be true or false, got {show(allow_private)}"
             )
         return cls(url, parsed_secrets, tuple(checked), allow_private)
+
+
+def credentials_conflict(url: str, headers: Iterable[tuple[str, str]]) -> str | None:
+    """Why ``url`` and ``headers`` cannot go together, or None: httpx turns
+    credentials in a URL (``user:password@``) into a Basic ``Authorization``
+    header that silently replaces the configured one."""
+    import httpx
+
+    if not httpx.URL(url).userinfo:
+        return None
+    if any(header.lower() == "authorization" for header, _ in headers):
+        return (
+            "url has credentials (user:password@) and headers sets Authorization: the URL's "
+            "Basic credentials would replace the header; keep one of them"
+        )
+    return None
 
 
 def parse_endpoints(name: str, value: object, environ: Mapping[str, str]) -> dict[str, Endpoint]:
@@ -621,6 +640,9 @@ class WebhookTransport:
         for route, endpoint in endpoints.items():
             if not isinstance(endpoint, Endpoint):
                 raise TypeError(f"endpoints[{route!r}] must be an Endpoint, got {show(endpoint)}")
+            conflict = credentials_conflict(endpoint.url, endpoint.headers)
+            if conflict is not None:
+                raise ValueError(f"endpoints[{route!r}]: {conflict}")
         check_origins(endpoints)
         self.endpoints = dict(endpoints)
         self.timeout = check_timeout("timeout", timeout, allow_zero=False)
