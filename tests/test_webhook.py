@@ -289,20 +289,47 @@ async def test_connection_refused_dns_failure_and_a_missing_endpoint_are_recorde
     )
 
 
-async def test_a_silent_server_and_a_dripping_response_are_cut_at_the_timeout(
+async def test_a_silent_server_is_cut_at_the_timeout_and_retried(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:
     silent = await enqueue_dispatch(store, kind="k", deliver_to="slow", now=T0)
-    drip = await enqueue_dispatch(store, kind="k", deliver_to="drip", now=T0)
+    transport = WebhookTransport(endpoints({"slow": server.url + "/slow"}), timeout=1)
+    started = time.monotonic()
+    counts = await deliver(store, transport)
+    assert time.monotonic() - started < 2.5
+    assert counts["retried"] == 1
+    assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
+
+
+async def test_the_status_line_decides_and_a_slow_or_endless_body_is_cut_at_the_timeout(
+    store: SQLiteStore, raw: RawDB, server: Server
+) -> None:
+    routes = {
+        "drip": "/drip",  # 200, then one byte every 100 ms
+        "stall": "/stall-ok",  # 200, then nothing
+        "endless": "/endless-ok",  # 200, a body that never ends
+        "busy": "/drip-fail",  # 503 + Retry-After, then a dripping body
+    }
+    ids = {
+        route: await enqueue_dispatch(store, kind="k", deliver_to=route, now=T0) for route in routes
+    }
     transport = WebhookTransport(
-        endpoints({"slow": server.url + "/slow", "drip": server.url + "/drip"}), timeout=1
+        endpoints({route: server.url + path for route, path in routes.items()}), timeout=1
     )
     started = time.monotonic()
     counts = await deliver(store, transport)
-    assert time.monotonic() - started < 4  # two attempts, each cut at 1 s
-    assert counts["retried"] == 2
-    assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
-    assert raw.row(drip)["last_error"] == "timeout after 1s (reading HTTP 200)"
+    elapsed = time.monotonic() - started
+    assert elapsed < 5  # four attempts, none read past its 1 s deadline
+    assert (counts["delivered"], counts["retried"]) == (3, 1)
+    for route in ("drip", "stall", "endless"):
+        row = raw.row(ids[route])
+        assert (row["status"], row["attempt"]) == ("delivered", 1), route
+    busy = raw.row(ids["busy"])
+    assert busy["status"] == "pending"
+    assert str(busy["last_error"]).startswith("HTTP 503: overloaded")  # judged by its status
+    assert last(raw, ids["busy"])["metadata"]["retry_after_seconds"] == 120  # it counts
+    # Each posted once: a 2xx with a slow body is never sent again.
+    assert sorted(r.path for r in server.requests) == sorted(routes.values())
 
 
 # -- the address guard -------------------------------------------------------------

@@ -6,14 +6,16 @@ Webhooks specification (SPEC section 10). Needs the ``http`` extra (httpx).
   ``webhook-timestamp`` this attempt's Unix time, and ``webhook-signature``
   one ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`` per secret,
   space-separated, so a receiver can rotate secrets.
-- 2xx succeeds. 410 is "gone": dead-lettered with ``dispatch.dead_letter.gone``.
-  429, 502, 503 and 504 fail with the response's ``Retry-After`` (seconds or
-  an HTTP date) as the earliest next attempt. Any other status, a redirect
-  (never followed), a refused or failed connection, a DNS or TLS failure or
-  the timeout -- one deadline for the whole exchange, so a response that
-  drips slowly is cut too -- fails the attempt with a short ``last_error``
-  that never holds the URL (it may carry credentials) or a secret. At most
-  64 KiB of a response body is read.
+- The status line decides: 2xx succeeds, even when its body drips past
+  the timeout (reading stops there; the outcome stands). 410 is "gone":
+  dead-lettered with ``dispatch.dead_letter.gone``. 429, 502, 503 and 504
+  fail with the response's ``Retry-After`` (seconds or an HTTP date) as the
+  earliest next attempt. Any other status, a redirect (never followed), a
+  refused or failed connection, a DNS or TLS failure or no status line
+  within the timeout (one deadline for the whole exchange) fails the
+  attempt with a short ``last_error`` that never holds the URL (it may
+  carry credentials) or a secret. At most 64 KiB of a response body is
+  read, and never past the deadline.
 - Before connecting, every address the host resolves to is checked: a
   loopback, private, link-local, multicast or unspecified address is
   refused (a recorded failure naming the reason) unless the endpoint sets
@@ -739,12 +741,18 @@ class WebhookTransport:
                         self._scrub(describe_http_error(exc, self.timeout), endpoint)
                     )
                 # The status line arrived; the body broke off: judge by the status.
-        if deadline.cancelled_caught:  # no answer, or one that drips: cut either way
-            where = "waiting for a response" if status is None else f"reading HTTP {status}"
-            return TransportResult.failure(f"timeout after {self.timeout:g}s ({where})")
-        assert status is not None
+        if status is None:  # no status line before the deadline
+            return TransportResult.failure(
+                f"timeout after {self.timeout:g}s (waiting for a response)"
+            )
+        # The status line decides (Standard Webhooks: a 2xx is a delivery);
+        # the body is read only to keep the connection, and a body that
+        # drips past the deadline is cut without changing the outcome.
+        cut = deadline.cancelled_caught
         if 200 <= status < 300:
-            return TransportResult.success()
+            return TransportResult.success(
+                f"HTTP {status}, body cut at the {self.timeout:g}s timeout" if cut else None
+            )
         text = "" if encoded else _body_text(received)
         detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         if status == 410:
