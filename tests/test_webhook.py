@@ -484,6 +484,86 @@ def _config(webhook: dict[str, Any], **dispatch: Any) -> dict[str, Any]:
     return {"dispatch": {"transport": "webhook", "webhook": webhook, **dispatch}}
 
 
+def _endpoint(url: str = "https://x.example/", **extra: Any) -> dict[str, Any]:
+    return {"endpoints": {"b": {"url": url, "secrets": [SECRET], **extra}}}
+
+
+HOP_BY_HOP = (
+    "Expect",
+    "TE",
+    "Upgrade",
+    "Proxy-Authorization",
+    "Connection",
+    "Keep-Alive",
+    "Transfer-Encoding",
+    "Trailer",
+    "Host",
+    "Content-Length",
+    "proxy-connection",
+)
+
+
+@pytest.mark.parametrize(
+    ("webhook", "message"),
+    [
+        (_endpoint("https://x.example:0/"), "endpoints.b.url: port 0 is out of range (1 to 65535)"),
+        (_endpoint("http://x.example:65536/"), "endpoints.b.url: port 65536 is out of range"),
+        (_endpoint("https://x.example:99999/h"), "endpoints.b.url: port 99999 is out of range"),
+        (
+            _endpoint("https://xn--zz.example/"),
+            "endpoints.b.url: the host is not a valid internationalised domain name",
+        ),
+        (
+            _endpoint("https://\U0001f4a9.example/"),
+            "endpoints.b.url: the host is not a valid internationalised domain name",
+        ),
+        (_endpoint("https://a..example/"), "endpoints.b.url: the host is not a valid domain name"),
+        *(
+            (
+                _endpoint(headers={name: "100-continue"}),
+                f"dispatch.webhook.endpoints.b.headers.{name}: ",
+            )
+            for name in HOP_BY_HOP
+        ),
+    ],
+    ids=["port-0", "port-65536", "port-99999", "bad-a-label", "emoji", "empty-label"]
+    + [f"header-{name}" for name in HOP_BY_HOP],
+)
+def test_a_bad_endpoint_port_host_or_header_is_refused_naming_the_key(
+    webhook: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_config(webhook))
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    assert "cannot be configured" in text or "header" not in message
+
+
+def test_idna_names_in_their_ascii_form_and_every_valid_port_are_accepted() -> None:
+    for url in (
+        "https://xn--ls8h.la/hook",  # a UTS 46 name that IDNA 2008 refuses to decode
+        "https://xn--bcher-kva.example/",
+        "https://b\u00fccher.example/",
+        "https://x.example:1/",
+        "https://x.example:65535/",
+        "https://a_b.example./",
+    ):
+        config = parse_config(_config(_endpoint(url)))
+        assert config.dispatch.webhook.endpoints is not None, url
+    shown = parse_config(_config(_endpoint("https://xn--ls8h.la/hook"))).dispatch.webhook
+    assert shown.describe()["endpoints"]["b"]["url"] == "https://xn--ls8h.la/hook"
+
+
+async def test_a_delivery_to_an_idna_host_reaches_the_resolver(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # .invalid never resolves (RFC 2606): the attempt gets as far as DNS.
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
+    transport = WebhookTransport(endpoints({"d": "http://xn--ls8h.invalid/hook"}), timeout=5)
+    assert (await deliver(store, transport))["retried"] == 1
+    assert str(raw.row(dispatch_id)["last_error"]).startswith("DNS failure: xn--ls8h.invalid")
+
+
 @pytest.mark.parametrize(
     ("webhook", "message"),
     [

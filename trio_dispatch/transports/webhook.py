@@ -81,6 +81,25 @@ RESERVED_HEADERS: Final = frozenset(
     }
 )
 """Headers an endpoint's ``headers`` may not set: the transport owns them."""
+HOP_BY_HOP_HEADERS: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+        "host",
+        "content-length",
+    }
+)
+"""Headers that describe one connection or the message framing (RFC 9110
+7.6.1, 7.2, 8.6, 10.1.1), not the request: configured, they would break
+the exchange (``Expect: 100-continue``, ``Upgrade``) or go to a proxy."""
 
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 field-name
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -148,15 +167,26 @@ class Secret:
 
 
 def shown_url(url: str) -> str:
-    """A webhook URL fit to print: credentials and query string masked."""
+    """A webhook URL fit to print: credentials and query string masked, the
+    host as it goes on the wire (an IDNA name in its ``xn--`` form)."""
     import httpx
 
     parsed = httpx.URL(url)
     userinfo = f"{MASK}@" if parsed.userinfo else ""
     port = f":{parsed.port}" if parsed.port is not None else ""
     query = f"?{MASK}" if parsed.query else ""
-    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    raw_host = parsed.raw_host.decode("ascii")
+    host = f"[{raw_host}]" if ":" in raw_host else raw_host
     return f"{parsed.scheme}://{userinfo}{host}{port}{parsed.path}{query}"
+
+
+def wire_host(url: str) -> str:
+    """The ``Host`` header of ``url``: its ASCII host (and port when not the
+    scheme's default). Given explicitly, so httpx never decodes an IDNA name
+    that the stricter IDNA 2008 tables refuse (``xn--ls8h.la``)."""
+    import httpx
+
+    return httpx.URL(url).netloc.decode("ascii")
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -215,13 +245,23 @@ class Endpoint:
             raise ValueError(f"{name}.url must be an http:// or https:// URL, got {show(url)}")
         try:
             parsed = httpx.URL(url)
-        except (httpx.InvalidURL, ValueError):
+        except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors too
+            if isinstance(exc, UnicodeError) or "IDNA" in str(exc):
+                raise ValueError(
+                    f"{name}.url: the host is not a valid internationalised domain name "
+                    "(give it in its xn-- form)"
+                ) from None
             raise ValueError(f"{name}.url is not a valid URL") from None
-        if parsed.scheme not in ("http", "https") or not parsed.host:
+        if parsed.scheme not in ("http", "https") or not parsed.raw_host:
             raise ValueError(
                 f"{name}.url must be an http:// or https:// URL with a host, "
-                f"got {show(shown_url(url) if parsed.host else parsed.scheme + '://...')}"
+                f"got {show(shown_url(url) if parsed.raw_host else parsed.scheme + '://...')}"
             )
+        if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
+            raise ValueError(f"{name}.url: port {parsed.port} is out of range (1 to {MAX_PORT})")
+        problem = host_problem(parsed.raw_host)
+        if problem is not None:
+            raise ValueError(f"{name}.url: the host {problem}")
         if parsed.fragment:
             raise ValueError(f"{name}.url must not have a #fragment")
         # Credentials and query tokens in the URL are secrets too: scrubbed
@@ -247,6 +287,11 @@ class Endpoint:
                 raise ValueError(
                     f"{name}.headers.{header}: set by the transport itself, cannot be configured"
                 )
+            if header.lower() in HOP_BY_HOP_HEADERS:
+                raise ValueError(
+                    f"{name}.headers.{header}: a hop-by-hop header (it concerns one "
+                    "connection, not the request), cannot be configured"
+                )
             if not isinstance(text, str) or not _HEADER_VALUE.match(text) or text != text.strip():
                 raise ValueError(
                     f"{name}.headers.{header} must be printable ASCII without leading or "
@@ -263,6 +308,37 @@ class Endpoint:
                 f"{name}.allow_private must be true or false, got {show(allow_private)}"
             )
         return cls(url, parsed_secrets, tuple(checked), allow_private)
+
+
+MAX_PORT: Final = 65535
+_LABEL: Final = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def host_problem(raw_host: bytes) -> str | None:
+    """What is wrong with a URL's host as it goes on the wire, or None. An
+    IP address passes; a name must be dot-separated labels of letters,
+    digits, ``-`` and ``_`` (at most 63 characters each, 253 in all). An
+    ``xn--`` label is checked as Punycode only: UTS 46 names that IDNA 2008
+    refuses (``xn--ls8h.la``) resolve, so they are accepted. The message
+    never quotes the host."""
+    host = raw_host.decode("ascii", "replace").rstrip(".")
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        return None
+    if not host or len(host) > 253:
+        return "is not a valid domain name (empty or longer than 253 characters)"
+    for index, label in enumerate(host.split("."), 1):
+        if not _LABEL.match(label):
+            return f"is not a valid domain name (label {index} is empty or not letters, digits, -)"
+        if label[:4].lower() == "xn--":
+            try:
+                label[4:].encode("ascii").decode("punycode")
+            except UnicodeError:
+                return f"is not a valid internationalised domain name (label {index})"
+    return None
 
 
 def credentials_conflict(url: str, headers: Iterable[tuple[str, str]]) -> str | None:
@@ -701,6 +777,7 @@ class WebhookTransport:
         timestamp = int(self._clock())
         return {
             **dict(endpoint.headers),
+            "host": wire_host(endpoint.url),
             "content-type": "application/json",
             "accept-encoding": "identity",
             "webhook-id": delivery.dispatch_id,
