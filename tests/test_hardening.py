@@ -117,7 +117,11 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
 )
 def test_a_password_libpq_cannot_parse_never_shows_in_an_open_error(password: str) -> None:
     done = run_cli("--db", f"postgresql://postgres:{password}@127.0.0.1:5432/postgres", "ls")
-    assert_one_line_error(done, 2, "postgres:***@")
+    if "@" in password or "/" in password:  # ambiguous: refused, the URL not even masked
+        assert_one_line_error(done, 2, "--db: invalid store URL: its user name or password")
+        assert "127.0.0.1" not in done.stderr
+    else:
+        assert_one_line_error(done, 2, "postgres:***@")
     for piece in password.replace("@", " ").replace("/", " ").replace("?", " ").split():
         piece = piece.removesuffix("=1")
         assert piece not in done.stdout + done.stderr, done.stderr
@@ -138,12 +142,18 @@ def test_check_config_hides_passwords_with_reserved_characters(
 ) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"store": store_url}))
-    # libpq itself refuses a space or a "/" in the password (it reads
-    # "app:s3cr" as host and port): check-config refuses them too, masked.
-    refused = " " in store_url or "/et@" in store_url
+    # libpq itself refuses a space in the password: check-config refuses it
+    # too, masked. An unencoded "/" or a second "@" makes the host a guess
+    # (libpq reads "app:s3cr" as host and port): refused without the URL.
+    ambiguous = "/et@" in store_url or "p@ss@" in store_url
+    refused = " " in store_url
     for args in (["check-config", str(config)], ["check-config", str(config), "--json"]):
         done = run_cli(*args)
-        if refused:
+        if ambiguous:
+            line = assert_one_line_error(done, 2, "store: invalid store URL: its user name")
+            for fragment in ("app:", "db.example", "host/db", "et@", "ss@"):
+                assert fragment not in line, line
+        elif refused:
             assert_one_line_error(done, 2, "invalid store URL", "app:***@")
         else:
             assert done.returncode == 0, done.stderr

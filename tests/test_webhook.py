@@ -668,6 +668,81 @@ def test_url_credentials_with_an_authorization_header_are_refused_naming_the_end
         )
 
 
+AMBIGUOUS_PASSWORD = "Hunter2@Secret-Host-Part/Tail"
+"""Unencoded: read naively, ``Secret-Host-Part`` would be the host."""
+PASSWORD_FRAGMENTS = ("Hunter2", "Secret-Host-Part", "Tail@", "hunter2", "secret-host-part")
+
+
+def test_an_ambiguous_url_is_refused_by_check_config_naming_the_key_not_the_value(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": f"postgresql://app:{AMBIGUOUS_PASSWORD}@db.example/app",
+                **_config(
+                    {
+                        "endpoints": {
+                            "billing": {
+                                "url": f"https://svc:{AMBIGUOUS_PASSWORD}@hooks.example/in",
+                                "secrets": [SECRET],
+                            },
+                        }
+                    }
+                ),
+            }
+        )
+    )
+    text = run_cli("check-config", str(config))
+    assert text.returncode == 2 and text.stdout == ""
+    [line] = text.stderr.strip().splitlines()
+    assert "store: invalid store URL: its user name or password holds an unencoded" in line
+    assert "dispatch.webhook.endpoints.billing.url: its user name or password" in line
+    document = run_cli("check-config", str(config), "--json")
+    assert document.returncode == 2
+    assert len(json.loads(document.stdout)["errors"]) == 2
+    for fragment in (*PASSWORD_FRAGMENTS, "db.example", "hooks.example"):
+        assert fragment not in text.stderr + document.stdout + document.stderr, fragment
+    # No password, but an "@" after a "/": as ambiguous to a reader.
+    with pytest.raises(ValueError, match=r"^e\.crm\.url: its user name or password"):
+        parse_endpoints("e", {"crm": {"url": "https://crm.example/x@y", "secrets": [SECRET]}}, {})
+    done = run_cli("--db", f"postgresql://app:{AMBIGUOUS_PASSWORD}@127.0.0.1:1/app", "ls")
+    assert done.returncode == 2
+    assert done.stderr.startswith("trio-dispatch: --db: invalid store URL: its user name")
+    for fragment in PASSWORD_FRAGMENTS:
+        assert fragment not in done.stdout + done.stderr
+    with pytest.raises(ValueError, match=r"^endpoints\['b'\]\.url: its user name or password"):
+        WebhookTransport({"b": Endpoint(f"https://svc:{AMBIGUOUS_PASSWORD}@h.example/", ())})
+
+
+async def test_a_delivery_error_never_names_the_host_of_a_url_with_credentials(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_dispatch")  # what the worker logs
+    url = "http://svc:Secret-Pass-Word@secret-host-part.invalid/hook"
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
+    transport = WebhookTransport(endpoints({"d": url}), timeout=5)
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=transport, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.counts["retried"] == 1)
+        tg.cancel_scope.cancel()
+    error = str(raw.row(dispatch_id)["last_error"])
+    assert error.startswith("DNS failure: the endpoint's host does not resolve")
+    text = json.dumps(
+        [raw.rows("SELECT * FROM dispatch_outbox"), raw.transitions(dispatch_id)], default=str
+    ) + "\n".join(record.getMessage() for record in caplog.records)
+    assert "result=retry" in text  # the worker's log line is in it
+    for fragment in ("Secret-Pass-Word", "secret-host-part"):
+        assert fragment not in text, fragment
+    assert "Secret-Pass-Word" not in repr(transport.endpoints)
+    # A URL without credentials is named as before.
+    plain = WebhookTransport(endpoints({"d": "http://plain-host.invalid/hook"}), timeout=5)
+    result = await plain(Delivery("e" * 32, "k", "d", 1, "{}"))
+    assert result.error is not None and "plain-host.invalid" in result.error
+
+
 def test_a_webhook_configuration_builds_the_worker_transport(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -91,6 +91,29 @@ def _password_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def ambiguous_userinfo(url: str) -> bool:
+    """Whether a URL's host cannot be told from its user name and password:
+    after ``scheme://`` it holds more than one ``@``, or a ``/``, ``?`` or
+    ``#`` before its ``@``. Parsers disagree on such a URL (one reads a
+    piece of the password as the host and quotes it in an error), so it is
+    refused, never parsed. Never raises."""
+    start = _URL_START.match(url)
+    if start is None:
+        return False
+    rest = url[start.end() :]
+    if rest.count("@") > 1:
+        return True
+    at = rest.find("@")
+    return at >= 0 and any(sep in rest[:at] for sep in "/?#")
+
+
+AMBIGUOUS_URL_ERROR: Final = (
+    "its user name or password holds an unencoded '@', '/', '?' or '#', so the host "
+    "cannot be told apart: percent-encode them (%40, %2F, %3F, %23)"
+)
+"""Why an ambiguous URL is refused; it never quotes the URL."""
+
+
 def mask_url(url: str) -> str:
     """``url`` -- or every URL in a text -- with its password (and any
     ``password=`` parameter) replaced by ``***``; text without one is

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
-from ..redact import mask_url, url_secrets
+from ..redact import AMBIGUOUS_URL_ERROR, ambiguous_userinfo, mask_url, url_secrets
 from ..values import show
 
 T = TypeVar("T")
@@ -134,6 +134,8 @@ def parse_target(target: str) -> tuple[Engine, str]:
             f"store target {show(mask_url(target))} is not valid text (a lone surrogate)"
         ) from None
     if target.startswith(("postgresql://", "postgres://")):
+        if ambiguous_userinfo(target):  # not even masked: its host may be a piece of it
+            raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
         _check_postgres_url(target)
         return "postgres", target
     if target.startswith("sqlite:"):

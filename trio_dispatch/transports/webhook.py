@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import sniffio
 
-from ..redact import MASK, register_secrets, url_secrets
+from ..redact import AMBIGUOUS_URL_ERROR, MASK, ambiguous_userinfo, register_secrets, url_secrets
 from ..values import show
 from .base import Delivery, TransportResult, check_timeout
 
@@ -205,6 +205,13 @@ class Endpoint:
         )
 
     @property
+    def has_credentials(self) -> bool:
+        """Whether the URL carries a user name or password."""
+        import httpx
+
+        return bool(httpx.URL(self.url).userinfo)
+
+    @property
     def origin(self) -> tuple[str, int]:
         """(host as the connection sees it, port)."""
         import httpx
@@ -243,6 +250,9 @@ class Endpoint:
         url = value.get("url")
         if not isinstance(url, str) or not url:
             raise ValueError(f"{name}.url must be an http:// or https:// URL, got {show(url)}")
+        if ambiguous_userinfo(url):  # not even masked: its host may be a piece of it
+            register_secrets(url_secrets(url))
+            raise ValueError(f"{name}.url: {AMBIGUOUS_URL_ERROR}")
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors too
@@ -448,7 +458,13 @@ def forbidden(address: str) -> str | None:
     return None
 
 
-def _guarded_backend(private_ok: frozenset[tuple[str, int]]) -> Any:
+QUIET_HOST: Final = "the endpoint's host"
+"""How an error names the host of a URL that carries credentials."""
+
+
+def _guarded_backend(
+    private_ok: frozenset[tuple[str, int]], quiet: frozenset[tuple[str, int]] = frozenset()
+) -> Any:
     import httpcore
 
     class GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -468,21 +484,24 @@ def _guarded_backend(private_ok: frozenset[tuple[str, int]]) -> Any:
             local_address: str | None = None,
             socket_options: Iterable[Any] | None = None,
         ) -> httpcore.AsyncNetworkStream:
+            # The host of a URL with credentials is not echoed: should the
+            # URL have been misread, it would be a piece of the password.
+            named = QUIET_HOST if (host, port) in quiet else host
             try:
                 with anyio.fail_after(timeout):
                     infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
                 raise ResolutionFailed(
-                    f"DNS failure: {host} does not resolve ({exc.strerror})"
+                    f"DNS failure: {named} does not resolve ({exc.strerror})"
                 ) from None
             except TimeoutError:
-                raise ResolutionFailed(f"DNS failure: resolving {host} timed out") from None
+                raise ResolutionFailed(f"DNS failure: resolving {named} timed out") from None
             addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
             if (host, port) not in private_ok:
                 for address in addresses:
                     why = forbidden(address)
                     if why is not None:
-                        where = host if host == address else f"{host} resolves to {address}"
+                        where = named if host == address else f"{named} resolves to {address}"
                         raise AddressRefused(
                             f"refused: {where}, a {why} address (allow_private is not set)"
                         )
@@ -606,6 +625,7 @@ def make_client(
     verify: ssl.SSLContext | str | bool = True,
     private_ok: frozenset[tuple[str, int]] = frozenset(),
     max_connections: int | None = None,
+    quiet: frozenset[tuple[str, int]] = frozenset(),
 ) -> httpx.AsyncClient:
     """The client a :class:`WebhookTransport` posts with: HTTP/1.1
     keep-alive, no redirects, no proxies from the environment, TLS
@@ -624,7 +644,7 @@ def make_client(
         keepalive_expiry=limits.keepalive_expiry,
         http1=True,
         http2=False,
-        network_backend=_guarded_backend(private_ok),
+        network_backend=_guarded_backend(private_ok, quiet),
     )
     return httpx.AsyncClient(
         transport=transport,
@@ -718,6 +738,8 @@ class WebhookTransport:
         for route, endpoint in endpoints.items():
             if not isinstance(endpoint, Endpoint):
                 raise TypeError(f"endpoints[{route!r}] must be an Endpoint, got {show(endpoint)}")
+            if ambiguous_userinfo(endpoint.url):
+                raise ValueError(f"endpoints[{route!r}].url: {AMBIGUOUS_URL_ERROR}")
             conflict = credentials_conflict(endpoint.url, endpoint.headers)
             if conflict is not None:
                 raise ValueError(f"endpoints[{route!r}]: {conflict}")
@@ -729,6 +751,9 @@ class WebhookTransport:
         self._max_connections = max_connections
         self._private_ok = frozenset(
             endpoint.origin for endpoint in self.endpoints.values() if endpoint.allow_private
+        )
+        self._quiet = frozenset(
+            endpoint.origin for endpoint in self.endpoints.values() if endpoint.has_credentials
         )
         self._client: httpx.AsyncClient | None = None
         self._users = 0
@@ -742,6 +767,7 @@ class WebhookTransport:
             verify=self._verify,
             private_ok=self._private_ok,
             max_connections=self._max_connections,
+            quiet=self._quiet,
         )
 
     @contextlib.asynccontextmanager
@@ -841,4 +867,8 @@ class WebhookTransport:
 
     @staticmethod
     def _scrub(text: str, endpoint: Endpoint) -> str:
-        return text.replace(endpoint.url, shown_url(endpoint.url))
+        text = text.replace(endpoint.url, shown_url(endpoint.url))
+        host = endpoint.origin[0]
+        if endpoint.has_credentials and len(host) >= 4:
+            text = text.replace(host, QUIET_HOST)
+        return text
