@@ -102,6 +102,9 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                         time.sleep(0.1)
                 except OSError:
                     pass
+            elif path == "/echo-auth":  # a receiver that quotes the credential it refuses
+                credential = self.headers.get("Authorization", "")
+                self._answer(401, f"denied: {credential}".encode())
             elif path == "/stall-ok":  # the status line and headers, then no body at all
                 self.send_response(200)
                 self.send_header("Content-Length", "10")

@@ -440,6 +440,40 @@ async def test_a_worker_reuses_one_connection_and_keeps_secrets_out_of_everythin
     assert key not in repr(transport.endpoints)
 
 
+async def test_ordinary_header_values_stay_readable_in_the_log_and_credentials_are_masked(
+    store: SQLiteStore, raw: RawDB, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch")
+    credential = "Bearer letmein-secret-42"
+    dispatch_id = await enqueue_dispatch(store, kind="payments.refund", deliver_to="team")
+    transport = WebhookTransport(
+        endpoints(
+            {"team": server.url + "/echo-auth"},
+            headers={"X-Team": "payments", "X-Region": "eu", "Authorization": credential},
+        )
+    )
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=transport, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.counts["retried"] == 1)
+        tg.cancel_scope.cancel()
+    assert server.requests[0].headers["authorization"] == credential  # it was sent
+    [line] = [r.getMessage() for r in caplog.records if dispatch_id in r.getMessage()]
+    assert "kind=payments.refund" in line and "***" not in line.split("error=")[0]
+    assert "error='HTTP 401: denied: ***'" in line
+    assert "letmein-secret-42" not in line
+
+
+def test_only_pieces_of_a_password_long_enough_not_to_be_words_are_secrets() -> None:
+    from trio_dispatch.redact import scrub, url_secrets
+
+    found = url_secrets("postgresql://app:correct horse Tr0ub4dor&3xyz@db.example/app")
+    assert "correct horse Tr0ub4dor&3xyz" in found and "Tr0ub4dor&3xyz" in found
+    assert not {"correct", "horse"} & set(found)
+    line = "kind=horse.correct error=auth failed for Tr0ub4dor&3xyz"
+    assert scrub(line, found) == "kind=horse.correct error=auth failed for ***"
+
+
 async def test_concurrent_deliveries_share_a_bounded_set_of_reused_connections(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:
@@ -800,7 +834,7 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
             "billing": {
                 "url": url,
                 "secrets": ["env:HOOK_SECRET", SECRET],
-                "headers": {"X-Api-Key": "letmein-42"},
+                "headers": {"X-Api-Key": "letmein-42", "X-Team": "payments"},
             }
         }
     }
@@ -817,7 +851,10 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
     assert shown["transport"] == "webhook"
     assert shown["webhook"]["endpoints"]["billing"]["secrets"] == ["env:HOOK_SECRET", "whsec_***"]
     everything = text.stdout + text.stderr + document.stdout + document.stderr
-    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {"X-Api-Key": "***"}
+    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {
+        "X-Api-Key": "***",
+        "X-Team": "payments",
+    }
     for secret in (
         "hunter22",
         "abc123",

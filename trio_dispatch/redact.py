@@ -32,6 +32,10 @@ _PASSWORD_PARAM: Final = re.compile(
 MIN_SCRUBBED_LENGTH: Final = 3
 """Known secrets shorter than this are not searched for in free text (they
 would mangle every message); URL and ``password=`` forms are masked anyway."""
+MIN_PIECE_LENGTH: Final = 8
+"""A piece of a secret (a password split where a driver might split it) is
+searched for only from this length: shorter pieces are ordinary words
+("correct horse battery staple") that would be masked everywhere."""
 
 
 def _password_span(text: str, start: int, whole: bool, limit: int) -> tuple[int, int] | None:
@@ -133,8 +137,14 @@ def url_secrets(url: str) -> list[str]:
     driver quotes the URL in pieces."""
     found = [url[begin:end] for begin, end in _password_spans(url)]
     # A driver that splits a password at its own idea of the URL's pieces
-    # quotes a piece: the pieces are secrets too.
-    found += [piece for value in found for piece in re.split(r"[@\s]", value) if piece]
+    # quotes a piece: the pieces are secrets too, when long enough not to be
+    # an ordinary word.
+    found += [
+        piece
+        for value in found
+        for piece in re.split(r"[@\s]", value)
+        if len(piece) >= MIN_PIECE_LENGTH and piece != value
+    ]
     found += [match["value"].strip("'") for match in _PASSWORD_PARAM.finditer(url)]
     decoded = [unquote(value) for value in found]
     return [value for value in dict.fromkeys(found + decoded) if value]

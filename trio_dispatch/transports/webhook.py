@@ -221,11 +221,14 @@ class Endpoint:
         return parsed.raw_host.decode("ascii"), port
 
     def describe(self) -> dict[str, Any]:
-        """What ``check-config`` shows: no secret, no credentials."""
+        """What ``check-config`` shows: no secret, no credentials (a header
+        that carries one is masked, an ordinary one shown)."""
         return {
             "url": shown_url(self.url),
             "secrets": [secret.label for secret in self.secrets],
-            "headers": {name: MASK for name, _ in self.headers},
+            "headers": {
+                name: MASK if secret_header(name, value) else value for name, value in self.headers
+            },
             "allow_private": self.allow_private,
         }
 
@@ -308,7 +311,9 @@ class Endpoint:
                     "trailing spaces"
                 )
             checked.append((header, text))
-        register_secrets([text for _, text in checked])  # often a credential
+        # Only credentials are secrets: an ordinary value ("X-Team: payments")
+        # registered as one would be masked in every log line that holds it.
+        register_secrets([text for header, text in checked if secret_header(header, text)])
         conflict = credentials_conflict(url, checked)
         if conflict is not None:
             raise ValueError(f"{name}: {conflict}")
@@ -318,6 +323,26 @@ class Endpoint:
                 f"{name}.allow_private must be true or false, got {show(allow_private)}"
             )
         return cls(url, parsed_secrets, tuple(checked), allow_private)
+
+
+_CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+_CREDENTIAL_SCHEME: Final = re.compile(r"^(Bearer|Basic|Token|Digest|Bot)\s", re.IGNORECASE)
+
+
+def secret_header(name: str, value: str) -> bool:
+    """Whether a configured header carries a credential: ``Authorization``
+    or ``Cookie``, a name that says so (``X-Api-Key``, ``X-Auth-Token``,
+    ``X-Signature``...), or a value in an authorization scheme
+    (``Bearer ...``)."""
+    from .command import looks_secret
+
+    lowered = name.lower()
+    return (
+        lowered in _CREDENTIAL_HEADERS
+        or "signature" in lowered
+        or looks_secret(name.upper().replace("-", "_"), value)
+        or _CREDENTIAL_SCHEME.match(value) is not None
+    )
 
 
 MAX_PORT: Final = 65535
