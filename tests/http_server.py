@@ -102,6 +102,39 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                         time.sleep(0.1)
                 except OSError:
                     pass
+            elif path == "/echo-auth":  # a receiver that quotes the credential it refuses
+                credential = self.headers.get("Authorization", "")
+                self._answer(401, f"denied: {credential}".encode())
+            elif path == "/stall-ok":  # the status line and headers, then no body at all
+                self.send_response(200)
+                self.send_header("Content-Length", "10")
+                self.end_headers()
+                self.wfile.flush()
+                time.sleep(5)
+            elif path == "/endless-ok":  # a chunked body that never ends
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                try:
+                    while True:
+                        self.wfile.write(b"400\r\n" + b"." * 1024 + b"\r\n")
+                        self.wfile.flush()
+                        time.sleep(0.001)
+                except OSError:
+                    pass
+            elif path == "/drip-fail":
+                self.send_response(503)
+                self.send_header("Retry-After", "120")
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                try:
+                    self.wfile.write(b"overloaded")
+                    for _ in range(990):
+                        self.wfile.write(b".")
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:
+                    pass
             else:
                 self._answer(404, b"no such hook")
 

@@ -399,6 +399,30 @@ async def test_enqueue_many_rejects_any_bad_item_before_writing(
     assert raw.counts() == (0, 0)
 
 
+BIDI_CONTROLS = [chr(code) for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+"""LRE, RLE, PDF, LRO, RLO, LRI, RLI, FSI, PDI: they reorder what is read."""
+
+
+@pytest.mark.parametrize("field", ["kind", "deliver_to"])
+async def test_bidirectional_controls_are_refused_in_kind_and_route_naming_the_field(
+    store: SQLiteStore, raw: RawDB, field: str
+) -> None:
+    for char in BIDI_CONTROLS:
+        args: dict[str, Any] = {"kind": "k", "deliver_to": "seat", field: f"pay{char}ment"}
+        with pytest.raises(ValueError) as caught:
+            await enqueue_dispatch(store, **args)
+        message = str(caught.value)
+        assert message.startswith(f"{field} must not contain bidirectional control")
+        assert f"U+{ord(char):04X}" in message
+        assert "\n" not in message and char not in message  # one line, shown escaped
+        with pytest.raises(ValueError, match=f"item 1: {field} must not contain bidirectional"):
+            await enqueue_many(store, [{"kind": "k", "deliver_to": "seat"}, args])
+    assert raw.counts() == (0, 0)
+    # The same letters without the override pass, as do other non-ASCII ones.
+    await enqueue_dispatch(store, kind="paiement.reçu", deliver_to="caisse-東京")
+    assert raw.counts() == (1, 1)
+
+
 async def test_a_dispatch_survives_closing_and_reopening_the_store(db_target: str) -> None:
     async with open_store(db_target) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat", body={"a": 1})

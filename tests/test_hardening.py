@@ -4,6 +4,7 @@ before the rule it guards was in place."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -116,7 +117,11 @@ def test_mask_url_hides_passwords_and_nothing_else() -> None:
 )
 def test_a_password_libpq_cannot_parse_never_shows_in_an_open_error(password: str) -> None:
     done = run_cli("--db", f"postgresql://postgres:{password}@127.0.0.1:5432/postgres", "ls")
-    assert_one_line_error(done, 2, "postgres:***@")
+    if "@" in password or "/" in password:  # ambiguous: refused, the URL not even masked
+        assert_one_line_error(done, 2, "--db: invalid store URL: its user name or password")
+        assert "127.0.0.1" not in done.stderr
+    else:
+        assert_one_line_error(done, 2, "postgres:***@")
     for piece in password.replace("@", " ").replace("/", " ").replace("?", " ").split():
         piece = piece.removesuffix("=1")
         assert piece not in done.stdout + done.stderr, done.stderr
@@ -137,12 +142,18 @@ def test_check_config_hides_passwords_with_reserved_characters(
 ) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(json.dumps({"store": store_url}))
-    # libpq itself refuses a space or a "/" in the password (it reads
-    # "app:s3cr" as host and port): check-config refuses them too, masked.
-    refused = " " in store_url or "/et@" in store_url
+    # libpq itself refuses a space in the password: check-config refuses it
+    # too, masked. An unencoded "/" or a second "@" makes the host a guess
+    # (libpq reads "app:s3cr" as host and port): refused without the URL.
+    ambiguous = "/et@" in store_url or "p@ss@" in store_url
+    refused = " " in store_url
     for args in (["check-config", str(config)], ["check-config", str(config), "--json"]):
         done = run_cli(*args)
-        if refused:
+        if ambiguous:
+            line = assert_one_line_error(done, 2, "store: invalid store URL: its user name")
+            for fragment in ("app:", "db.example", "host/db", "et@", "ss@"):
+                assert fragment not in line, line
+        elif refused:
             assert_one_line_error(done, 2, "invalid store URL", "app:***@")
         else:
             assert done.returncode == 0, done.stderr
@@ -827,12 +838,22 @@ SECRETS = {
     "MY_PRIVATE_KEY": "k",
     "UPSTREAM": "https://user:pw@example.com/",
     "MY_DB": "postgresql://u@h/db?password=x",
+    "GITHUB_PAT": "ghp_x",
+    "STRIPE_SK": "sk_live_x",
+    "DASH_BEARER": "b",
+    "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/T0/B0/x",
+    "OPS_WEBHOOK_URLS": "https://a.example/x",
+    "MIRROR": "see https://bot:s3cr3t@git.example.com/repo.git",
+    "FEED": "https://reader:pa/ss@feeds.example.com/",
 }
 HARMLESS = {
     "LANG": "C.UTF-8",
     "MY_SETTING": "1",
     "GIT_AUTHOR_NAME": "ada",
     "REPORT_URL": "https://example.com/report",
+    "PORTAL": "https://example.com:8443/@team",
+    "TASK": "nightly",
+    "MY_PATH": "/opt/x",
     "PWD": "/srv",
     "OLDPWD": "/",
 }
@@ -869,6 +890,56 @@ async def test_an_allow_list_passes_exactly_its_names_and_inherit_passes_all(
     assert {k for k in allowed if not k.startswith("TRIO_DISPATCH_")} == {"GITHUB_TOKEN", "LANG"}
     everything = await child_env(tmp_path, ChildEnvironment(inherit=True))
     assert set(SECRETS) | set(HARMLESS) <= set(everything)
+
+
+HOOK_KEY = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+
+@pytest.mark.anyio
+async def test_variables_the_configuration_reads_secrets_from_never_reach_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Names no heuristic flags: only the configuration says they are secrets.
+    monkeypatch.setenv("OPS_DASH", "dashboard-bearer-0123456789")
+    monkeypatch.setenv("HOOK_SIGNER", HOOK_KEY)
+    monkeypatch.setenv("NOTIFY_REGION", "eu-west")
+    script = tmp_path / "env.py"
+    script.write_text(ENV_DUMP)
+    out = tmp_path / "env.json"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": str(tmp_path / "outbox.db"),
+                "dispatch": {
+                    "notify_template": [sys.executable, str(script), str(out)],
+                    "webhook": {
+                        "endpoints": {
+                            "hooks": {"url": "https://h.example/in", "secrets": ["env:HOOK_SIGNER"]}
+                        }
+                    },
+                },
+                "http": {"token": "env:OPS_DASH"},
+            }
+        )
+    )
+    from trio_dispatch.config import load_config
+
+    loaded = load_config(config)
+    assert loaded.dispatch.env.drop == {"OPS_DASH", "HOOK_SIGNER"}
+    async with open_store(loaded.store_target()) as db:
+        await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        async with anyio.create_task_group() as tg:
+            worker = DispatchWorker.from_config(db, loaded, tick_seconds=3600)
+            await tg.start(worker.run)
+            await wait_for(lambda: worker.counts["delivered"] == 1)
+            tg.cancel_scope.cancel()
+    env: dict[str, str] = json.loads(out.read_text())
+    assert "OPS_DASH" not in env and "HOOK_SIGNER" not in env
+    assert not {"dashboard-bearer-0123456789", HOOK_KEY} & set(env.values())
+    assert env["NOTIFY_REGION"] == "eu-west"  # the rest of the environment is kept
+    shown = await arun_cli("check-config", str(config), "--json")
+    assert json.loads(shown.stdout)["env"]["dropped"] == ["HOOK_SIGNER", "OPS_DASH"]
 
 
 def test_the_env_policy_comes_from_the_configuration(tmp_path: Path) -> None:
@@ -911,7 +982,7 @@ def test_ls_show_and_history_print_escapes_not_control_characters(db_path: Path)
     async def build() -> str:
         async with open_store(db_path) as db:
             dispatch_id = await enqueue_dispatch(
-                db, kind=HOSTILE_KIND, deliver_to="seat\u202e", body={"t": "\x1b]0;title\x07\u2028"}
+                db, kind=HOSTILE_KIND, deliver_to="seat", body={"t": "\x1b]0;title\x07\u2028\u202e"}
             )
 
             async def fail(delivery: Delivery) -> TransportResult:

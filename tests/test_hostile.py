@@ -291,14 +291,17 @@ big_values = st.one_of(
 any_values = st.one_of(hostile_values, deep_values, big_values)
 
 plain_chars = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
-route_chars = st.characters(exclude_categories=("Cs", "Cc"))
+BIDI_CONTROLS = "".join(map(chr, (*range(0x202A, 0x202F), *range(0x2066, 0x206A))))
+"""Refused in a kind and a route (they reorder what an operator reads)."""
+kind_chars = st.characters(exclude_categories=["Cs"], exclude_characters="\x00" + BIDI_CONTROLS)
+route_chars = st.characters(exclude_categories=("Cs", "Cc"), exclude_characters=BIDI_CONTROLS)
 
 
 def not_blank(text: str) -> str:
     return text if text.strip() else f"x{text}"
 
 
-valid_kinds = st.text(plain_chars, min_size=1, max_size=12).map(not_blank)
+valid_kinds = st.text(kind_chars, min_size=1, max_size=12).map(not_blank)
 valid_routes = st.text(route_chars, min_size=1, max_size=12).map(not_blank)
 json_scalars = st.one_of(
     st.none(),

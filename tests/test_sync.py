@@ -121,6 +121,22 @@ def test_bad_arguments_raise_naming_them_and_the_transaction_stays_usable(
     assert raw.scalar("SELECT COUNT(*) FROM orders") == 1
 
 
+@pytest.mark.parametrize("field", ["kind", "deliver_to"])
+def test_bidirectional_controls_are_refused_in_the_callers_transaction(
+    app: Any, engine: str, raw: RawDB, field: str
+) -> None:
+    order(app, engine, "o-1")
+    for char in ("\u202a", "\u202e", "\u2066", "\u2069"):
+        args: dict[str, Any] = {"kind": "k", "deliver_to": "x", field: f"refund{char}"}
+        with pytest.raises(ValueError, match=f"^{field} must not contain bidirectional"):
+            outbox.enqueue_dispatch(app, **args)
+        with pytest.raises(ValueError, match=f"item 0: {field} must not contain bidirectional"):
+            outbox.enqueue_many(app, [args])
+    dispatch_id = outbox.enqueue_dispatch(app, kind="k", deliver_to="x")
+    app.commit()
+    assert raw.counts() == (1, 1) and raw.row(dispatch_id)["status"] == "pending"
+
+
 def test_a_database_without_the_schema_names_install_schema_and_migrate(
     engine: str, db_target: str, tmp_path: Path
 ) -> None:

@@ -289,20 +289,47 @@ async def test_connection_refused_dns_failure_and_a_missing_endpoint_are_recorde
     )
 
 
-async def test_a_silent_server_and_a_dripping_response_are_cut_at_the_timeout(
+async def test_a_silent_server_is_cut_at_the_timeout_and_retried(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:
     silent = await enqueue_dispatch(store, kind="k", deliver_to="slow", now=T0)
-    drip = await enqueue_dispatch(store, kind="k", deliver_to="drip", now=T0)
+    transport = WebhookTransport(endpoints({"slow": server.url + "/slow"}), timeout=1)
+    started = time.monotonic()
+    counts = await deliver(store, transport)
+    assert time.monotonic() - started < 2.5
+    assert counts["retried"] == 1
+    assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
+
+
+async def test_the_status_line_decides_and_a_slow_or_endless_body_is_cut_at_the_timeout(
+    store: SQLiteStore, raw: RawDB, server: Server
+) -> None:
+    routes = {
+        "drip": "/drip",  # 200, then one byte every 100 ms
+        "stall": "/stall-ok",  # 200, then nothing
+        "endless": "/endless-ok",  # 200, a body that never ends
+        "busy": "/drip-fail",  # 503 + Retry-After, then a dripping body
+    }
+    ids = {
+        route: await enqueue_dispatch(store, kind="k", deliver_to=route, now=T0) for route in routes
+    }
     transport = WebhookTransport(
-        endpoints({"slow": server.url + "/slow", "drip": server.url + "/drip"}), timeout=1
+        endpoints({route: server.url + path for route, path in routes.items()}), timeout=1
     )
     started = time.monotonic()
     counts = await deliver(store, transport)
-    assert time.monotonic() - started < 4  # two attempts, each cut at 1 s
-    assert counts["retried"] == 2
-    assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
-    assert raw.row(drip)["last_error"] == "timeout after 1s (reading HTTP 200)"
+    elapsed = time.monotonic() - started
+    assert elapsed < 5  # four attempts, none read past its 1 s deadline
+    assert (counts["delivered"], counts["retried"]) == (3, 1)
+    for route in ("drip", "stall", "endless"):
+        row = raw.row(ids[route])
+        assert (row["status"], row["attempt"]) == ("delivered", 1), route
+    busy = raw.row(ids["busy"])
+    assert busy["status"] == "pending"
+    assert str(busy["last_error"]).startswith("HTTP 503: overloaded")  # judged by its status
+    assert last(raw, ids["busy"])["metadata"]["retry_after_seconds"] == 120  # it counts
+    # Each posted once: a 2xx with a slow body is never sent again.
+    assert sorted(r.path for r in server.requests) == sorted(routes.values())
 
 
 # -- the address guard -------------------------------------------------------------
@@ -413,6 +440,40 @@ async def test_a_worker_reuses_one_connection_and_keeps_secrets_out_of_everythin
     assert key not in repr(transport.endpoints)
 
 
+async def test_ordinary_header_values_stay_readable_in_the_log_and_credentials_are_masked(
+    store: SQLiteStore, raw: RawDB, server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch")
+    credential = "Bearer letmein-secret-42"
+    dispatch_id = await enqueue_dispatch(store, kind="payments.refund", deliver_to="team")
+    transport = WebhookTransport(
+        endpoints(
+            {"team": server.url + "/echo-auth"},
+            headers={"X-Team": "payments", "X-Region": "eu", "Authorization": credential},
+        )
+    )
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=transport, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.counts["retried"] == 1)
+        tg.cancel_scope.cancel()
+    assert server.requests[0].headers["authorization"] == credential  # it was sent
+    [line] = [r.getMessage() for r in caplog.records if dispatch_id in r.getMessage()]
+    assert "kind=payments.refund" in line and "***" not in line.split("error=")[0]
+    assert "error='HTTP 401: denied: ***'" in line
+    assert "letmein-secret-42" not in line
+
+
+def test_only_pieces_of_a_password_long_enough_not_to_be_words_are_secrets() -> None:
+    from trio_dispatch.redact import scrub, url_secrets
+
+    found = url_secrets("postgresql://app:correct horse Tr0ub4dor&3xyz@db.example/app")
+    assert "correct horse Tr0ub4dor&3xyz" in found and "Tr0ub4dor&3xyz" in found
+    assert not {"correct", "horse"} & set(found)
+    line = "kind=horse.correct error=auth failed for Tr0ub4dor&3xyz"
+    assert scrub(line, found) == "kind=horse.correct error=auth failed for ***"
+
+
 async def test_concurrent_deliveries_share_a_bounded_set_of_reused_connections(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:
@@ -455,6 +516,86 @@ async def test_a_transport_used_outside_a_worker_opens_and_closes_its_own_client
 
 def _config(webhook: dict[str, Any], **dispatch: Any) -> dict[str, Any]:
     return {"dispatch": {"transport": "webhook", "webhook": webhook, **dispatch}}
+
+
+def _endpoint(url: str = "https://x.example/", **extra: Any) -> dict[str, Any]:
+    return {"endpoints": {"b": {"url": url, "secrets": [SECRET], **extra}}}
+
+
+HOP_BY_HOP = (
+    "Expect",
+    "TE",
+    "Upgrade",
+    "Proxy-Authorization",
+    "Connection",
+    "Keep-Alive",
+    "Transfer-Encoding",
+    "Trailer",
+    "Host",
+    "Content-Length",
+    "proxy-connection",
+)
+
+
+@pytest.mark.parametrize(
+    ("webhook", "message"),
+    [
+        (_endpoint("https://x.example:0/"), "endpoints.b.url: port 0 is out of range (1 to 65535)"),
+        (_endpoint("http://x.example:65536/"), "endpoints.b.url: port 65536 is out of range"),
+        (_endpoint("https://x.example:99999/h"), "endpoints.b.url: port 99999 is out of range"),
+        (
+            _endpoint("https://xn--zz.example/"),
+            "endpoints.b.url: the host is not a valid internationalised domain name",
+        ),
+        (
+            _endpoint("https://\U0001f4a9.example/"),
+            "endpoints.b.url: the host is not a valid internationalised domain name",
+        ),
+        (_endpoint("https://a..example/"), "endpoints.b.url: the host is not a valid domain name"),
+        *(
+            (
+                _endpoint(headers={name: "100-continue"}),
+                f"dispatch.webhook.endpoints.b.headers.{name}: ",
+            )
+            for name in HOP_BY_HOP
+        ),
+    ],
+    ids=["port-0", "port-65536", "port-99999", "bad-a-label", "emoji", "empty-label"]
+    + [f"header-{name}" for name in HOP_BY_HOP],
+)
+def test_a_bad_endpoint_port_host_or_header_is_refused_naming_the_key(
+    webhook: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(_config(webhook))
+    text = str(info.value)
+    assert message in text and "\n" not in text
+    assert "cannot be configured" in text or "header" not in message
+
+
+def test_idna_names_in_their_ascii_form_and_every_valid_port_are_accepted() -> None:
+    for url in (
+        "https://xn--ls8h.la/hook",  # a UTS 46 name that IDNA 2008 refuses to decode
+        "https://xn--bcher-kva.example/",
+        "https://b\u00fccher.example/",
+        "https://x.example:1/",
+        "https://x.example:65535/",
+        "https://a_b.example./",
+    ):
+        config = parse_config(_config(_endpoint(url)))
+        assert config.dispatch.webhook.endpoints is not None, url
+    shown = parse_config(_config(_endpoint("https://xn--ls8h.la/hook"))).dispatch.webhook
+    assert shown.describe()["endpoints"]["b"]["url"] == "https://xn--ls8h.la/hook"
+
+
+async def test_a_delivery_to_an_idna_host_reaches_the_resolver(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # .invalid never resolves (RFC 2606): the attempt gets as far as DNS.
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
+    transport = WebhookTransport(endpoints({"d": "http://xn--ls8h.invalid/hook"}), timeout=5)
+    assert (await deliver(store, transport))["retried"] == 1
+    assert str(raw.row(dispatch_id)["last_error"]).startswith("DNS failure: xn--ls8h.invalid")
 
 
 @pytest.mark.parametrize(
@@ -530,6 +671,112 @@ def test_bad_webhook_configuration_is_one_line_naming_the_key_without_the_secret
     assert SECRET.removeprefix("whsec_") not in text
 
 
+def test_url_credentials_with_an_authorization_header_are_refused_naming_the_endpoint(
+    tmp_path: Path,
+) -> None:
+    webhook = {
+        "endpoints": {
+            "billing": {
+                "url": "https://svc:hunter22@billing.example.com/hooks",
+                "secrets": [SECRET],
+                "headers": {"authorization": "Bearer letmein-42"},
+            },
+            # Either alone is fine.
+            "ops": {"url": "https://svc:pw@ops.example.com/", "secrets": [SECRET]},
+            "crm": {
+                "url": "https://crm.example.com/",
+                "secrets": [SECRET],
+                "headers": {"Authorization": "Bearer letmein-43"},
+            },
+        }
+    }
+    (tmp_path / "c.yaml").write_text(json.dumps(_config(webhook)))
+    done = run_cli("check-config", str(tmp_path / "c.yaml"))
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert "dispatch.webhook.endpoints.billing: url has credentials (user:password@) and " in line
+    assert "hunter22" not in line and "letmein-42" not in line
+    with pytest.raises(ValueError, match=r"endpoints\['billing'\]: url has credentials"):
+        WebhookTransport(
+            {"billing": Endpoint("https://a:b@x.example/", (), (("Authorization", "Basic x"),))}
+        )
+
+
+AMBIGUOUS_PASSWORD = "Hunter2@Secret-Host-Part/Tail"
+"""Unencoded: read naively, ``Secret-Host-Part`` would be the host."""
+PASSWORD_FRAGMENTS = ("Hunter2", "Secret-Host-Part", "Tail@", "hunter2", "secret-host-part")
+
+
+def test_an_ambiguous_url_is_refused_by_check_config_naming_the_key_not_the_value(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": f"postgresql://app:{AMBIGUOUS_PASSWORD}@db.example/app",
+                **_config(
+                    {
+                        "endpoints": {
+                            "billing": {
+                                "url": f"https://svc:{AMBIGUOUS_PASSWORD}@hooks.example/in",
+                                "secrets": [SECRET],
+                            },
+                        }
+                    }
+                ),
+            }
+        )
+    )
+    text = run_cli("check-config", str(config))
+    assert text.returncode == 2 and text.stdout == ""
+    [line] = text.stderr.strip().splitlines()
+    assert "store: invalid store URL: its user name or password holds an unencoded" in line
+    assert "dispatch.webhook.endpoints.billing.url: its user name or password" in line
+    document = run_cli("check-config", str(config), "--json")
+    assert document.returncode == 2
+    assert len(json.loads(document.stdout)["errors"]) == 2
+    for fragment in (*PASSWORD_FRAGMENTS, "db.example", "hooks.example"):
+        assert fragment not in text.stderr + document.stdout + document.stderr, fragment
+    # No password, but an "@" after a "/": as ambiguous to a reader.
+    with pytest.raises(ValueError, match=r"^e\.crm\.url: its user name or password"):
+        parse_endpoints("e", {"crm": {"url": "https://crm.example/x@y", "secrets": [SECRET]}}, {})
+    done = run_cli("--db", f"postgresql://app:{AMBIGUOUS_PASSWORD}@127.0.0.1:1/app", "ls")
+    assert done.returncode == 2
+    assert done.stderr.startswith("trio-dispatch: --db: invalid store URL: its user name")
+    for fragment in PASSWORD_FRAGMENTS:
+        assert fragment not in done.stdout + done.stderr
+    with pytest.raises(ValueError, match=r"^endpoints\['b'\]\.url: its user name or password"):
+        WebhookTransport({"b": Endpoint(f"https://svc:{AMBIGUOUS_PASSWORD}@h.example/", ())})
+
+
+async def test_a_delivery_error_never_names_the_host_of_a_url_with_credentials(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="trio_dispatch")  # what the worker logs
+    url = "http://svc:Secret-Pass-Word@secret-host-part.invalid/hook"
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
+    transport = WebhookTransport(endpoints({"d": url}), timeout=5)
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=transport, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.counts["retried"] == 1)
+        tg.cancel_scope.cancel()
+    error = str(raw.row(dispatch_id)["last_error"])
+    assert error.startswith("DNS failure: the endpoint's host does not resolve")
+    text = json.dumps(
+        [raw.rows("SELECT * FROM dispatch_outbox"), raw.transitions(dispatch_id)], default=str
+    ) + "\n".join(record.getMessage() for record in caplog.records)
+    assert "result=retry" in text  # the worker's log line is in it
+    for fragment in ("Secret-Pass-Word", "secret-host-part"):
+        assert fragment not in text, fragment
+    assert "Secret-Pass-Word" not in repr(transport.endpoints)
+    # A URL without credentials is named as before.
+    plain = WebhookTransport(endpoints({"d": "http://plain-host.invalid/hook"}), timeout=5)
+    result = await plain(Delivery("e" * 32, "k", "d", 1, "{}"))
+    assert result.error is not None and "plain-host.invalid" in result.error
+
+
 def test_a_webhook_configuration_builds_the_worker_transport(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -587,7 +834,7 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
             "billing": {
                 "url": url,
                 "secrets": ["env:HOOK_SECRET", SECRET],
-                "headers": {"Authorization": "Bearer letmein-42"},
+                "headers": {"X-Api-Key": "letmein-42", "X-Team": "payments"},
             }
         }
     }
@@ -604,7 +851,10 @@ def test_check_config_shows_endpoints_with_secrets_and_credentials_masked(tmp_pa
     assert shown["transport"] == "webhook"
     assert shown["webhook"]["endpoints"]["billing"]["secrets"] == ["env:HOOK_SECRET", "whsec_***"]
     everything = text.stdout + text.stderr + document.stdout + document.stderr
-    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {"Authorization": "***"}
+    assert shown["webhook"]["endpoints"]["billing"]["headers"] == {
+        "X-Api-Key": "***",
+        "X-Team": "payments",
+    }
     for secret in (
         "hunter22",
         "abc123",

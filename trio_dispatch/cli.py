@@ -724,7 +724,11 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         if env.inherit
         else {"allow": list(env.allow)}
         if env.allow is not None
-        else {"default": "all but secret-looking variables"}
+        else {
+            "default": "all but secret-looking variables",
+            # The variables the file reads secrets from (env:NAME): never passed.
+            "dropped": sorted(env.drop),
+        }
     )
     if args.json:
         _emit_json(

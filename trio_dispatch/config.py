@@ -429,6 +429,23 @@ def _check_section(
     return values
 
 
+def _secret_variables(data: object) -> frozenset[str]:
+    """The names of every ``env:NAME`` value anywhere in the file: the
+    variables it reads secrets from (the dashboard token, webhook secrets),
+    which a command's child must not inherit."""
+    found: set[str] = set()
+    pending: list[object] = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str) and value.startswith("env:") and len(value) > 4:
+            found.add(value[4:])
+        elif isinstance(value, Mapping):
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return frozenset(found)
+
+
 def _build(data: object, *, source: str, path: Path | None) -> Config:
     # Every problem of the file is collected before raising, so one run of
     # check-config (or a refused worker start) names them all. A check that
@@ -470,6 +487,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
     if problems:
         raise ConfigError.collected(source, problems)
     assert dispatch is not None
+    dispatch["env"] = dataclasses.replace(dispatch["env"], drop=_secret_variables(data))
     # Any-typed values are safe here: every one passed its rule above.
     return Config(
         store=values["store"],

@@ -32,6 +32,10 @@ _PASSWORD_PARAM: Final = re.compile(
 MIN_SCRUBBED_LENGTH: Final = 3
 """Known secrets shorter than this are not searched for in free text (they
 would mangle every message); URL and ``password=`` forms are masked anyway."""
+MIN_PIECE_LENGTH: Final = 8
+"""A piece of a secret (a password split where a driver might split it) is
+searched for only from this length: shorter pieces are ordinary words
+("correct horse battery staple") that would be masked everywhere."""
 
 
 def _password_span(text: str, start: int, whole: bool, limit: int) -> tuple[int, int] | None:
@@ -91,6 +95,29 @@ def _password_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def ambiguous_userinfo(url: str) -> bool:
+    """Whether a URL's host cannot be told from its user name and password:
+    after ``scheme://`` it holds more than one ``@``, or a ``/``, ``?`` or
+    ``#`` before its ``@``. Parsers disagree on such a URL (one reads a
+    piece of the password as the host and quotes it in an error), so it is
+    refused, never parsed. Never raises."""
+    start = _URL_START.match(url)
+    if start is None:
+        return False
+    rest = url[start.end() :]
+    if rest.count("@") > 1:
+        return True
+    at = rest.find("@")
+    return at >= 0 and any(sep in rest[:at] for sep in "/?#")
+
+
+AMBIGUOUS_URL_ERROR: Final = (
+    "its user name or password holds an unencoded '@', '/', '?' or '#', so the host "
+    "cannot be told apart: percent-encode them (%40, %2F, %3F, %23)"
+)
+"""Why an ambiguous URL is refused; it never quotes the URL."""
+
+
 def mask_url(url: str) -> str:
     """``url`` -- or every URL in a text -- with its password (and any
     ``password=`` parameter) replaced by ``***``; text without one is
@@ -110,8 +137,14 @@ def url_secrets(url: str) -> list[str]:
     driver quotes the URL in pieces."""
     found = [url[begin:end] for begin, end in _password_spans(url)]
     # A driver that splits a password at its own idea of the URL's pieces
-    # quotes a piece: the pieces are secrets too.
-    found += [piece for value in found for piece in re.split(r"[@\s]", value) if piece]
+    # quotes a piece: the pieces are secrets too, when long enough not to be
+    # an ordinary word.
+    found += [
+        piece
+        for value in found
+        for piece in re.split(r"[@\s]", value)
+        if len(piece) >= MIN_PIECE_LENGTH and piece != value
+    ]
     found += [match["value"].strip("'") for match in _PASSWORD_PARAM.finditer(url)]
     decoded = [unquote(value) for value in found]
     return [value for value in dict.fromkeys(found + decoded) if value]

@@ -41,6 +41,27 @@ _CONTROL: Final = re.compile("[\x00-\x1f\x7f-\x9f]")
 """Unicode category Cc: the C0 controls, DEL and the C1 controls."""
 
 
+_BIDI: Final = re.compile("[\u202a-\u202e\u2066-\u2069]")
+"""The bidirectional embeddings, overrides and isolates (LRE..RLO, LRI..PDI):
+they reorder what an operator reads (``ls``, logs, the dashboard) without
+showing themselves (Trojan Source, CVE-2021-42574)."""
+
+
+def _refuse_bidi(name: str, text: str) -> None:
+    found = _BIDI.search(text)
+    if found is not None:
+        raise ValueError(
+            f"{name} must not contain bidirectional control characters "
+            f"(found U+{ord(found.group()):04X}), got {show(text)}"
+        )
+
+
+def require_kind(value: object) -> str:
+    text = require_non_empty("kind", value)
+    _refuse_bidi("kind", text)
+    return text
+
+
 def require_route(value: object) -> str:
     text = require_non_empty("deliver_to", value)
     found = _CONTROL.search(text)
@@ -49,6 +70,7 @@ def require_route(value: object) -> str:
             f"deliver_to must not contain control characters "
             f"(found {found.group()!r}), got {show(value)}"
         )
+    _refuse_bidi("deliver_to", text)
     return text
 
 

@@ -20,6 +20,7 @@ from ..validate import (
     require_body,
     require_bool,
     require_int,
+    require_kind,
     require_non_empty,
     require_number,
     require_optional_id,
@@ -87,7 +88,7 @@ def prepare(
         if required not in args:
             raise TypeError(f"missing required argument {required!r}")
     given = {**ENQUEUE_DEFAULTS, **args}
-    kind_ = require_non_empty("kind", given["kind"])
+    kind_ = require_kind(given["kind"])
     route = require_route(given["deliver_to"])
     body_json = require_body(given["body"], max_body_bytes)
     dedup_key = given["dedup_key"]

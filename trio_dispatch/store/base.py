@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtim
 from ..errors import ConnectionLostError as ConnectionLostError
 from ..errors import SchemaError as SchemaError
 from ..errors import StoreError as StoreError
-from ..redact import mask_url, url_secrets
+from ..redact import AMBIGUOUS_URL_ERROR, ambiguous_userinfo, mask_url, url_secrets
 from ..values import show
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ def parse_target(target: str) -> tuple[Engine, str]:
             f"store target {show(mask_url(target))} is not valid text (a lone surrogate)"
         ) from None
     if target.startswith(("postgresql://", "postgres://")):
+        if ambiguous_userinfo(target):  # not even masked: its host may be a piece of it
+            raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
         _check_postgres_url(target)
         return "postgres", target
     if target.startswith("sqlite:"):

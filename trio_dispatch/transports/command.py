@@ -45,19 +45,29 @@ _READ_CHUNK: Final = 64 * 1024
 
 _SECRET_NAME: Final = re.compile(
     r"SECRET|PASSW(OR)?D|PASSPHRASE|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH(?!OR)"
-    r"|COOKIE|SESSION_?KEY|SIGNING|(^|_)DSN$|(_|^)(KEY|PASS|PWD|PW)$|^DATABASE_URL$",
+    r"|COOKIE|SESSION_?KEY|SIGNING|BEARER|WEBHOOK_?URL|(^|_)DSN$|(_|^)(KEY|PASS|PWD|PW|PAT|SK)$"
+    r"|^DATABASE_URL$",
 )
 _NOT_SECRET: Final = frozenset({"PWD", "OLDPWD"})  # the shell's directories
+_URL_CREDENTIALS: Final = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:(?![0-9]*(?:[/?#\s]|$))[^\s]*@"
+)
+"""``scheme://user:password@...`` anywhere in a value (a password may hold
+``/`` or ``@`` unescaped, so the userinfo runs to the last ``@``; a port
+followed by a path is not a password)."""
 
 
 def looks_secret(name: str, value: str) -> bool:
     """Whether an environment variable looks like it holds a secret: its
-    name says so (``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``, ``*_KEY``,
-    ``*AUTH*``, ``DATABASE_URL``, ...) or its value holds a URL password or
-    a ``password=`` parameter."""
+    name says so (``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``, ``*BEARER*``,
+    ``*WEBHOOK_URL*``, ``*_KEY``, ``*_PAT``, ``*_SK``, ``*AUTH*``,
+    ``DATABASE_URL``, ...) or its value holds a URL with credentials
+    (``scheme://user:password@host``) or a ``password=`` parameter."""
     if name in _NOT_SECRET:
         return False
-    return bool(_SECRET_NAME.search(name.upper()) or url_secrets(value))
+    return bool(
+        _SECRET_NAME.search(name.upper()) or _URL_CREDENTIALS.search(value) or url_secrets(value)
+    )
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,10 @@ class ChildEnvironment:
     allow: tuple[str, ...] | None = None
     inherit: bool = False
     drop: frozenset[str] = field(default_factory=frozenset)
-    """Names dropped in the default mode whatever they look like (e.g. the
-    variables webhook secrets are read from)."""
+    """Names dropped in the default mode whatever they look like: a worker
+    built from a configuration file fills it with every variable the file
+    reads a secret from (``env:NAME``: the dashboard token, webhook
+    secrets), so the worker's own credentials never reach a child."""
 
     def __post_init__(self) -> None:
         if self.allow is not None and self.inherit:

@@ -6,14 +6,16 @@ Webhooks specification (SPEC section 10). Needs the ``http`` extra (httpx).
   ``webhook-timestamp`` this attempt's Unix time, and ``webhook-signature``
   one ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`` per secret,
   space-separated, so a receiver can rotate secrets.
-- 2xx succeeds. 410 is "gone": dead-lettered with ``dispatch.dead_letter.gone``.
-  429, 502, 503 and 504 fail with the response's ``Retry-After`` (seconds or
-  an HTTP date) as the earliest next attempt. Any other status, a redirect
-  (never followed), a refused or failed connection, a DNS or TLS failure or
-  the timeout -- one deadline for the whole exchange, so a response that
-  drips slowly is cut too -- fails the attempt with a short ``last_error``
-  that never holds the URL (it may carry credentials) or a secret. At most
-  64 KiB of a response body is read.
+- The status line decides: 2xx succeeds, even when its body drips past
+  the timeout (reading stops there; the outcome stands). 410 is "gone":
+  dead-lettered with ``dispatch.dead_letter.gone``. 429, 502, 503 and 504
+  fail with the response's ``Retry-After`` (seconds or an HTTP date) as the
+  earliest next attempt. Any other status, a redirect (never followed), a
+  refused or failed connection, a DNS or TLS failure or no status line
+  within the timeout (one deadline for the whole exchange) fails the
+  attempt with a short ``last_error`` that never holds the URL (it may
+  carry credentials) or a secret. At most 64 KiB of a response body is
+  read, and never past the deadline.
 - Before connecting, every address the host resolves to is checked: a
   loopback, private, link-local, multicast or unspecified address is
   refused (a recorded failure naming the reason) unless the endpoint sets
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import sniffio
 
-from ..redact import MASK, register_secrets, url_secrets
+from ..redact import AMBIGUOUS_URL_ERROR, MASK, ambiguous_userinfo, register_secrets, url_secrets
 from ..values import show
 from .base import Delivery, TransportResult, check_timeout
 
@@ -79,6 +81,25 @@ RESERVED_HEADERS: Final = frozenset(
     }
 )
 """Headers an endpoint's ``headers`` may not set: the transport owns them."""
+HOP_BY_HOP_HEADERS: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+        "host",
+        "content-length",
+    }
+)
+"""Headers that describe one connection or the message framing (RFC 9110
+7.6.1, 7.2, 8.6, 10.1.1), not the request: configured, they would break
+the exchange (``Expect: 100-continue``, ``Upgrade``) or go to a proxy."""
 
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 field-name
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -146,15 +167,26 @@ class Secret:
 
 
 def shown_url(url: str) -> str:
-    """A webhook URL fit to print: credentials and query string masked."""
+    """A webhook URL fit to print: credentials and query string masked, the
+    host as it goes on the wire (an IDNA name in its ``xn--`` form)."""
     import httpx
 
     parsed = httpx.URL(url)
     userinfo = f"{MASK}@" if parsed.userinfo else ""
     port = f":{parsed.port}" if parsed.port is not None else ""
     query = f"?{MASK}" if parsed.query else ""
-    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    raw_host = parsed.raw_host.decode("ascii")
+    host = f"[{raw_host}]" if ":" in raw_host else raw_host
     return f"{parsed.scheme}://{userinfo}{host}{port}{parsed.path}{query}"
+
+
+def wire_host(url: str) -> str:
+    """The ``Host`` header of ``url``: its ASCII host (and port when not the
+    scheme's default). Given explicitly, so httpx never decodes an IDNA name
+    that the stricter IDNA 2008 tables refuse (``xn--ls8h.la``)."""
+    import httpx
+
+    return httpx.URL(url).netloc.decode("ascii")
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -173,6 +205,13 @@ class Endpoint:
         )
 
     @property
+    def has_credentials(self) -> bool:
+        """Whether the URL carries a user name or password."""
+        import httpx
+
+        return bool(httpx.URL(self.url).userinfo)
+
+    @property
     def origin(self) -> tuple[str, int]:
         """(host as the connection sees it, port)."""
         import httpx
@@ -182,11 +221,14 @@ class Endpoint:
         return parsed.raw_host.decode("ascii"), port
 
     def describe(self) -> dict[str, Any]:
-        """What ``check-config`` shows: no secret, no credentials."""
+        """What ``check-config`` shows: no secret, no credentials (a header
+        that carries one is masked, an ordinary one shown)."""
         return {
             "url": shown_url(self.url),
             "secrets": [secret.label for secret in self.secrets],
-            "headers": {name: MASK for name, _ in self.headers},
+            "headers": {
+                name: MASK if secret_header(name, value) else value for name, value in self.headers
+            },
             "allow_private": self.allow_private,
         }
 
@@ -211,15 +253,28 @@ class Endpoint:
         url = value.get("url")
         if not isinstance(url, str) or not url:
             raise ValueError(f"{name}.url must be an http:// or https:// URL, got {show(url)}")
+        if ambiguous_userinfo(url):  # not even masked: its host may be a piece of it
+            register_secrets(url_secrets(url))
+            raise ValueError(f"{name}.url: {AMBIGUOUS_URL_ERROR}")
         try:
             parsed = httpx.URL(url)
-        except (httpx.InvalidURL, ValueError):
+        except (httpx.InvalidURL, ValueError) as exc:  # idna's errors are ValueErrors too
+            if isinstance(exc, UnicodeError) or "IDNA" in str(exc):
+                raise ValueError(
+                    f"{name}.url: the host is not a valid internationalised domain name "
+                    "(give it in its xn-- form)"
+                ) from None
             raise ValueError(f"{name}.url is not a valid URL") from None
-        if parsed.scheme not in ("http", "https") or not parsed.host:
+        if parsed.scheme not in ("http", "https") or not parsed.raw_host:
             raise ValueError(
                 f"{name}.url must be an http:// or https:// URL with a host, "
-                f"got {show(shown_url(url) if parsed.host else parsed.scheme + '://...')}"
+                f"got {show(shown_url(url) if parsed.raw_host else parsed.scheme + '://...')}"
             )
+        if parsed.port is not None and not 1 <= parsed.port <= MAX_PORT:
+            raise ValueError(f"{name}.url: port {parsed.port} is out of range (1 to {MAX_PORT})")
+        problem = host_problem(parsed.raw_host)
+        if problem is not None:
+            raise ValueError(f"{name}.url: the host {problem}")
         if parsed.fragment:
             raise ValueError(f"{name}.url must not have a #fragment")
         # Credentials and query tokens in the URL are secrets too: scrubbed
@@ -245,19 +300,96 @@ class Endpoint:
                 raise ValueError(
                     f"{name}.headers.{header}: set by the transport itself, cannot be configured"
                 )
+            if header.lower() in HOP_BY_HOP_HEADERS:
+                raise ValueError(
+                    f"{name}.headers.{header}: a hop-by-hop header (it concerns one "
+                    "connection, not the request), cannot be configured"
+                )
             if not isinstance(text, str) or not _HEADER_VALUE.match(text) or text != text.strip():
                 raise ValueError(
                     f"{name}.headers.{header} must be printable ASCII without leading or "
                     "trailing spaces"
                 )
             checked.append((header, text))
-        register_secrets([text for _, text in checked])  # often a credential
+        # Only credentials are secrets: an ordinary value ("X-Team: payments")
+        # registered as one would be masked in every log line that holds it.
+        register_secrets([text for header, text in checked if secret_header(header, text)])
+        conflict = credentials_conflict(url, checked)
+        if conflict is not None:
+            raise ValueError(f"{name}: {conflict}")
         allow_private = value.get("allow_private", False)
         if not isinstance(allow_private, bool):
             raise ValueError(
                 f"{name}.allow_private must be true or false, got {show(allow_private)}"
             )
         return cls(url, parsed_secrets, tuple(checked), allow_private)
+
+
+_CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+_CREDENTIAL_SCHEME: Final = re.compile(r"^(Bearer|Basic|Token|Digest|Bot)\s", re.IGNORECASE)
+
+
+def secret_header(name: str, value: str) -> bool:
+    """Whether a configured header carries a credential: ``Authorization``
+    or ``Cookie``, a name that says so (``X-Api-Key``, ``X-Auth-Token``,
+    ``X-Signature``...), or a value in an authorization scheme
+    (``Bearer ...``)."""
+    from .command import looks_secret
+
+    lowered = name.lower()
+    return (
+        lowered in _CREDENTIAL_HEADERS
+        or "signature" in lowered
+        or looks_secret(name.upper().replace("-", "_"), value)
+        or _CREDENTIAL_SCHEME.match(value) is not None
+    )
+
+
+MAX_PORT: Final = 65535
+_LABEL: Final = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def host_problem(raw_host: bytes) -> str | None:
+    """What is wrong with a URL's host as it goes on the wire, or None. An
+    IP address passes; a name must be dot-separated labels of letters,
+    digits, ``-`` and ``_`` (at most 63 characters each, 253 in all). An
+    ``xn--`` label is checked as Punycode only: UTS 46 names that IDNA 2008
+    refuses (``xn--ls8h.la``) resolve, so they are accepted. The message
+    never quotes the host."""
+    host = raw_host.decode("ascii", "replace").rstrip(".")
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        pass
+    else:
+        return None
+    if not host or len(host) > 253:
+        return "is not a valid domain name (empty or longer than 253 characters)"
+    for index, label in enumerate(host.split("."), 1):
+        if not _LABEL.match(label):
+            return f"is not a valid domain name (label {index} is empty or not letters, digits, -)"
+        if label[:4].lower() == "xn--":
+            try:
+                label[4:].encode("ascii").decode("punycode")
+            except UnicodeError:
+                return f"is not a valid internationalised domain name (label {index})"
+    return None
+
+
+def credentials_conflict(url: str, headers: Iterable[tuple[str, str]]) -> str | None:
+    """Why ``url`` and ``headers`` cannot go together, or None: httpx turns
+    credentials in a URL (``user:password@``) into a Basic ``Authorization``
+    header that silently replaces the configured one."""
+    import httpx
+
+    if not httpx.URL(url).userinfo:
+        return None
+    if any(header.lower() == "authorization" for header, _ in headers):
+        return (
+            "url has credentials (user:password@) and headers sets Authorization: the URL's "
+            "Basic credentials would replace the header; keep one of them"
+        )
+    return None
 
 
 def parse_endpoints(name: str, value: object, environ: Mapping[str, str]) -> dict[str, Endpoint]:
@@ -351,7 +483,13 @@ def forbidden(address: str) -> str | None:
     return None
 
 
-def _guarded_backend(private_ok: frozenset[tuple[str, int]]) -> Any:
+QUIET_HOST: Final = "the endpoint's host"
+"""How an error names the host of a URL that carries credentials."""
+
+
+def _guarded_backend(
+    private_ok: frozenset[tuple[str, int]], quiet: frozenset[tuple[str, int]] = frozenset()
+) -> Any:
     import httpcore
 
     class GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -371,21 +509,24 @@ def _guarded_backend(private_ok: frozenset[tuple[str, int]]) -> Any:
             local_address: str | None = None,
             socket_options: Iterable[Any] | None = None,
         ) -> httpcore.AsyncNetworkStream:
+            # The host of a URL with credentials is not echoed: should the
+            # URL have been misread, it would be a piece of the password.
+            named = QUIET_HOST if (host, port) in quiet else host
             try:
                 with anyio.fail_after(timeout):
                     infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
                 raise ResolutionFailed(
-                    f"DNS failure: {host} does not resolve ({exc.strerror})"
+                    f"DNS failure: {named} does not resolve ({exc.strerror})"
                 ) from None
             except TimeoutError:
-                raise ResolutionFailed(f"DNS failure: resolving {host} timed out") from None
+                raise ResolutionFailed(f"DNS failure: resolving {named} timed out") from None
             addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
             if (host, port) not in private_ok:
                 for address in addresses:
                     why = forbidden(address)
                     if why is not None:
-                        where = host if host == address else f"{host} resolves to {address}"
+                        where = named if host == address else f"{named} resolves to {address}"
                         raise AddressRefused(
                             f"refused: {where}, a {why} address (allow_private is not set)"
                         )
@@ -509,6 +650,7 @@ def make_client(
     verify: ssl.SSLContext | str | bool = True,
     private_ok: frozenset[tuple[str, int]] = frozenset(),
     max_connections: int | None = None,
+    quiet: frozenset[tuple[str, int]] = frozenset(),
 ) -> httpx.AsyncClient:
     """The client a :class:`WebhookTransport` posts with: HTTP/1.1
     keep-alive, no redirects, no proxies from the environment, TLS
@@ -527,7 +669,7 @@ def make_client(
         keepalive_expiry=limits.keepalive_expiry,
         http1=True,
         http2=False,
-        network_backend=_guarded_backend(private_ok),
+        network_backend=_guarded_backend(private_ok, quiet),
     )
     return httpx.AsyncClient(
         transport=transport,
@@ -621,6 +763,11 @@ class WebhookTransport:
         for route, endpoint in endpoints.items():
             if not isinstance(endpoint, Endpoint):
                 raise TypeError(f"endpoints[{route!r}] must be an Endpoint, got {show(endpoint)}")
+            if ambiguous_userinfo(endpoint.url):
+                raise ValueError(f"endpoints[{route!r}].url: {AMBIGUOUS_URL_ERROR}")
+            conflict = credentials_conflict(endpoint.url, endpoint.headers)
+            if conflict is not None:
+                raise ValueError(f"endpoints[{route!r}]: {conflict}")
         check_origins(endpoints)
         self.endpoints = dict(endpoints)
         self.timeout = check_timeout("timeout", timeout, allow_zero=False)
@@ -629,6 +776,9 @@ class WebhookTransport:
         self._max_connections = max_connections
         self._private_ok = frozenset(
             endpoint.origin for endpoint in self.endpoints.values() if endpoint.allow_private
+        )
+        self._quiet = frozenset(
+            endpoint.origin for endpoint in self.endpoints.values() if endpoint.has_credentials
         )
         self._client: httpx.AsyncClient | None = None
         self._users = 0
@@ -642,6 +792,7 @@ class WebhookTransport:
             verify=self._verify,
             private_ok=self._private_ok,
             max_connections=self._max_connections,
+            quiet=self._quiet,
         )
 
     @contextlib.asynccontextmanager
@@ -677,6 +828,7 @@ class WebhookTransport:
         timestamp = int(self._clock())
         return {
             **dict(endpoint.headers),
+            "host": wire_host(endpoint.url),
             "content-type": "application/json",
             "accept-encoding": "identity",
             "webhook-id": delivery.dispatch_id,
@@ -717,12 +869,18 @@ class WebhookTransport:
                         self._scrub(describe_http_error(exc, self.timeout), endpoint)
                     )
                 # The status line arrived; the body broke off: judge by the status.
-        if deadline.cancelled_caught:  # no answer, or one that drips: cut either way
-            where = "waiting for a response" if status is None else f"reading HTTP {status}"
-            return TransportResult.failure(f"timeout after {self.timeout:g}s ({where})")
-        assert status is not None
+        if status is None:  # no status line before the deadline
+            return TransportResult.failure(
+                f"timeout after {self.timeout:g}s (waiting for a response)"
+            )
+        # The status line decides (Standard Webhooks: a 2xx is a delivery);
+        # the body is read only to keep the connection, and a body that
+        # drips past the deadline is cut without changing the outcome.
+        cut = deadline.cancelled_caught
         if 200 <= status < 300:
-            return TransportResult.success()
+            return TransportResult.success(
+                f"HTTP {status}, body cut at the {self.timeout:g}s timeout" if cut else None
+            )
         text = "" if encoded else _body_text(received)
         detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         if status == 410:
@@ -734,4 +892,8 @@ class WebhookTransport:
 
     @staticmethod
     def _scrub(text: str, endpoint: Endpoint) -> str:
-        return text.replace(endpoint.url, shown_url(endpoint.url))
+        text = text.replace(endpoint.url, shown_url(endpoint.url))
+        host = endpoint.origin[0]
+        if endpoint.has_credentials and len(host) >= 4:
+            text = text.replace(host, QUIET_HOST)
+        return text
