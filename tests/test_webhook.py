@@ -462,6 +462,13 @@ async def test_ordinary_header_values_stay_readable_in_the_log_and_credentials_a
     assert "kind=payments.refund" in line and "***" not in line.split("error=")[0]
     assert "error='HTTP 401: denied: ***'" in line
     assert "letmein-secret-42" not in line
+    # Nor in what is stored and shown by ls, show and the dashboard.
+    stored = raw.row(dispatch_id)["last_error"]
+    assert "letmein-secret-42" not in stored and "HTTP 401: denied" in stored
+    history = raw.rows(
+        "SELECT reason_summary FROM status_transitions WHERE entity_id = ?", (dispatch_id,)
+    )
+    assert all("letmein-secret-42" not in str(h["reason_summary"]) for h in history)
 
 
 def test_only_pieces_of_a_password_long_enough_not_to_be_words_are_secrets() -> None:

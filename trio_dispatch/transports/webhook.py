@@ -48,7 +48,15 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 import sniffio
 
-from ..redact import AMBIGUOUS_URL_ERROR, MASK, ambiguous_userinfo, register_secrets, url_secrets
+from ..redact import (
+    AMBIGUOUS_URL_ERROR,
+    MASK,
+    ambiguous_userinfo,
+    known_secrets,
+    register_secrets,
+    scrub,
+    url_secrets,
+)
 from ..values import show
 from .base import Delivery, TransportResult, check_timeout
 
@@ -881,7 +889,7 @@ class WebhookTransport:
             return TransportResult.success(
                 f"HTTP {status}, body cut at the {self.timeout:g}s timeout" if cut else None
             )
-        text = "" if encoded else _body_text(received)
+        text = "" if encoded else self._scrub_body(_body_text(received), endpoint)
         detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         if status == 410:
             return TransportResult.failure(detail, gone=True)
@@ -889,6 +897,19 @@ class WebhookTransport:
             wait = parse_retry_after(retry_after_header, self._clock())
             return TransportResult.failure(detail, retry_after=wait)
         return TransportResult.failure(detail)
+
+    @staticmethod
+    def _scrub_body(text: str, endpoint: Endpoint) -> str:
+        """A response body goes into ``last_error`` (the database, ``ls``,
+        the dashboard): a receiver that echoes the request must not put the
+        endpoint's credentials there."""
+        secrets = [
+            *known_secrets(),
+            *url_secrets(endpoint.url),
+            *(text for header, text in endpoint.headers if secret_header(header, text)),
+            *(base64.b64encode(secret.key).decode("ascii") for secret in endpoint.secrets),
+        ]
+        return scrub(text, secrets)
 
     @staticmethod
     def _scrub(text: str, endpoint: Endpoint) -> str:
