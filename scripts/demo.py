@@ -96,8 +96,9 @@ def webhook_config(config: Config, receiver_url: str, secret: str) -> Config:
         for route, path in WEBHOOK_PATHS.items()
     }
     endpoints = parse_endpoints("dispatch.webhook.endpoints", spec, os.environ)
-    webhook = WebhookConfig(timeout_seconds=5, endpoints=endpoints, ca_file=None)
-    dispatch = dataclasses.replace(config.dispatch, transport="webhook", webhook=webhook)
+    webhook = WebhookConfig(timeout_seconds=5, endpoints=endpoints)
+    transports = {**config.dispatch.transports, "webhook": webhook}
+    dispatch = dataclasses.replace(config.dispatch, transport="webhook", transports=transports)
     return dataclasses.replace(config, dispatch=dispatch)
 
 

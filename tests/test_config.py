@@ -22,6 +22,7 @@ from trio_dispatch.config import (
     parse_config,
     resolve_notify_template,
 )
+from trio_dispatch.transports.plugins import transport_plugins
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "config.example.yaml"
 TEMPLATE = ["python3", "scripts/demo_transport.py", "--", "{deliver_to}"]
@@ -52,7 +53,7 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
         store="outbox.db",
         durability="full",
         busy_timeout_seconds=10.0,
-        dispatch=DispatchConfig(notify_template=None, timeout_seconds=10.0),
+        dispatch=DispatchConfig(),
         worker=WorkerConfig(
             tick_seconds=30.0,
             concurrency=16,
@@ -92,7 +93,14 @@ def test_example_file_documents_every_key() -> None:
     raw = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
     top = {f.name for f in fields(Config)} - {"path"}
     assert set(raw) == top
-    assert set(raw["dispatch"]) == {f.name for f in fields(DispatchConfig)}
+    plugins = transport_plugins().values()
+    shared = {f.name for f in fields(DispatchConfig)} - {"transports"}
+    own = {key for plugin in plugins if plugin.section is None for key in plugin.options}
+    sections = {plugin.section for plugin in plugins if plugin.section is not None}
+    assert set(raw["dispatch"]) == shared | own | sections
+    for plugin in plugins:
+        if plugin.section is not None:
+            assert set(raw["dispatch"][plugin.section]) == set(plugin.options), plugin.name
     assert set(raw["worker"]) == {f.name for f in fields(WorkerConfig)}
 
 
@@ -457,3 +465,18 @@ def test_resolve_notify_template_returns_none_when_env_points_nowhere(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(CONFIG_ENV_VAR, str(tmp_path / "missing.yaml"))
     assert resolve_notify_template() is None
+
+
+def test_the_transport_registry_decides_what_a_file_may_name() -> None:
+    plugins = transport_plugins()
+    assert set(plugins) == {"command", "webhook"}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"dispatch": {"transport": "carrier-pigeon"}})
+    assert f"must be one of {', '.join(plugins)}" in str(caught.value)
+    for name, plugin in plugins.items():
+        assert plugin.name == name
+        options = parse_config(None).dispatch.transports[name]
+        assert plugin.timeout(options) > 0
+        described = plugin.describe(options)
+        assert described and all(isinstance(key, str) for key in described)
+        assert plugin.summary(options)[0].startswith(f"  transport: {name} ")

@@ -147,7 +147,7 @@ async def test_a_relative_template_path_is_taken_from_the_config_folder(tmp_path
     )
     assert Path.cwd() != folder
     config = load_config(config_path)
-    assert config.command_warnings() == []
+    assert config.transport_warnings() == []
     async with open_store(config.store_target()) as db, anyio.create_task_group() as tg:
         worker = DispatchWorker.from_config(db, config)
         await tg.start(worker.run)

@@ -83,6 +83,7 @@ from .store.base import (
 from .store.schema import SCHEMA_VERSION
 from .times import format_time as format_time
 from .times import relative_time as relative_time
+from .transports.plugins import transport_plugins
 from .validate import INT_MAX
 from .web.binding import DEFAULT_HOST, DEFAULT_PORT, Listen, check_binding, parse_listen
 from .worker import DispatchWorker
@@ -639,16 +640,9 @@ def config_warnings(config: Config) -> list[str]:
     transport, a missing ``notify_template`` (every delivery would fail)
     and a template that lets a dispatch's data be read as an option or
     leak through argv. ``check-config`` prints them; the worker logs them
-    at start."""
-    if config.dispatch.transport != "command":
-        return []
-    template = config.dispatch.notify_template
-    if template is None:
-        return [
-            "dispatch.notify_template is not set: with transport: command every delivery "
-            "fails (as a recorded transport failure) until it is"
-        ]
-    return config.command_warnings()
+    at start. Each transport's plug-in says what is suspicious in its
+    options."""
+    return config.transport_warnings()
 
 
 def _seconds(values: Sequence[float]) -> str:
@@ -657,27 +651,14 @@ def _seconds(values: Sequence[float]) -> str:
 
 def _print_config(config: Config, path: Path) -> None:
     """``check-config``'s text report: what the worker would run with."""
-    template = config.dispatch.notify_template
     print(f"{visible(path)}: ok")
     in_schema = f", schema {config.schema}" if config.schema is not None else ""
     print(
         f"  store: {visible(mask_url(config.store_target()))} "
         f"(durability {config.durability}{in_schema})"
     )
-    if config.dispatch.transport == "webhook":
-        hook = config.dispatch.webhook.describe()
-        print(f"  transport: webhook (timeout {hook['timeout_seconds']:g}s)")
-        for route, endpoint in hook["endpoints"].items():
-            secrets = ", ".join(endpoint["secrets"])
-            private = ", allow_private" if endpoint["allow_private"] else ""
-            print(
-                f"    {visible(route)}: {visible(endpoint['url'])} "
-                f"(secrets: {visible(secrets)}{private})"
-            )
-    else:
-        print(f"  transport: command (timeout {config.dispatch.timeout_seconds:g}s)")
-        shown = visible(list(template)) if template else "not configured"
-        print(f"  notify_template: {shown}")
+    for line in config.dispatch.plugin.summary(config.dispatch.options):
+        print(line)
     schedule = config.dispatch.retry_schedule
     backoff = (
         "not set: min(30 * 2^attempt, 1800)s"
@@ -716,20 +697,10 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 }
             )
         raise
-    template = config.dispatch.notify_template
     warnings = config_warnings(config)
-    env = config.dispatch.env
-    env_shown: dict[str, Any] = (
-        {"inherit": True}
-        if env.inherit
-        else {"allow": list(env.allow)}
-        if env.allow is not None
-        else {
-            "default": "all but secret-looking variables",
-            # The variables the file reads secrets from (env:NAME): never passed.
-            "dropped": sorted(env.drop),
-        }
-    )
+    transports: dict[str, Any] = {}
+    for name, plugin in transport_plugins().items():  # each transport's options, masked
+        transports.update(plugin.describe(config.dispatch.transports[name]))
     if args.json:
         _emit_json(
             {
@@ -740,16 +711,13 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
                 "transport": config.dispatch.transport,
-                "notify_template": None if template is None else list(template),
-                "timeout_seconds": config.dispatch.timeout_seconds,
+                **transports,
                 "retry_schedule": (
                     None
                     if config.dispatch.retry_schedule is None
                     else list(config.dispatch.retry_schedule)
                 ),
-                "webhook": config.dispatch.webhook.describe(),
                 "max_body_bytes": config.dispatch.max_body_bytes,
-                "env": env_shown,
                 "worker": dataclasses.asdict(config.worker),
                 "log_level": config.log_level,
                 "warnings": warnings,

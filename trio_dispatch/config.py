@@ -36,13 +36,20 @@ from .store.base import (
     store_schema,
 )
 from .transports import ChildEnvironment, is_valid_template
-from .transports.webhook import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, Endpoint, parse_endpoints
-from .validate import require_bool, require_int
+from .transports.command import CommandOptions as CommandOptions
+from .transports.plugins import (
+    PluginContext,
+    TransportPlugin,
+    missing_modules,
+    transport_plugins,
+)
+from .transports.webhook.plugin import WebhookConfig as WebhookConfig
+from .validate import require_int
 from .values import show
 from .web.binding import Listen, check_binding, parse_listen, parse_token
 
 if TYPE_CHECKING:
-    from .transports.webhook import WebhookTransport
+    pass
 
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
@@ -52,37 +59,59 @@ MAX_CONFIG_BYTES: Final = 1024 * 1024
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-TRANSPORTS: Final = ("command", "webhook")
-
-
-@dataclass(frozen=True)
-class WebhookConfig:
-    timeout_seconds: float = DEFAULT_WEBHOOK_TIMEOUT_SECONDS
-    endpoints: Mapping[str, Endpoint] | None = None
-    """``deliver_to`` value -> endpoint, secrets read (``env:NAME`` at load)."""
-    ca_file: str | None = None
-    """PEM file of the CAs to trust instead of the system's."""
-
-    def describe(self) -> dict[str, Any]:
-        """What ``check-config`` shows: URLs and secrets masked."""
-        return {
-            "timeout_seconds": self.timeout_seconds,
-            "ca_file": self.ca_file,
-            "endpoints": {
-                route: endpoint.describe() for route, endpoint in (self.endpoints or {}).items()
-            },
-        }
-
-
 @dataclass(frozen=True)
 class DispatchConfig:
-    notify_template: tuple[str, ...] | None
-    timeout_seconds: float
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    env: ChildEnvironment = dataclasses.field(default_factory=ChildEnvironment)
+    """The ``dispatch`` section: the chosen transport, the options of every
+    transport (each checked by its plug-in), and what all of them share."""
+
     transport: str = "command"
+    transports: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {
+            name: plugin.build(
+                {key: option.check(key, option.default) for key, option in plugin.options.items()},
+                PluginContext(None),
+            )
+            for name, plugin in transport_plugins().items()
+        }
+    )
+    """Transport name -> its options object (e.g. :class:`CommandOptions`,
+    :class:`WebhookConfig`)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_schedule: tuple[float, ...] | None = None
-    webhook: WebhookConfig = dataclasses.field(default_factory=WebhookConfig)
+
+    @property
+    def plugin(self) -> TransportPlugin:
+        """The chosen transport's plug-in."""
+        return transport_plugins()[self.transport]
+
+    @property
+    def options(self) -> Any:
+        """The chosen transport's options."""
+        return self.transports[self.transport]
+
+    @property
+    def notify_template(self) -> tuple[str, ...] | None:
+        """The command transport's argv template."""
+        command: CommandOptions = self.transports["command"]
+        return command.notify_template
+
+    @property
+    def timeout_seconds(self) -> float:
+        """The command transport's timeout (``dispatch.timeout_seconds``)."""
+        command: CommandOptions = self.transports["command"]
+        return command.timeout_seconds
+
+    @property
+    def env(self) -> ChildEnvironment:
+        """What of the worker's environment a command's child gets."""
+        command: CommandOptions = self.transports["command"]
+        return command.env
+
+    @property
+    def webhook(self) -> WebhookConfig:
+        """The webhook transport's options (``dispatch.webhook``)."""
+        webhook: WebhookConfig = self.transports["webhook"]
+        return webhook
 
 
 @dataclass(frozen=True)
@@ -136,91 +165,63 @@ class Config:
             target = self.path.parent / target
         return str(target)
 
+    def context(self) -> PluginContext:
+        """What the transports' options are read against: this file's folder."""
+        folder = None if self.path is None else self.path.parent
+        return PluginContext(folder, self.dispatch.env.drop)
+
     def worker_options(self) -> dict[str, Any]:
         """The keyword arguments of ``DispatchWorker`` this file sets: its
-        transport (the argv template and environment policy, or a
-        :class:`~trio_dispatch.transports.webhook.WebhookTransport`) and
-        worker settings."""
+        transport (as the chosen plug-in builds it) and worker settings."""
         settings = self.worker_settings()
         options: dict[str, Any] = {
-            field: getattr(settings, field)
-            for field in (
-                "timeout_seconds",
-                "tick_seconds",
-                "concurrency",
-                "batch_size",
-                "grace_seconds",
-                "retry_jitter",
-                "listen",
-                "retry_schedule",
-                "per_destination_concurrency",
-            )
+            field.name: getattr(settings, field.name)
+            for field in dataclasses.fields(settings)
+            if field.name in _FILE_SETTINGS
         }
-        if self.dispatch.transport == "webhook":
-            return {**options, "transport": self.webhook_transport()}
-        template = self.dispatch.notify_template
-        return {
-            **options,
-            "notify_template": None if template is None else list(template),
-            "child_env": self.dispatch.env,
-            # Relative paths in the template are from the file's folder, as
-            # the store's are, whatever directory the worker starts in.
-            "command_cwd": None if self.path is None else str(self.path.parent),
-        }
+        dispatch = self.dispatch
+        return {**options, **dispatch.plugin.worker_arguments(dispatch.options, self.context())}
 
-    def command_warnings(self) -> list[str]:
+    def transport_warnings(self) -> list[str]:
         """What ``check-config`` and the worker's start warn about in the
-        command transport's template: a placeholder that can be read as an
-        option, ``{payload}`` in argv, a program or script that does not
-        exist where the worker will look for it. Empty for another
-        transport."""
-        if self.dispatch.transport != "command":
-            return []
-        from .transports.command import program_warnings, template_warnings
-
-        template = self.dispatch.notify_template
-        cwd = None if self.path is None else str(self.path.parent)
-        return template_warnings(template) + program_warnings(template, cwd=cwd)
-
-    def webhook_transport(self) -> WebhookTransport:
-        """The configured webhook transport (``dispatch.transport: webhook``)."""
-        from .transports.webhook import WebhookTransport
-
-        hook = self.dispatch.webhook
-        assert hook.endpoints is not None  # required with transport: webhook
-        verify: str | bool = True
-        if hook.ca_file is not None:
-            verify = self._relative(hook.ca_file)
-        return WebhookTransport(hook.endpoints, timeout=hook.timeout_seconds, verify=verify)
-
-    def _relative(self, name: str) -> str:
-        return _relative_to(self.path, name)
+        chosen transport's options (for the command transport: no template,
+        a placeholder that can be read as an option, ``{payload}`` in argv,
+        a program or script that does not exist where the worker will look
+        for it)."""
+        dispatch = self.dispatch
+        return dispatch.plugin.warnings(dispatch.options, self.context())
 
     def worker_settings(self) -> WorkerSettings:
         """The worker's settings from this file (already checked)."""
-        webhook = self.dispatch.transport == "webhook"
+        dispatch = self.dispatch
         return WorkerSettings(
             concurrency=self.worker.concurrency,
             batch_size=self.worker.batch_size,
             tick_seconds=self.worker.tick_seconds,
-            timeout_seconds=(
-                self.dispatch.webhook.timeout_seconds if webhook else self.dispatch.timeout_seconds
-            ),
+            timeout_seconds=dispatch.plugin.timeout(dispatch.options),
             grace_seconds=self.worker.grace_seconds,
             retry_jitter=self.worker.retry_jitter,
             listen=self.worker.listen,
-            retry_schedule=self.dispatch.retry_schedule,
+            retry_schedule=dispatch.retry_schedule,
             per_destination_concurrency=self.worker.per_destination_concurrency,
         )
 
 
-def _relative_to(path: Path | None, name: str) -> str:
-    """``name`` with ``~`` expanded, a relative one joined to the directory
-    of the config file ``path`` (when there is one)."""
-    target = Path(os.path.expanduser(name))
-    if path is not None and not target.is_absolute():
-        target = path.parent / target
-    return str(target)
+_FILE_SETTINGS: Final = frozenset(
+    {
+        "timeout_seconds",
+        "tick_seconds",
+        "concurrency",
+        "batch_size",
+        "grace_seconds",
+        "retry_jitter",
+        "listen",
+        "retry_schedule",
+        "per_destination_concurrency",
+    }
+)
+"""The worker settings a configuration file sets (the rest keep the
+worker's defaults)."""
 
 
 # --- validation table -------------------------------------------------------
@@ -263,14 +264,6 @@ def _check_durability(key: str, value: object) -> str:
     return value
 
 
-def _check_template(key: str, value: object) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if not is_valid_template(value):
-        raise ValueError(f"{key} must be a non-empty list of strings or null, got {show(value)}")
-    return tuple(value)
-
-
 def _check_log_level(key: str, value: object) -> str:
     if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
         raise ValueError(
@@ -279,58 +272,15 @@ def _check_log_level(key: str, value: object) -> str:
     return value.upper()
 
 
-_ENV_NAME: Final = re.compile(r"^[^=\x00]+$")
-
-
-def _check_env(key: str, value: object) -> ChildEnvironment:
-    if value is None:
-        return ChildEnvironment()
-    if not isinstance(value, Mapping):
-        raise ValueError(
-            f"{key} must be a mapping (allow: [NAME, ...] or inherit: true), got {show(value)}"
-        )
-    unknown = [str(name) for name in value if name not in ("allow", "inherit")]
-    if unknown:
-        raise ValueError(f"unknown key {show(key + '.' + unknown[0])} (allowed: allow, inherit)")
-    allow = value.get("allow")
-    inherit = require_bool(f"{key}.inherit", value.get("inherit", False))
-    if allow is not None:
-        if not isinstance(allow, list) or not all(
-            isinstance(name, str) and _ENV_NAME.match(name) for name in allow
-        ):
-            raise ValueError(
-                f"{key}.allow must be a list of environment variable names, got {show(allow)}"
-            )
-        if inherit:
-            raise ValueError(
-                f"{key}: give either allow (a list of names) or inherit: true, not both"
-            )
-        return ChildEnvironment(allow=tuple(allow))
-    return ChildEnvironment(inherit=inherit)
-
-
 def _check_transport(key: str, value: object) -> str:
-    if not isinstance(value, str) or value not in TRANSPORTS:
-        raise ValueError(f"{key} must be one of {', '.join(TRANSPORTS)}, got {show(value)}")
-    if value == "webhook" and importlib.util.find_spec("httpx") is None:
-        raise ValueError(f"{key} webhook needs httpx: install trio_dispatch[http]")
-    return value
-
-
-def _check_endpoints(key: str, value: object) -> dict[str, Endpoint] | None:
-    if value is None:
-        return None
-    if importlib.util.find_spec("httpx") is None:
-        raise ValueError(f"{key} needs httpx: install trio_dispatch[http]")
-    return parse_endpoints(key, value, os.environ)
-
-
-def _check_ca_file(key: str, value: object) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or "\x00" in value:
+    plugins = transport_plugins()
+    if not isinstance(value, str) or value not in plugins:
+        raise ValueError(f"{key} must be one of {', '.join(plugins)}, got {show(value)}")
+    missing = missing_modules(plugins[value])
+    if missing:
         raise ValueError(
-            f"{key} must be the path of a PEM file of CA certificates, got {show(value)}"
+            f"{key} {value} needs {' and '.join(missing)}: "
+            f"install trio_dispatch[{plugins[value].extra}]"
         )
     return value
 
@@ -351,6 +301,24 @@ def _check_listen(key: str, value: object) -> Listen | None:
 
 _Schema = Mapping[str, "_Rule | _Schema"]
 
+
+def _transport_rules() -> dict[str, _Rule | _Schema]:
+    """Every transport's options, where each plug-in keeps them."""
+    rules: dict[str, _Rule | _Schema] = {}
+    for plugin in transport_plugins().values():
+        own = {name: _Rule(option.check, option.default) for name, option in plugin.options.items()}
+        if plugin.section is None:
+            rules.update(own)
+        else:
+            rules[plugin.section] = own
+    return rules
+
+
+def _transport_values(plugin: TransportPlugin, dispatch: Mapping[str, Any]) -> dict[str, Any]:
+    section = dispatch if plugin.section is None else dispatch[plugin.section]
+    return {name: section[name] for name in plugin.options}
+
+
 _SCHEMA: Final[_Schema] = {
     "store": _Rule(_check_store, "outbox.db"),
     "schema": _Rule(_check_schema, None),
@@ -359,19 +327,12 @@ _SCHEMA: Final[_Schema] = {
         lambda key, value: check_busy_timeout(value, key), DEFAULT_BUSY_TIMEOUT_SECONDS
     ),
     "dispatch": {
-        "notify_template": _Rule(_check_template, None),
-        "timeout_seconds": _setting("timeout_seconds", WorkerSettings.timeout_seconds),
+        "transport": _Rule(_check_transport, "command"),
         "max_body_bytes": _Rule(
             lambda key, value: require_int(key, value, minimum=1), DEFAULT_MAX_BODY_BYTES
         ),
-        "env": _Rule(_check_env, None),
-        "transport": _Rule(_check_transport, "command"),
         "retry_schedule": _setting("retry_schedule", None),
-        "webhook": {
-            "timeout_seconds": _setting("timeout_seconds", DEFAULT_WEBHOOK_TIMEOUT_SECONDS),
-            "endpoints": _Rule(_check_endpoints, None),
-            "ca_file": _Rule(_check_ca_file, None),
-        },
+        **_transport_rules(),
     },
     "worker": {
         "tick_seconds": _setting("tick_seconds", WorkerSettings.tick_seconds),
@@ -460,20 +421,13 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
             except ValueError as exc:
                 problems.append(str(exc))
     dispatch = values.get("dispatch")
-    if (
-        dispatch is not None
-        and dispatch["transport"] == "webhook"
-        and dispatch["webhook"]["endpoints"] is None
-    ):
-        problems.append("dispatch.webhook.endpoints is required when dispatch.transport is webhook")
-    if dispatch is not None and dispatch["webhook"]["ca_file"] is not None:
-        # The worker would refuse it at start: so does the file.
-        from .transports.webhook import tls_context
-
-        try:
-            tls_context(_relative_to(path, dispatch["webhook"]["ca_file"]))
-        except ValueError as exc:
-            problems.append(f"dispatch.webhook.ca_file: {exc}")
+    context = PluginContext(None if path is None else path.parent, _secret_variables(data))
+    transports: dict[str, Any] = {}
+    if dispatch is not None:
+        for name, plugin in transport_plugins().items():
+            transports[name] = plugin.build(_transport_values(plugin, dispatch), context)
+        chosen = transport_plugins()[dispatch["transport"]]
+        problems.extend(chosen.problems(transports[chosen.name], context))
     schema: str | None = None
     if "store" in values and "schema" in values:
         engine, _ = parse_target(values["store"])
@@ -487,13 +441,17 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
     if problems:
         raise ConfigError.collected(source, problems)
     assert dispatch is not None
-    dispatch["env"] = dataclasses.replace(dispatch["env"], drop=_secret_variables(data))
     # Any-typed values are safe here: every one passed its rule above.
     return Config(
         store=values["store"],
         durability=values["durability"],
         busy_timeout_seconds=values["busy_timeout_seconds"],
-        dispatch=DispatchConfig(**{**dispatch, "webhook": WebhookConfig(**dispatch["webhook"])}),
+        dispatch=DispatchConfig(
+            transport=dispatch["transport"],
+            transports=transports,
+            max_body_bytes=dispatch["max_body_bytes"],
+            retry_schedule=dispatch["retry_schedule"],
+        ),
         worker=WorkerConfig(**values["worker"]),
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],

@@ -9,17 +9,20 @@ memory. Its environment follows :class:`ChildEnvironment` (SPEC section 12).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeGuard
+from typing import Any, Final, TypeGuard
 
 import anyio
 
-from ..redact import url_secrets
+from ..redact import url_secrets, visible
+from ..validate import require_bool, require_number
+from ..values import show
 from .base import (
     NOTIFY_TIMEOUT_SECONDS,
     Delivery,
@@ -27,6 +30,7 @@ from .base import (
     check_timeout,
     timeout_message,
 )
+from .plugins import Option, PluginContext
 from .process import Child, is_too_big, spawn
 
 DEFAULT_KILL_GRACE_SECONDS: Final = 1.0
@@ -421,3 +425,135 @@ async def _feed_stdin_and_close(child: Child, data: bytes) -> None:
             child.popen.stdin.close()  # EOF for the child
         except OSError:
             pass
+
+
+# -- configuration (dispatch.transport: command) ------------------------------------
+
+_ENV_NAME: Final = re.compile(r"^[^=\x00]+$")
+MIN_TIMEOUT_SECONDS: Final = 0.001
+
+
+def _check_template(key: str, value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not is_valid_template(value):
+        raise ValueError(f"{key} must be a non-empty list of strings or null, got {show(value)}")
+    return tuple(value)
+
+
+def _check_timeout(key: str, value: object) -> float:
+    return require_number(key, value, minimum=MIN_TIMEOUT_SECONDS)
+
+
+def _check_env(key: str, value: object) -> ChildEnvironment:
+    if value is None:
+        return ChildEnvironment()
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{key} must be a mapping (allow: [NAME, ...] or inherit: true), got {show(value)}"
+        )
+    unknown = [str(name) for name in value if name not in ("allow", "inherit")]
+    if unknown:
+        raise ValueError(f"unknown key {show(key + '.' + unknown[0])} (allowed: allow, inherit)")
+    allow = value.get("allow")
+    inherit = require_bool(f"{key}.inherit", value.get("inherit", False))
+    if allow is not None:
+        if not isinstance(allow, list) or not all(
+            isinstance(name, str) and _ENV_NAME.match(name) for name in allow
+        ):
+            raise ValueError(
+                f"{key}.allow must be a list of environment variable names, got {show(allow)}"
+            )
+        if inherit:
+            raise ValueError(
+                f"{key}: give either allow (a list of names) or inherit: true, not both"
+            )
+        return ChildEnvironment(allow=tuple(allow))
+    return ChildEnvironment(inherit=inherit)
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """``dispatch.notify_template``, ``dispatch.timeout_seconds`` and
+    ``dispatch.env``, checked."""
+
+    notify_template: tuple[str, ...] | None = None
+    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS
+    env: ChildEnvironment = field(default_factory=ChildEnvironment)
+
+
+class CommandPlugin:
+    """The command transport's configuration: its keys sit in ``dispatch``
+    itself (the first transport's, kept where they have always been)."""
+
+    name = "command"
+    section = None
+    requires: tuple[str, ...] = ()
+    extra = ""
+    options: Final = {
+        "notify_template": Option(_check_template, None),
+        "timeout_seconds": Option(_check_timeout, NOTIFY_TIMEOUT_SECONDS),
+        "env": Option(_check_env, None),
+    }
+
+    def build(self, values: Mapping[str, Any], context: PluginContext) -> CommandOptions:
+        # The variables the file reads its own secrets from never reach a child.
+        env = dataclasses.replace(values["env"], drop=context.secret_variables)
+        return CommandOptions(values["notify_template"], values["timeout_seconds"], env)
+
+    def problems(self, options: CommandOptions, context: PluginContext) -> list[str]:
+        return []
+
+    def timeout(self, options: CommandOptions) -> float:
+        return options.timeout_seconds
+
+    def worker_arguments(self, options: CommandOptions, context: PluginContext) -> dict[str, Any]:
+        template = options.notify_template
+        return {
+            "notify_template": None if template is None else list(template),
+            "child_env": options.env,
+            # Relative paths in the template are from the file's folder, as
+            # the store's are, whatever directory the worker starts in.
+            "command_cwd": None if context.folder is None else str(context.folder),
+        }
+
+    def describe(self, options: CommandOptions) -> dict[str, Any]:
+        env = options.env
+        shown: dict[str, Any] = (
+            {"inherit": True}
+            if env.inherit
+            else {"allow": list(env.allow)}
+            if env.allow is not None
+            else {
+                "default": "all but secret-looking variables",
+                # The variables the file reads secrets from (env:NAME): never passed.
+                "dropped": sorted(env.drop),
+            }
+        )
+        template = options.notify_template
+        return {
+            "notify_template": None if template is None else list(template),
+            "timeout_seconds": options.timeout_seconds,
+            "env": shown,
+        }
+
+    def summary(self, options: CommandOptions) -> list[str]:
+        template = options.notify_template
+        shown = visible(list(template)) if template else "not configured"
+        return [
+            f"  transport: command (timeout {options.timeout_seconds:g}s)",
+            f"  notify_template: {shown}",
+        ]
+
+    def warnings(self, options: CommandOptions, context: PluginContext) -> list[str]:
+        template = options.notify_template
+        if template is None:
+            return [
+                "dispatch.notify_template is not set: with transport: command every delivery "
+                "fails (as a recorded transport failure) until it is"
+            ]
+        cwd = None if context.folder is None else str(context.folder)
+        return template_warnings(template) + program_warnings(template, cwd=cwd)
+
+
+COMMAND_PLUGIN: Final = CommandPlugin()

@@ -12,16 +12,18 @@ One concern per module:
 - :mod:`.pool` -- the one override of httpcore's internals (its pool's
   bookkeeping made linear), alone, with a test of the shape it needs;
 - :mod:`.messages` -- what a failed exchange is called in ``last_error``;
-- :mod:`.transport` -- :class:`WebhookTransport` and its client.
+- :mod:`.transport` -- :class:`WebhookTransport` and its client;
+- :mod:`.plugin` -- its configuration (``dispatch.webhook``) as a plug-in.
 """
 
 from __future__ import annotations
 
 from .endpoints import Endpoint, Secret, parse_endpoints
 from .guard import AddressRefused, ResolutionFailed, forbidden
+from .plugin import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, WebhookConfig
 from .signing import parse_retry_after, sign
 from .tls import tls_context
-from .transport import DEFAULT_WEBHOOK_TIMEOUT_SECONDS, WebhookTransport, make_client
+from .transport import WebhookTransport, make_client
 
 __all__ = [
     "DEFAULT_WEBHOOK_TIMEOUT_SECONDS",
@@ -29,6 +31,7 @@ __all__ = [
     "Endpoint",
     "ResolutionFailed",
     "Secret",
+    "WebhookConfig",
     "WebhookTransport",
     "forbidden",
     "make_client",

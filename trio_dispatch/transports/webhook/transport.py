@@ -57,6 +57,7 @@ from .endpoints import (
 )
 from .guard import QUIET_HOST, AddressRefused, ResolutionFailed, guarded_backend
 from .messages import body_text, describe_http_error
+from .plugin import DEFAULT_WEBHOOK_TIMEOUT_SECONDS
 from .pool import linear_pool_class
 from .signing import parse_retry_after, sign
 from .tls import tls_context
@@ -64,7 +65,6 @@ from .tls import tls_context
 if TYPE_CHECKING:
     import httpx
 
-DEFAULT_WEBHOOK_TIMEOUT_SECONDS: Final = 15.0
 RESPONSE_READ_LIMIT: Final = 64 * 1024
 """Bytes of a response body read at most."""
 RETRY_AFTER_STATUSES: Final = frozenset({429, 502, 503, 504})
