@@ -20,6 +20,7 @@ import pytest
 
 from trio_dispatch.transports import (
     LAST_ERROR_LIMIT,
+    BaseTransport,
     CallableTransport,
     CommandTransport,
     Delivery,
@@ -611,7 +612,7 @@ async def test_callable_cancellation_propagates() -> None:
 # -- as_transport ----------------------------------------------------------------
 
 
-class _EchoTransport:
+class _EchoTransport(BaseTransport):
     async def __call__(self, delivery: Delivery) -> TransportResult:
         return TransportResult.success()
 
@@ -634,6 +635,20 @@ def test_as_transport_returns_transport_instances_as_is() -> None:
     assert as_transport(command_transport) is command_transport
     assert as_transport(callable_transport) is callable_transport
     assert as_transport(custom) is custom
+
+
+@pytest.mark.anyio
+async def test_a_transport_object_without_opened_is_adapted_and_still_delivers() -> None:
+    class Bare:
+        async def __call__(self, delivery: Delivery) -> TransportResult:
+            return TransportResult.failure(f"bare saw {delivery.deliver_to}")
+
+    bare = Bare()
+    transport = as_transport(bare)
+    assert transport is not bare  # type: ignore[comparison-overlap]
+    assert repr(transport) == repr(bare)
+    async with transport.opened():  # holds nothing, and is there
+        assert await transport(make_delivery()) == TransportResult.failure("bare saw ops/alerts")
 
 
 @pytest.mark.anyio

@@ -18,6 +18,8 @@ import inspect
 from .base import (
     LAST_ERROR_LIMIT,
     NOTIFY_TIMEOUT_SECONDS,
+    Adapted,
+    BaseTransport,
     Delivery,
     Transport,
     TransportResult,
@@ -56,6 +58,7 @@ __all__ = [
     "NOT_CONFIGURED_ERROR",
     "PAYLOAD_PLACEHOLDER",
     "AsyncioCallableTransport",
+    "BaseTransport",
     "CallableTransport",
     "ChildEnvironment",
     "CommandTransport",
@@ -104,7 +107,9 @@ def as_transport(value: object, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> T
     if _is_async_callable(value):
         if is_plain_callable:
             return CallableTransport(value, timeout=timeout)  # type: ignore[arg-type]
-        return value  # type: ignore[return-value]
+        if callable(getattr(value, "opened", None)):
+            return value  # type: ignore[return-value]
+        return Adapted(value)  # keeps nothing between attempts
     raise TypeError(
         "transport must be an argv template (a non-empty list of str), None, "
         f"or an async callable taking a Delivery; got {value!r}"

@@ -11,12 +11,13 @@ never swallowed.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 
@@ -112,9 +113,44 @@ class TransportResult:
 
 class Transport(Protocol):
     """Delivers one attempt. Implementations report destination failures as
-    a failed :class:`TransportResult` and let cancellation propagate."""
+    a failed :class:`TransportResult` and let cancellation propagate.
+
+    :meth:`opened` holds what the transport keeps between attempts (an HTTP
+    client's connections) for a block: the worker keeps it open for its
+    whole run, ``deliver_due_dispatches`` for one pass. Calls made outside
+    it still work, each opening what it needs."""
 
     async def __call__(self, delivery: Delivery) -> TransportResult: ...
+
+    def opened(self) -> contextlib.AbstractAsyncContextManager[object]: ...
+
+
+class BaseTransport(abc.ABC):
+    """What the built-in transports share: :meth:`opened` that holds
+    nothing, for a transport with nothing to keep between attempts."""
+
+    @abc.abstractmethod
+    async def __call__(self, delivery: Delivery) -> TransportResult: ...
+
+    @contextlib.asynccontextmanager
+    async def opened(self) -> AsyncIterator[BaseTransport]:
+        yield self
+
+
+class Adapted(BaseTransport):
+    """A caller's transport object that has ``async def __call__`` but no
+    :meth:`opened`: it keeps nothing between attempts."""
+
+    def __init__(self, transport: object) -> None:
+        self.transport = transport
+
+    def __repr__(self) -> str:
+        return repr(self.transport)
+
+    async def __call__(self, delivery: Delivery) -> TransportResult:
+        call: Any = self.transport
+        result: TransportResult = await call(delivery)
+        return result
 
 
 def timeout_message(timeout: float) -> str:
@@ -151,12 +187,7 @@ def must_propagate(exc: BaseException) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def opened(transport: object) -> AsyncIterator[None]:
-    """Keep what a transport holds open (an HTTP client's connections) for
-    the block, if it has an ``opened()`` context; others need nothing."""
-    enter = getattr(transport, "opened", None)
-    if enter is None:
-        yield
-        return
-    async with enter():
+async def opened(transport: Transport) -> AsyncIterator[None]:
+    """Keep what ``transport`` holds open for the block."""
+    async with transport.opened():
         yield

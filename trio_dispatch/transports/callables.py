@@ -12,6 +12,7 @@ import sniffio
 
 from .base import (
     NOTIFY_TIMEOUT_SECONDS,
+    BaseTransport,
     Delivery,
     TransportResult,
     check_timeout,
@@ -23,7 +24,7 @@ from .base import (
 TransportCallable = Callable[[Delivery], Awaitable[object]]
 
 
-class CallableTransport:
+class CallableTransport(BaseTransport):
     """Wraps ``async def fn(delivery: Delivery) -> object`` as a transport.
 
     Returning ``False`` is the failure ``transport returned False``; returning

@@ -25,6 +25,7 @@ from ..validate import require_bool, require_number
 from ..values import show
 from .base import (
     NOTIFY_TIMEOUT_SECONDS,
+    BaseTransport,
     Delivery,
     TransportResult,
     check_timeout,
@@ -250,7 +251,7 @@ async def _feed_stdin(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-class CommandTransport:
+class CommandTransport(BaseTransport):
     """Runs the argv template as a child process. Never a shell.
 
     The payload goes in argv where an element is ``"{payload}"``, else on

@@ -46,7 +46,7 @@ from ...redact import (
     url_secrets,
 )
 from ...values import show
-from ..base import Delivery, TransportResult, check_timeout
+from ..base import BaseTransport, Delivery, TransportResult, check_timeout
 from .endpoints import (
     Endpoint,
     check_origins,
@@ -118,7 +118,7 @@ def make_client(
     )
 
 
-class WebhookTransport:
+class WebhookTransport(BaseTransport):
     """Deliver each dispatch as a signed HTTP POST to the endpoint its
     ``deliver_to`` names (see the module docstring). ``endpoints`` maps
     ``deliver_to`` values to :class:`Endpoint`; ``timeout`` bounds each
