@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FINISHED_SQL, Status
+from ..store.schema import DESTINATION_INDEX
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
@@ -94,17 +95,80 @@ def last_reasons(count: int) -> str:
     )
 
 
-def select_due(status: Status, columns: str, lock_clause: str, skip: int = 0) -> str:
-    """Due rows of one live status, oldest due first (SPEC B5). The verbatim
-    partial-index term lets the planner read the due index in order and
-    stop after ``LIMIT`` rows: the cost follows the limit, not the table.
-    With ``skip``, that many ``deliver_to`` values (parameters after the
-    due time) are left out."""
-    skipped = f"AND deliver_to NOT IN ({', '.join('?' * skip)}) " if skip else ""
+def select_due(status: Status, columns: str, lock_clause: str) -> str:
+    """Due rows of one live status up to the due time ``?``, oldest due
+    first (SPEC B5), at most ``?`` of them. The verbatim partial-index term
+    lets the planner read the due index in order and stop after ``LIMIT``
+    rows: the cost follows the limit, not the table."""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}' AND next_attempt_at <= ? {skipped}"
+        f"AND status = '{status}' AND next_attempt_at <= ? "
         f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
+    )
+
+
+SQLITE_DESTINATION_INDEX: Final = f" INDEXED BY {DESTINATION_INDEX}"
+"""The ``indexed_by`` of the destination statements on SQLite, whose
+planner (no statistics) would otherwise take the status index's equality on
+``status IN (...)`` and read every due row. PostgreSQL chooses it unasked."""
+
+
+def destination_heads(row_key: str, indexed_by: str = "") -> str:
+    """The first row in claim order (``deliver_to, next_attempt_at,
+    created_at``) of every destination that has a live row: a loose scan of
+    the destination index (one seek to the next destination name, one to its
+    first row), so the cost follows the number of destinations, never the
+    rows any of them holds."""
+    table = f"dispatch_outbox{indexed_by}"
+    return (
+        "WITH RECURSIVE destinations(destination) AS ("
+        f"SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
+        "UNION ALL "
+        f"SELECT (SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
+        "AND deliver_to > destinations.destination) "
+        "FROM destinations WHERE destinations.destination IS NOT NULL) "
+        "SELECT head.deliver_to, head.next_attempt_at, head.created_at "
+        f"FROM destinations JOIN dispatch_outbox head ON head.{row_key} = ("
+        f"SELECT {row_key} FROM {table} WHERE {DUE_SQL} "
+        "AND deliver_to = destinations.destination "
+        "ORDER BY next_attempt_at, created_at LIMIT 1)"
+    )
+
+
+# Up to a point in claim order: the row value bounds the destination
+# index's range, so a destination's rows past it are never read.
+_UP_TO: Final = "(next_attempt_at, created_at) <= (?, ?)"
+
+
+def due_of_destination(columns: str, indexed_by: str = "") -> str:
+    """The live rows of one ``deliver_to`` up to the ``(next_attempt_at,
+    created_at)`` of the two parameters after it, in claim order, at most
+    ``?`` of them: a range of the destination index."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
+        f"AND {_UP_TO} ORDER BY next_attempt_at, created_at LIMIT ?"
+    )
+
+
+def due_of_destinations(columns: str) -> str:
+    """PostgreSQL only: :func:`due_of_destination` for an array of
+    destinations at once (one range of the destination index each, through
+    ``LATERAL``)."""
+    return (
+        "SELECT chosen.* FROM unnest(?::text[]) AS wanted(destination) CROSS JOIN LATERAL ("
+        f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND deliver_to = wanted.destination AND {_UP_TO} "
+        "ORDER BY next_attempt_at, created_at LIMIT ?) AS chosen"
+    )
+
+
+def lock_if_due(columns: str, count: int, lock_clause: str) -> str:
+    """``count`` rows by id, those still due at ``?`` (after the ids), locked
+    with ``lock_clause``: the rows a scan chose without locking, taken for
+    the claim (a row another claimant holds is left out)."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox WHERE id IN ({', '.join('?' * count)}) "
+        f"AND {DUE_SQL} AND next_attempt_at <= ?{lock_clause}"
     )
 
 
@@ -212,19 +276,16 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
 
 
 NEXT_DUE: Final = (
-    f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-    "ORDER BY next_attempt_at LIMIT 1"
-)
-
-
-def next_due(skip: int) -> str:
-    """:data:`NEXT_DUE` leaving out ``skip`` ``deliver_to`` values."""
-    if not skip:
-        return NEXT_DUE
-    return (
-        f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND deliver_to NOT IN ({', '.join('?' * skip)}) ORDER BY next_attempt_at LIMIT 1"
+    "SELECT MIN(due) AS due FROM ("
+    + " UNION ALL ".join(
+        f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND status = '{status}'"
+        for status in (Status.PENDING, Status.DELIVERING)
     )
+    + ") AS heads"
+)
+"""When the earliest live row falls due (NULL: none): the first entry of
+the due index for each live status, two seeks whatever the table holds."""
 
 
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
