@@ -164,12 +164,12 @@ async def test_a_scan_behind_a_capped_backlog_claims_the_others_rows_in_due_orde
     fill(raw, "d", 3, NOW + 100, step=1.0)  # not due yet
     caps = capped("hung", limit=2, running={"a": 1})
     claims, counts = await claim_due(store, now=NOW, limit=4, caps=caps)
-    # The first 4 rows not of "hung", in due order: a-0, b-0, c-0, a-1; "a"
-    # has room for one more attempt only, so a-1 waits.
-    assert [claim.dispatch_id for claim in claims] == ["a-0", "b-0", "c-0"]
+    # The first 4 rows the caps let it take, in due order: a-0, b-0, c-0,
+    # then b-1 (a-1 comes before it, but "a" has room for one more only).
+    assert [claim.dispatch_id for claim in claims] == ["a-0", "b-0", "c-0", "b-1"]
     assert counts["attempted"] == 4
-    assert caps.running(NOW) == {"hung": 2, "a": 2, "b": 1, "c": 1}
-    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == 3
+    assert caps.running(NOW) == {"hung": 2, "a": 2, "b": 2, "c": 1}
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == 4
     # Every destination at its cap: nothing is claimed, the backlog untouched.
     claims, counts = await claim_due(store, now=NOW, limit=4, caps=capped("hung", "a", "b", "c"))
     assert claims == [] and counts["attempted"] == 0
@@ -180,20 +180,35 @@ async def test_a_scan_behind_a_capped_backlog_claims_the_others_rows_in_due_orde
     assert await next_due_at(store, skip=["b"]) == T0
 
 
-def _reference(rows: list[dict[str, Any]], now: float, limit: int, skip: set[str]) -> list[Any]:
+def _reference(
+    rows: list[dict[str, Any]], now: float, limit: int, skip: set[str], room: dict[str, int]
+) -> list[Any]:
+    """The plain filtered read: due rows in order, those of ``skip`` and
+    those past their destination's ``room`` left out, the first ``limit``."""
     due = [r for r in rows if r["next_attempt_at"] <= now and r["deliver_to"] not in skip]
     due.sort(key=lambda r: (r["next_attempt_at"], r["created_at"]))
-    return [(r["next_attempt_at"], r["created_at"]) for r in due[:limit]]
+    taken: dict[str, int] = {}
+    kept = []
+    for row in due:
+        destination = row["deliver_to"]
+        if taken.get(destination, 0) < room.get(destination, limit):
+            taken[destination] = taken.get(destination, 0) + 1
+            kept.append((row["next_attempt_at"], row["created_at"]))
+    return kept[:limit]
 
 
-def _select(conn: Conn, *, now: float, limit: int, skip: set[str]) -> list[dict[str, Any]]:
-    return select_due(conn, now, limit, COLUMNS, skip=skip)
+def _select(
+    conn: Conn, *, now: float, limit: int, skip: set[str], room: dict[str, int]
+) -> list[dict[str, Any]]:
+    return select_due(conn, now, limit, COLUMNS, skip=skip, room=lambda d: room.get(d, limit))
 
 
-def _cases(seed: int) -> Iterator[tuple[int, float, set[str]]]:
+def _cases(seed: int) -> Iterator[tuple[int, float, set[str], dict[str, int]]]:
     rng = random.Random(seed)
-    for _ in range(12):
-        yield rng.randint(1, 12), NOW + rng.choice([-400, 0, 400]), set(rng.sample("abcdef", 2))
+    for _ in range(16):
+        skip = set(rng.sample("abcdef", rng.randint(1, 2)))
+        room = {d: rng.randint(1, 3) for d in rng.sample("abcdef", 3) if d not in skip}
+        yield rng.randint(1, 12), NOW + rng.choice([-400, 0, 400]), skip, room
 
 
 @pytest.mark.anyio
@@ -219,9 +234,11 @@ async def test_the_bounded_scan_gives_the_rows_of_the_plain_filtered_read(
                 prefix=prefix,
             )
     rows = raw.rows("SELECT * FROM dispatch_outbox")
-    for limit, now, skip in _cases(11):
-        got = await store.read(functools.partial(_select, now=now, limit=limit, skip=skip))
+    for limit, now, skip, room in _cases(11):
+        got = await store.read(
+            functools.partial(_select, now=now, limit=limit, skip=skip, room=room)
+        )
         assert all(row["deliver_to"] not in skip for row in got)
         assert [(r["next_attempt_at"], r["created_at"]) for r in got] == _reference(
-            rows, now, limit, skip
-        ), (limit, now, skip)
+            rows, now, limit, skip, room
+        ), (limit, now, skip, room)

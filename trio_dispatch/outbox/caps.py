@@ -18,7 +18,7 @@ for a while, never looser.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..validate import require_int
@@ -47,6 +47,13 @@ class DestinationCaps:
         """The destinations at their cap: a claim leaves their rows out."""
         with self._lock:
             return sorted(name for name, n in self._counts(now).items() if n >= self.limit)
+
+    def room(self, now: float) -> Callable[[str], int]:
+        """How many more attempts each destination may start now (a
+        snapshot: the holds taken or dropped after it do not change it)."""
+        with self._lock:
+            counts = self._counts(now)
+        return lambda destination: max(0, self.limit - counts.get(destination, 0))
 
     def fit(self, rows: Sequence[Any], now: float) -> list[Any]:
         """The rows (in order, each with a ``deliver_to``) that fit under

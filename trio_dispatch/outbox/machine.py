@@ -401,7 +401,8 @@ def claim_batch(
     if ids is None:
         # Bounded whatever the capped destinations hold (see .scan).
         skip = caps.full(at) if caps is not None else ()
-        rows = select_due(conn, at, limit, columns, lock=True, skip=skip)
+        room = caps.room(at) if caps is not None else None
+        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room)
     else:
         rows = [
             row

@@ -27,7 +27,7 @@ another claimant holds, so it never locks rows it will not claim.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 from ..lifecycle import Status
@@ -55,21 +55,25 @@ def select_due(
     *,
     lock: bool = False,
     skip: Collection[str] = (),
+    room: Callable[[str], int] | None = None,
 ) -> list[Row]:
     """Up to ``limit`` rows due at ``now``, ordered by ``next_attempt_at,
     created_at`` (SPEC B5), locked where rows lock if ``lock``; rows whose
-    ``deliver_to`` is in ``skip`` are left out. ``columns`` must name
-    ``next_attempt_at``, ``created_at`` and, with ``skip``, ``deliver_to``
-    (and ``id`` to lock). The rows read are bounded by ``limit``, the
-    window and the number of destinations, whatever ``skip``'s destinations
-    hold."""
+    ``deliver_to`` is in ``skip`` are left out. With ``skip`` and ``room``
+    (how many rows of a destination the scan may take), each destination's
+    rows past its room are left out too, so the limit is spent on rows a
+    capped claim can take. ``columns`` must name ``next_attempt_at``,
+    ``created_at`` and, with ``skip``, ``deliver_to`` (and ``id`` to lock).
+    The rows read are bounded by ``limit``, the window and the number of
+    destinations, whatever ``skip``'s destinations hold."""
     lock_clause = conn.lock_clause if lock else ""
     if not skip:
         return _merged(conn, now, limit, columns, lock_clause)[:limit]
     left_out = frozenset(skip)
-    rows = _window(conn, now, limit, columns, left_out)
+    room_of = room or (lambda destination: limit)
+    rows = _window(conn, now, limit, columns, left_out, room_of)
     if rows is None:
-        rows = _by_destination(conn, now, limit, columns, left_out)
+        rows = _by_destination(conn, now, limit, columns, left_out, room_of)
     rows = rows[:limit]
     if lock_clause and rows:
         ids = [row["id"] for row in rows]
@@ -92,11 +96,17 @@ def _merged(conn: Conn, now: float, limit: int, columns: str, lock_clause: str) 
 
 
 def _window(
-    conn: Conn, now: float, limit: int, columns: str, left_out: frozenset[str]
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str,
+    left_out: frozenset[str],
+    room: Callable[[str], int],
 ) -> list[Row] | None:
-    """The first ``limit`` rows not left out, read from a window of
-    ``limit + WINDOW_EXTRA`` due-index entries per status; None when the
-    window holds fewer than ``limit`` of them and more rows lie beyond it."""
+    """The first ``limit`` rows not left out (nor past their destination's
+    room), read from a window of ``limit + WINDOW_EXTRA`` due-index entries
+    per status; None when the window holds fewer than ``limit`` of them and
+    more rows lie beyond it."""
     size = limit + WINDOW_EXTRA
     rows: list[Row] = []
     complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
@@ -107,11 +117,16 @@ def _window(
             last = _order(read[-1])
             complete_to = last if complete_to is None else min(complete_to, last)
     rows.sort(key=_order)
-    wanted = [
-        row
-        for row in rows
-        if row["deliver_to"] not in left_out and (complete_to is None or _order(row) <= complete_to)
-    ]
+    taken: dict[str, int] = {}
+    wanted = []
+    for row in rows:
+        if complete_to is not None and _order(row) > complete_to:
+            break
+        destination = row["deliver_to"]
+        if destination in left_out or taken.get(destination, 0) >= room(destination):
+            continue
+        taken[destination] = taken.get(destination, 0) + 1
+        wanted.append(row)
     if complete_to is not None and len(wanted) < limit:
         return None
     return wanted
@@ -132,23 +147,35 @@ def _heads(conn: Conn, now: float, left_out: frozenset[str]) -> list[Row]:
 
 
 def _by_destination(
-    conn: Conn, now: float, limit: int, columns: str, left_out: frozenset[str]
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str,
+    left_out: frozenset[str],
+    room: Callable[[str], int],
 ) -> list[Row]:
     """The first ``limit`` due rows not left out, through the destination
-    index: the heads of all destinations, then ranges of at most ``limit``
-    rows of the ``limit`` destinations with the earliest heads."""
-    heads = _heads(conn, now, left_out)[:limit]
+    index: the heads of all destinations, then ranges of the ``limit``
+    destinations with the earliest heads, each at most its room."""
+    heads = [head for head in _heads(conn, now, left_out) if room(str(head["deliver_to"])) > 0][
+        :limit
+    ]
     if not heads:
         return []
     # With ``limit`` heads, the first ``limit`` claimable rows lie at or
     # before the last of them; with fewer, every due row of theirs may count.
     up_to: Sequence[Any] = _order(heads[-1]) if len(heads) == limit else (now, NO_LIMIT)
     names = [str(head["deliver_to"]) for head in heads]
+    most = [min(limit, room(name)) for name in names]
     if conn.writes_in_with:  # PostgreSQL: every range in one statement
-        rows = conn.query(sql.due_of_destinations(columns), (names, *up_to, limit))
+        rows = conn.query(sql.due_of_destinations(columns), (names, most, *up_to))
     else:
         statement = sql.due_of_destination(columns, sql.SQLITE_DESTINATION_INDEX)
-        rows = [row for name in names for row in conn.query(statement, (name, *up_to, limit))]
+        rows = [
+            row
+            for name, n in zip(names, most, strict=True)
+            for row in conn.query(statement, (name, *up_to, n))
+        ]
     rows.sort(key=_order)
     return rows[:limit]
 
@@ -162,7 +189,8 @@ def next_due(conn: Conn, skip: Collection[str] = ()) -> float | None:
         row = conn.query_one(sql.NEXT_DUE)
         return None if row is None or row["due"] is None else float(row["due"])
     left_out = frozenset(skip)
-    rows = _window(conn, NO_LIMIT, 1, "next_attempt_at, created_at, deliver_to", left_out)
+    columns = "next_attempt_at, created_at, deliver_to"
+    rows = _window(conn, NO_LIMIT, 1, columns, left_out, lambda destination: 1)
     if rows is None:
         rows = _heads(conn, NO_LIMIT, left_out)
     return float(rows[0]["next_attempt_at"]) if rows else None

@@ -152,13 +152,13 @@ def due_of_destination(columns: str, indexed_by: str = "") -> str:
 
 def due_of_destinations(columns: str) -> str:
     """PostgreSQL only: :func:`due_of_destination` for an array of
-    destinations at once (one range of the destination index each, through
-    ``LATERAL``)."""
+    destinations and an array of their limits at once (one range of the
+    destination index each, through ``LATERAL``), then the bound."""
     return (
-        "SELECT chosen.* FROM unnest(?::text[]) AS wanted(destination) CROSS JOIN LATERAL ("
-        f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
+        "SELECT chosen.* FROM unnest(?::text[], ?::int8[]) AS wanted(destination, most) "
+        f"CROSS JOIN LATERAL (SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
         f"AND deliver_to = wanted.destination AND {_UP_TO} "
-        "ORDER BY next_attempt_at, created_at LIMIT ?) AS chosen"
+        "ORDER BY next_attempt_at, created_at LIMIT wanted.most) AS chosen"
     )
 
 
