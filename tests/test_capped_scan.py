@@ -27,7 +27,7 @@ from .conftest import RawDB
 T0 = 1_000_000.0
 NOW = T0 + 10_000
 HELD_UNTIL = NOW + 3600
-COLUMNS = "id, deliver_to, next_attempt_at, created_at"
+COLUMNS = "id, status, deliver_to, next_attempt_at, created_at"
 
 _FILL = (
     "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "

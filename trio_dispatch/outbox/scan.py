@@ -8,15 +8,18 @@ index per live status that stops after ``limit`` rows. Leaving
 destinations out inside that read would step over every row of theirs that
 comes first: one capped destination with 200,000 due rows made every scan
 read all of them inside the write transaction. So a scan that leaves
-destinations out reads a bounded window of the due index first, which is
-enough while their rows are sparse; when the window holds too few rows of
-the others, it asks the destination index instead: the first row of every
-destination (a loose scan, two seeks per destination), the ``limit``
-earliest of those among the destinations not left out, and from just those
-destinations their rows up to the last of those heads. Each of the first
-``limit`` claimable rows lies at or before that point, so it belongs to one
-of those destinations: the result is the rows the plain filtered read would
-give, in the same order, with ties in claim order broken either way.
+destinations out reads a bounded window of the due index first (``limit +
+WINDOW_EXTRA`` entries per status, in one statement), which is enough while
+their rows are sparse; when the window holds too few rows of the others, it
+asks the destination index instead: the first row of every destination (a
+loose scan, two seeks per destination), the ``limit`` earliest of those
+among the destinations not left out, and from just those destinations their
+rows up to the last of those heads, at most their room each. Each of the
+first ``limit`` claimable rows lies at or before that point, so it belongs
+to one of those destinations: the result is the rows the plain filtered
+read would give, in the same order, with ties in claim order broken either
+way. The cost follows ``limit``, the window, the caps and the number of
+destinations with live rows -- never the rows any one of them holds.
 
 Reads run on a snapshot or inside the claim's write transaction; nothing
 here writes. Where rows lock (PostgreSQL), a scan that leaves destinations
@@ -63,9 +66,9 @@ def select_due(
     (how many rows of a destination the scan may take), each destination's
     rows past its room are left out too, so the limit is spent on rows a
     capped claim can take. ``columns`` must name ``next_attempt_at``,
-    ``created_at`` and, with ``skip``, ``deliver_to`` (and ``id`` to lock).
-    The rows read are bounded by ``limit``, the window and the number of
-    destinations, whatever ``skip``'s destinations hold."""
+    ``created_at`` and, with ``skip``, ``deliver_to`` and ``status`` (and
+    ``id`` to lock). The rows read are bounded by ``limit``, the window and
+    the number of destinations, whatever ``skip``'s destinations hold."""
     lock_clause = conn.lock_clause if lock else ""
     if not skip:
         return _merged(conn, now, limit, columns, lock_clause)[:limit]
@@ -108,14 +111,12 @@ def _window(
     per status; None when the window holds fewer than ``limit`` of them and
     more rows lie beyond it."""
     size = limit + WINDOW_EXTRA
-    rows: list[Row] = []
+    rows = conn.query(sql.due_window(columns), (now, size, now, size))
     complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
     for status in (Status.PENDING, Status.DELIVERING):
-        read = conn.query(sql.select_due(status, columns, ""), (now, size))
-        rows += read
+        read = [_order(row) for row in rows if row["status"] == status]
         if len(read) == size:
-            last = _order(read[-1])
-            complete_to = last if complete_to is None else min(complete_to, last)
+            complete_to = max(read) if complete_to is None else min(complete_to, max(read))
     rows.sort(key=_order)
     taken: dict[str, int] = {}
     wanted = []
@@ -189,7 +190,7 @@ def next_due(conn: Conn, skip: Collection[str] = ()) -> float | None:
         row = conn.query_one(sql.NEXT_DUE)
         return None if row is None or row["due"] is None else float(row["due"])
     left_out = frozenset(skip)
-    columns = "next_attempt_at, created_at, deliver_to"
+    columns = "status, next_attempt_at, created_at, deliver_to"
     rows = _window(conn, NO_LIMIT, 1, columns, left_out, lambda destination: 1)
     if rows is None:
         rows = _heads(conn, NO_LIMIT, left_out)

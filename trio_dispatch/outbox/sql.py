@@ -113,6 +113,16 @@ planner (no statistics) would otherwise take the status index's equality on
 ``status IN (...)`` and read every due row. PostgreSQL chooses it unasked."""
 
 
+def due_window(columns: str) -> str:
+    """:func:`select_due` of each live status (parameters: the due time and
+    the limit, for each), unlocked, in one statement: two ordered range reads
+    of the due index, one after the other."""
+    return " UNION ALL ".join(
+        f"SELECT * FROM ({select_due(status, columns, '')}) AS {status}"
+        for status in (Status.PENDING, Status.DELIVERING)
+    )
+
+
 def destination_heads(row_key: str, indexed_by: str = "") -> str:
     """The first row in claim order (``deliver_to, next_attempt_at,
     created_at``) of every destination that has a live row: a loose scan of
