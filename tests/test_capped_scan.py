@@ -10,16 +10,19 @@ import functools
 import random
 import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trio_dispatch import open_store
 from trio_dispatch.outbox import claim_due, next_due_at
 from trio_dispatch.outbox.caps import DestinationCaps
 from trio_dispatch.outbox.machine import claim_batch
 from trio_dispatch.outbox.scan import next_due, select_due
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn
+from trio_dispatch.store.schema import DESTINATION_INDEX, MIGRATIONS, SCHEMA_VERSION
 from trio_dispatch.store.sqlite import SQLiteConn
 
 from .conftest import RawDB
@@ -245,3 +248,27 @@ async def test_the_bounded_scan_gives_the_rows_of_the_plain_filtered_read(
         assert [(r["next_attempt_at"], r["created_at"]) for r in got] == _reference(
             rows, now, limit, skip, room
         ), (limit, now, skip, room)
+
+
+@pytest.mark.anyio
+@pytest.mark.sqlite_only
+async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_rows(
+    db_path: Path, raw: RawDB
+) -> None:
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+        conn.execute(statement)
+    conn.execute(
+        "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"
+    )
+    conn.execute("INSERT INTO trio_dispatch_schema VALUES (1, 0), (2, 0)")
+    conn.close()
+    fill(raw, "hung", 100, T0)
+    fill(raw, "ok", 1, NOW - 1)
+    async with open_store(db_path) as db:
+        claims, _ = await claim_due(db, now=NOW, limit=1, caps=capped("hung"))
+    assert [claim.dispatch_id for claim in claims] == ["ok-0"]
+    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION == 3
+    index = raw.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (DESTINATION_INDEX,))
+    assert "(deliver_to, next_attempt_at, created_at)" in index
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 101
