@@ -7,8 +7,8 @@ unit of work, which the store runs one at a time on its writer thread. A
 scan leaves out destinations already at their cap (in SQL, so it does not
 spend its limit on rows it cannot take, and through the destination index,
 so their backlog costs it nothing: :mod:`.scan`) and takes at most the room
-left for each of the rest; a finishing attempt gives its place back in the same unit
-that claims its slot's next row. The worker also gives a place back when an
+left for each of the rest; a finishing attempt gives its place back in the
+same unit that claims its slot's next row. The worker also gives a place back when an
 attempt ends any other way (both are idempotent). A hold that outlives its
 lease -- a claim whose transaction failed after it was counted -- stops
 counting when that lease ends, so an error can only make the cap stricter

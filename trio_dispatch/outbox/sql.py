@@ -161,9 +161,10 @@ def due_of_destination(columns: str, indexed_by: str = "") -> str:
 
 
 def due_of_destinations(columns: str) -> str:
-    """PostgreSQL only: :func:`due_of_destination` for an array of
-    destinations and an array of their limits at once (one range of the
-    destination index each, through ``LATERAL``), then the bound."""
+    """PostgreSQL only: :func:`due_of_destination` for many destinations at
+    once, one range of the destination index each, through ``LATERAL``.
+    Parameters: the destinations (an array), the most rows of each (an
+    array, in the same order), then the bound."""
     return (
         "SELECT chosen.* FROM unnest(?::text[], ?::int8[]) AS wanted(destination, most) "
         f"CROSS JOIN LATERAL (SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
