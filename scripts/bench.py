@@ -6,6 +6,7 @@ the target.
     .venv/bin/python scripts/bench.py --quick          # every section, about 5 minutes
     .venv/bin/python scripts/bench.py --section huey   # one group (repeat for more)
     .venv/bin/python scripts/bench.py --json bench-results.json
+    .venv/bin/python scripts/bench.py --capped-backlog # the claim scan behind a capped backlog
 
 Sections (``--section``; default: all of them, in this order):
 
@@ -26,6 +27,10 @@ Sections (``--section``; default: all of them, in this order):
   process of its own: deliveries/s beside a bare httpx loop, at 100 ms server
   latency beside the ideal, and a healthy endpoint's rate beside a hung one
   (per-destination caps).
+- ``capped`` (also ``--capped-backlog``): the claim scan of a worker with
+  per-destination caps, on SQLite and PostgreSQL, with 200,000 due rows of a
+  destination at its cap ahead of the others, beside the same scan with that
+  backlog empty (``bench_capped_backlog.py``).
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).
@@ -68,6 +73,8 @@ import anyio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import bench_capped_backlog  # noqa: E402  (scripts/, beside this file)
+
 from trio_dispatch import (  # noqa: E402
     Delivery,
     DispatchWorker,
@@ -82,7 +89,7 @@ from trio_dispatch.outbox.reads import COUNT_CAP  # noqa: E402
 from trio_dispatch.signal import dispatch_envelope_json, uuid7_bytes  # noqa: E402
 from trio_dispatch.store import Store  # noqa: E402
 
-SECTIONS: Final = ("core", "huey", "tx", "table", "postgres", "sync", "webhook")
+SECTIONS: Final = ("core", "huey", "tx", "table", "postgres", "sync", "webhook", "capped")
 BACKENDS: Final = ("trio", "asyncio")
 
 WARMUP: Final = 20
@@ -202,6 +209,10 @@ def at_least(times: float) -> Callable[[Figure], bool]:
 
 def at_most(limit: float) -> Callable[[Figure], bool]:
     return lambda figure: figure.value <= limit
+
+
+def ratio_at_most(times: float) -> Callable[[Figure], bool]:
+    return lambda figure: figure.ratio <= times
 
 
 class Pairs:
@@ -2612,6 +2623,79 @@ def run_webhook(bench: Bench) -> Outcome:
     return Outcome(figures)
 
 
+# -- the claim scan behind a capped destination's backlog ---------------------------
+
+
+def run_capped(bench: Bench) -> Outcome:
+    """A worker's claim scan (per-destination caps, one destination at its
+    cap) with that destination's 200,000 due rows ahead of the others,
+    beside the same scan with its backlog empty, on each engine; the two
+    stores open side by side, their scans taking turns."""
+    capped = bench_capped_backlog
+    scans = 10 if bench.quick else 20
+    engines: list[tuple[str, str, str]] = [
+        ("SQLite", str(bench.at("capped-backlog")), str(bench.at("capped-empty")))
+    ]
+    notes: list[str] = []
+    databases = [db for db in (postgres_database(), postgres_database()) if db is not None]
+    if len(databases) == 2:
+        engines.append(("PostgreSQL", databases[0][0], databases[1][0]))
+    else:
+        notes.append("capped section: PostgreSQL skipped, no server answered")
+    measured: dict[str, tuple[list[float], list[float]]] = {}
+    try:
+        built: dict[str, float] = {}
+        for engine, big, empty in engines:
+            started = time.perf_counter()
+            bench.go(capped.build, big, capped.BACKLOG)
+            bench.go(capped.build, empty, 0)
+            built[engine] = time.perf_counter() - started
+        for _ in range(bench.rounds):
+            for engine, big, empty in engines:
+                got = bench.go(capped.scan_times, big, empty, scans)
+                for key in ("claim", "nothing", "next_due"):
+                    values, baselines = measured.setdefault(f"{engine}/{key}", ([], []))
+                    values.append(got[f"{key}/big"])
+                    baselines.append(got[f"{key}/empty"])
+    finally:
+        for _, drop in databases:
+            drop()
+    backlog = f"{capped.BACKLOG:,}"
+    setup = (
+        f"the same on a store whose capped destination has no backlog; both stores hold "
+        f"{capped.HEALTHY} destinations below their cap (cap {capped.CAP}) with "
+        f"{capped.ROWS_EACH} due rows each, one destination at its cap, and on the other "
+        f"store its {backlog} due rows, all due before the others'; {scans} turns on each "
+        f"store in rotation, the median turn"
+    )
+    figures = []
+    for engine, _, _ in engines:
+        for key, what in (
+            ("claim", f"claim scan (limit {capped.LIMIT}) taking the others' rows"),
+            ("nothing", "claim scan finding nothing it may claim"),
+            ("next_due", "idle path's next-due read"),
+        ):
+            values, baselines = measured[f"{engine}/{key}"]
+            figures.append(
+                Figure(
+                    f"{engine}: {what}, {backlog}-row capped backlog / none",
+                    values,
+                    "ms",
+                    baselines,
+                    setup,
+                    "<= 2x",
+                    ratio_at_most(2.0),
+                    "same, no backlog",
+                    "capped",
+                )
+            )
+    notes.append(
+        "capped section: building the stores took "
+        + ", ".join(f"{engine} {seconds:.0f} s" for engine, seconds in built.items())
+    )
+    return Outcome(figures, notes)
+
+
 RUNNERS: Final[dict[str, Callable[[Bench], Outcome]]] = {
     "core": run_core,
     "huey": run_huey,
@@ -2620,6 +2704,7 @@ RUNNERS: Final[dict[str, Callable[[Bench], Outcome]]] = {
     "postgres": run_postgres,
     "sync": run_sync,
     "webhook": run_webhook,
+    "capped": run_capped,
 }
 
 
@@ -2699,6 +2784,12 @@ def main() -> None:
         help=f"run one group of figures (repeatable; default all): {', '.join(SECTIONS)}",
     )
     parser.add_argument(
+        "--capped-backlog",
+        action="store_true",
+        help="run the capped section (the claim scan behind a capped destination's "
+        "200,000-row backlog, both engines); with --section, besides those",
+    )
+    parser.add_argument(
         "--json",
         metavar="FILE",
         default=None,
@@ -2714,7 +2805,9 @@ def main() -> None:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
         parser.error(f"--rounds must be at least 1, got {rounds}")
-    chosen = set(args.section or ["all"])
+    chosen = set(args.section or ([] if args.capped_backlog else ["all"]))
+    if args.capped_backlog:
+        chosen.add("capped")
     sections = [s for s in SECTIONS if "all" in chosen or s in chosen]
     started = time.perf_counter()
     load_before = os.getloadavg()

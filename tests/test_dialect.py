@@ -15,7 +15,7 @@ from trio_dispatch.store.dialect import CHANNEL, DIALECTS, POSTGRES, SQLITE
 from trio_dispatch.store.sqlite import SQLiteConn
 
 PACKAGE = pathlib.Path(trio_dispatch.__file__).parent
-ENGINE_SPELLINGS = ("SKIP LOCKED", "pg_advisory", "LISTEN ", "NOTIFY ")
+ENGINE_SPELLINGS = ("SKIP LOCKED", "pg_advisory", "LISTEN ", "NOTIFY ", "INDEXED BY")
 
 
 def _code_strings(path: pathlib.Path) -> list[tuple[int, str]]:

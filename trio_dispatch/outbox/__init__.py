@@ -5,6 +5,8 @@ One concern per module:
 - :mod:`.machine` -- the state machine, the one place that writes a status
   (each compare-and-set with its transition row, its edge checked first);
 - :mod:`.sql` -- the statements, built from the lifecycle vocabulary;
+- :mod:`.scan` -- which due rows a claim takes, leaving out destinations at
+  their cap at a cost bounded whatever they hold;
 - :mod:`.enqueue` -- validation and the enqueue API (ADR D2);
 - :mod:`.delivery` -- the claim, the transport call, the attempt's end
   (ADR D3-D5): :func:`deliver_due_dispatches` and what the worker uses;

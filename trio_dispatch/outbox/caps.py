@@ -5,9 +5,10 @@ every slot while rows for the others wait (SPEC section 10).
 The caps are read and changed where claims are made: inside the claim's
 unit of work, which the store runs one at a time on its writer thread. A
 scan leaves out destinations already at their cap (in SQL, so it does not
-spend its limit on rows it cannot take) and takes at most the room left for
-each of the rest; a finishing attempt gives its place back in the same unit
-that claims its slot's next row. The worker also gives a place back when an
+spend its limit on rows it cannot take, and through the destination index,
+so their backlog costs it nothing: :mod:`.scan`) and takes at most the room
+left for each of the rest; a finishing attempt gives its place back in the
+same unit that claims its slot's next row. The worker also gives a place back when an
 attempt ends any other way (both are idempotent). A hold that outlives its
 lease -- a claim whose transaction failed after it was counted -- stops
 counting when that lease ends, so an error can only make the cap stricter
@@ -17,7 +18,7 @@ for a while, never looser.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..validate import require_int
@@ -46,6 +47,13 @@ class DestinationCaps:
         """The destinations at their cap: a claim leaves their rows out."""
         with self._lock:
             return sorted(name for name, n in self._counts(now).items() if n >= self.limit)
+
+    def room(self, now: float) -> Callable[[str], int]:
+        """How many more attempts each destination may start now (a
+        snapshot: the holds taken or dropped after it do not change it)."""
+        with self._lock:
+            counts = self._counts(now)
+        return lambda destination: max(0, self.limit - counts.get(destination, 0))
 
     def fit(self, rows: Sequence[Any], now: float) -> list[Any]:
         """The rows (in order, each with a ``deliver_to``) that fit under

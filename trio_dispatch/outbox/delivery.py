@@ -50,8 +50,8 @@ from .machine import (
     finish_and_claim,
     finish_many,
     release,
-    select_due,
 )
+from .scan import select_due
 
 
 def require_store(db: object, caller: str) -> None:

@@ -39,6 +39,7 @@ from ..store.base import Conn, Row
 from ..transports import LAST_ERROR_LIMIT, Delivery, TransportResult
 from . import sql
 from .caps import DestinationCaps
+from .scan import select_due
 
 MAX_RETRY_AFTER_SECONDS: Final = 86400.0
 """The longest a destination's ``Retry-After`` may delay the next attempt."""
@@ -325,31 +326,6 @@ def insert_all(
 # -- claims ----------------------------------------------------------------------
 
 
-def select_due(
-    conn: Conn,
-    now: float,
-    limit: int,
-    columns: str = sql.COLUMNS,
-    *,
-    lock: bool = False,
-    skip: Sequence[str] = (),
-) -> list[Row]:
-    """Up to ``limit`` due rows, ordered by ``next_attempt_at, created_at``
-    (SPEC B5): one ordered range read of the due index per live status,
-    merged here; finished rows are not in the index. Rows whose
-    ``deliver_to`` is in ``skip`` are left out."""
-    lock_clause = conn.dialect.lock_clause if lock else ""
-    rows = [
-        row
-        for status in (Status.PENDING, Status.DELIVERING)
-        for row in conn.query(
-            sql.select_due(status, columns, lock_clause, skip=len(skip)), (now, *skip, limit)
-        )
-    ]
-    rows.sort(key=lambda row: (row["next_attempt_at"], row["created_at"]))
-    return rows[:limit]
-
-
 def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
     """A due row past ``expires_at`` becomes ``expired`` (guarded on the
     status and attempt it was read with)."""
@@ -424,8 +400,10 @@ def claim_batch(
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
     if ids is None:
+        # Bounded whatever the capped destinations hold (see .scan).
         skip = caps.full(at) if caps is not None else ()
-        rows = select_due(conn, at, limit, columns, lock=True, skip=skip)
+        room = caps.room(at) if caps is not None else None
+        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room)
     else:
         rows = [
             row

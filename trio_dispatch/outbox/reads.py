@@ -16,6 +16,7 @@ from ..store.base import Conn, Database, Row
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
+from .scan import next_due
 
 DEFAULT_LIST_LIMIT: Final = 50
 
@@ -89,9 +90,8 @@ async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any
 async def next_due_at(db: Database, *, skip: Sequence[str] = ()) -> float | None:
     """When the earliest pending or delivering row falls due, or None;
     rows whose ``deliver_to`` is in ``skip`` left out."""
-    statement = sql.next_due(len(skip))
-    row = await db.read(lambda conn: conn.query_one(statement, tuple(skip)))
-    return None if row is None else float(row["due"])
+    left_out = tuple(skip)
+    return await db.read(lambda conn: next_due(conn, left_out))
 
 
 async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:

@@ -95,17 +95,85 @@ def last_reasons(count: int) -> str:
     )
 
 
-def select_due(status: Status, columns: str, lock_clause: str, skip: int = 0) -> str:
-    """Due rows of one live status, oldest due first (SPEC B5). The verbatim
-    partial-index term lets the planner read the due index in order and
-    stop after ``LIMIT`` rows: the cost follows the limit, not the table.
-    With ``skip``, that many ``deliver_to`` values (parameters after the
-    due time) are left out."""
-    skipped = f"AND deliver_to NOT IN ({', '.join('?' * skip)}) " if skip else ""
+def select_due(status: Status, columns: str, lock_clause: str) -> str:
+    """Due rows of one live status up to the due time ``?``, oldest due
+    first (SPEC B5), at most ``?`` of them. The verbatim partial-index term
+    lets the planner read the due index in order and stop after ``LIMIT``
+    rows: the cost follows the limit, not the table."""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}' AND next_attempt_at <= ? {skipped}"
+        f"AND status = '{status}' AND next_attempt_at <= ? "
         f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
+    )
+
+
+def due_window(columns: str) -> str:
+    """:func:`select_due` of each live status (parameters: the due time and
+    the limit, for each), unlocked, in one statement: two ordered range reads
+    of the due index, one after the other."""
+    return " UNION ALL ".join(
+        f"SELECT * FROM ({select_due(status, columns, '')}) AS {status}"
+        for status in (Status.PENDING, Status.DELIVERING)
+    )
+
+
+def destination_heads(row_key: str, indexed_by: str = "") -> str:
+    """The first row in claim order (``deliver_to, next_attempt_at,
+    created_at``) of every destination that has a live row: a loose scan of
+    the destination index (one seek to the next destination name, one to its
+    first row), so the cost follows the number of destinations, never the
+    rows any of them holds."""
+    table = f"dispatch_outbox{indexed_by}"
+    return (
+        "WITH RECURSIVE destinations(destination) AS ("
+        f"SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
+        "UNION ALL "
+        f"SELECT (SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
+        "AND deliver_to > destinations.destination) "
+        "FROM destinations WHERE destinations.destination IS NOT NULL) "
+        "SELECT head.deliver_to, head.next_attempt_at, head.created_at "
+        f"FROM destinations JOIN dispatch_outbox head ON head.{row_key} = ("
+        f"SELECT {row_key} FROM {table} WHERE {DUE_SQL} "
+        "AND deliver_to = destinations.destination "
+        "ORDER BY next_attempt_at, created_at LIMIT 1)"
+    )
+
+
+# Up to a point in claim order: the row value bounds the destination
+# index's range, so a destination's rows past it are never read.
+_UP_TO: Final = "(next_attempt_at, created_at) <= (?, ?)"
+
+
+def due_of_destination(columns: str, indexed_by: str = "") -> str:
+    """The live rows of one ``deliver_to`` up to the ``(next_attempt_at,
+    created_at)`` of the two parameters after it, in claim order, at most
+    ``?`` of them: a range of the destination index."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
+        f"AND {_UP_TO} ORDER BY next_attempt_at, created_at LIMIT ?"
+    )
+
+
+def due_of_destinations(columns: str) -> str:
+    """PostgreSQL only: :func:`due_of_destination` for many destinations at
+    once, one range of the destination index each, through ``LATERAL``.
+    Parameters: the destinations (an array), the most rows of each (an
+    array, in the same order), then the bound."""
+    return (
+        "SELECT chosen.* FROM unnest(?::text[], ?::int8[]) AS wanted(destination, most) "
+        f"CROSS JOIN LATERAL (SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND deliver_to = wanted.destination AND {_UP_TO} "
+        "ORDER BY next_attempt_at, created_at LIMIT wanted.most) AS chosen"
+    )
+
+
+def lock_if_due(columns: str, count: int, lock_clause: str) -> str:
+    """``count`` rows by id, those still due at ``?`` (after the ids), locked
+    with ``lock_clause``: the rows a scan chose without locking, taken for
+    the claim (a row another claimant holds is left out)."""
+    return (
+        f"SELECT {columns} FROM dispatch_outbox WHERE id IN ({', '.join('?' * count)}) "
+        f"AND {DUE_SQL} AND next_attempt_at <= ?{lock_clause}"
     )
 
 
@@ -213,19 +281,16 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
 
 
 NEXT_DUE: Final = (
-    f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-    "ORDER BY next_attempt_at LIMIT 1"
-)
-
-
-def next_due(skip: int) -> str:
-    """:data:`NEXT_DUE` leaving out ``skip`` ``deliver_to`` values."""
-    if not skip:
-        return NEXT_DUE
-    return (
-        f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND deliver_to NOT IN ({', '.join('?' * skip)}) ORDER BY next_attempt_at LIMIT 1"
+    "SELECT MIN(due) AS due FROM ("
+    + " UNION ALL ".join(
+        f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND status = '{status}'"
+        for status in (Status.PENDING, Status.DELIVERING)
     )
+    + ") AS heads"
+)
+"""When the earliest live row falls due (NULL: none): the first entry of
+the due index for each live status, two seeks whatever the table holds."""
 
 
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"

@@ -57,11 +57,20 @@ class Dialect:
     commits, that a dispatch was enqueued (empty: they poll)."""
     listen: str = ""
     """The statement a connection runs to hear :attr:`notify`."""
+    index_hint: str = ""
+    """How a statement names the index to read (``{}`` is its name), where
+    the planner must be told: SQLite, without statistics, prefers the status
+    index to a better one. Empty: the planner chooses (PostgreSQL)."""
     schemas: bool = False
     """Whether tables live in named schemas found through ``search_path``."""
     migration_lock: str = ""
     """A statement that makes concurrent migrators take turns until the
     transaction ends (empty: the write lock already does)."""
+
+    def use_index(self, name: str) -> str:
+        """The clause that makes a read use index ``name`` (empty where the
+        planner chooses by itself)."""
+        return self.index_hint.format(name)
 
 
 def quoted(name: str) -> str:
@@ -145,6 +154,7 @@ SQLITE: Final = Dialect(
     "sqlite",
     "SELECT COUNT(*) AS found FROM sqlite_master WHERE type = 'table' AND name = ?",
     key_problem=_sqlite_key_problem,
+    index_hint=" INDEXED BY {}",
 )
 POSTGRES: Final = Dialect(
     "postgres",

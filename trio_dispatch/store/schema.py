@@ -8,7 +8,10 @@ earlier implementation of the same design is adopted without touching its
 rows. Version 2 appends ``created_at`` to the ADR's partial due index, so
 the claim order comes from the index alone (the index still serves every
 query the ADR's two-column one does). Version 3 adds a partial index of the
-history's failed attempts (the dashboard's recent failures).
+history's failed attempts (the dashboard's recent failures). Version 4
+adds a partial index of the due rows by destination, so a claim that
+leaves out destinations at their cap finds the others' rows without
+reading the capped ones.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -133,7 +136,25 @@ _V3: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3)
+DESTINATION_INDEX: Final = "ix_dispatch_outbox_destination_due"
+"""The due rows by destination (version 4); SQLite is told to use it by
+name, since without statistics it prefers the status index."""
+
+_V4: Final = (
+    # The due rows of each destination in claim order. A scan that leaves
+    # out destinations at their per-destination cap walks the due index
+    # past every row of theirs: 200,000 rows of one capped destination made
+    # each scan read all of them inside the write transaction (28 ms on
+    # SQLite and on PostgreSQL). With this index it reads the head of each
+    # destination and the few rows it claims instead.
+    f"""
+    CREATE INDEX IF NOT EXISTS {DESTINATION_INDEX}
+        ON dispatch_outbox (deliver_to, next_attempt_at, created_at)
+        WHERE {DUE_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

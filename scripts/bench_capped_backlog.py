@@ -1,0 +1,151 @@
+"""The claim scan beside a capped destination's backlog (``bench.py
+--capped-backlog``, section ``capped``).
+
+A worker with per-destination caps leaves the destinations at their cap out
+of its scans. The figure: the time of one scan (``claim_due`` with the
+worker's caps, in its write transaction) on a store where the capped
+destination holds a backlog of due rows ahead of everyone else's, beside
+the same scan on a store where that backlog is empty; the two stores open
+side by side, the scans taking turns. Also the idle path's read
+(``next_due_at`` leaving the capped destination out). Both engines.
+
+Measurement only: the report (figures, ratios, targets) is ``bench.py``'s.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import time
+import uuid
+from typing import Any, Final
+
+from trio_dispatch import open_store
+from trio_dispatch.outbox import claim_due, next_due_at
+from trio_dispatch.outbox.caps import DestinationCaps
+from trio_dispatch.store import Store
+
+BACKLOG: Final = 200_000
+"""Due rows of the capped destination (``--quick``: the same; building
+them takes a few seconds)."""
+CAP: Final = 4
+HEALTHY: Final = 8
+"""Destinations below their cap, each with ``ROWS_EACH`` due rows queued
+after the backlog."""
+ROWS_EACH: Final = 20
+LIMIT: Final = 64
+"""The scan's limit (a worker's free slots, up to its batch size)."""
+CAPPED: Final = "hung"
+
+_INSERT: Final = (
+    "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
+    "next_attempt_at, created_at, updated_at) VALUES (?, 'bench', ?, '{}', 'pending', 0, ?, ?, ?)"
+)
+
+
+def _rows(backlog: int, now: float) -> list[tuple[Any, ...]]:
+    """The capped destination's backlog (due an hour ago onwards, one row a
+    microsecond apart), then the healthy destinations' rows (due a minute
+    ago onwards, interleaved)."""
+    start = now - 3600
+    rows = [
+        (uuid.uuid4().hex, CAPPED, start + i * 1e-6, start + i * 1e-6, start)
+        for i in range(backlog)
+    ]
+    for j in range(HEALTHY * ROWS_EACH):
+        due = now - 60 + j * 1e-3
+        rows.append((uuid.uuid4().hex, f"ok-{j % HEALTHY}", due, due, due))
+    return rows
+
+
+async def build(target: str, backlog: int) -> None:
+    """An outbox (made by the store) holding :func:`_rows`, written with
+    the engine's own driver; statistics gathered where the engine keeps
+    them (PostgreSQL's autovacuum would, SQLite's never does by itself)."""
+    async with open_store(target):
+        pass
+    rows = _rows(backlog, time.time())
+    if target.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as conn:
+            with (
+                conn.cursor() as cursor,
+                cursor.copy(
+                    "COPY dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
+                    "next_attempt_at, created_at, updated_at) FROM STDIN"
+                ) as copy,
+            ):
+                for row_id, to, due, created, updated in rows:
+                    copy.write_row((row_id, "bench", to, "{}", "pending", 0, due, created, updated))
+            conn.execute("VACUUM ANALYZE dispatch_outbox")
+        return
+    conn = sqlite3.connect(target, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.executemany(_INSERT, rows)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _caps(*full: str) -> DestinationCaps:
+    """A worker's caps with ``full`` destinations at their cap (attempts
+    held well past the run)."""
+    caps = DestinationCaps(CAP)
+    until = time.time() + 86400
+    for destination in full:
+        for i in range(CAP):
+            caps.hold(f"held-{destination}-{i}", destination, until)
+    return caps
+
+
+async def _claim_and_put_back(db: Store, caps: DestinationCaps) -> tuple[float, int]:
+    """Seconds of one scan with ``caps``, and its claims; then (untimed)
+    the claimed rows go back to pending at their old due time and their
+    holds end, so the next scan meets the same store."""
+    started = time.perf_counter()
+    claims, _ = await claim_due(db, limit=LIMIT, caps=caps)
+    elapsed = time.perf_counter() - started
+    if claims:
+        caps.drop([(claim.dispatch_id, claim.lease_until) for claim in claims])
+        ids = [claim.dispatch_id for claim in claims]
+        await db.write(
+            lambda conn: conn.executemany(
+                "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
+                "next_attempt_at = created_at WHERE id = ?",
+                [(i,) for i in ids],
+            )
+        )
+    return elapsed, len(claims)
+
+
+async def scan_times(backlog_target: str, empty_target: str, scans: int) -> dict[str, float]:
+    """Milliseconds (the median of ``scans`` turns each) of three reads,
+    on the store with the backlog and on the one without, taking turns:
+    ``claim`` (a scan that claims the healthy destinations' rows, up to
+    their caps), ``nothing`` (every destination at its cap: the scan finds
+    nothing it may claim) and ``next_due`` (the idle path's read)."""
+    results: dict[str, list[float]] = {}
+    async with open_store(backlog_target) as big, open_store(empty_target) as empty:
+        healthy = [f"ok-{j}" for j in range(HEALTHY)]
+        for name, store in (("big", big), ("empty", empty)):
+            for key in ("claim", "nothing", "next_due"):
+                results[f"{key}/{name}"] = []
+            caps = _caps(CAPPED)
+            _, claimed = await _claim_and_put_back(store, caps)  # warm, and check
+            if claimed != HEALTHY * CAP:
+                raise RuntimeError(f"the scan claimed {claimed}, not {HEALTHY * CAP}")
+        for turn in range(scans):
+            order = [("big", big), ("empty", empty)]
+            for name, store in order if turn % 2 else order[::-1]:
+                seconds, _ = await _claim_and_put_back(store, _caps(CAPPED))
+                results[f"claim/{name}"].append(seconds * 1000)
+                seconds, claimed = await _claim_and_put_back(store, _caps(CAPPED, *healthy))
+                assert claimed == 0
+                results[f"nothing/{name}"].append(seconds * 1000)
+                started = time.perf_counter()
+                due = await next_due_at(store, skip=[CAPPED])
+                results[f"next_due/{name}"].append((time.perf_counter() - started) * 1000)
+                assert due is not None
+    return {key: statistics.median(values) for key, values in results.items()}

@@ -1,0 +1,198 @@
+"""The due scan: which rows a claim takes, in claim order
+(``next_attempt_at, created_at``, SPEC B5), leaving out the destinations
+at their per-destination cap -- at a cost that follows the claim, not the
+backlog of any destination.
+
+With nothing to leave out, the scan is one ordered range read of the due
+index per live status that stops after ``limit`` rows. Leaving
+destinations out inside that read would step over every row of theirs that
+comes first: one capped destination with 200,000 due rows made every scan
+read all of them inside the write transaction. So a scan that leaves
+destinations out reads a bounded window of the due index first (``limit +
+WINDOW_EXTRA`` entries per status, in one statement), which is enough while
+their rows are sparse; when the window holds too few rows of the others, it
+asks the destination index instead: the first row of every destination (a
+loose scan, two seeks per destination), the ``limit`` earliest of those
+among the destinations not left out, and from just those destinations their
+rows up to the last of those heads, at most their room each. Each of the
+first ``limit`` claimable rows lies at or before that point, so it belongs
+to one of those destinations: the result is the rows the plain filtered
+read would give, in the same order, with ties in claim order broken either
+way. The cost follows ``limit``, the window, the caps and the number of
+destinations with live rows -- never the rows any one of them holds.
+
+Reads run on a snapshot or inside the claim's write transaction; nothing
+here writes. Where rows lock (PostgreSQL), a scan that leaves destinations
+out chooses its rows first and then locks just those, skipping a row
+another claimant holds, so it never locks rows it will not claim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Final
+
+from ..lifecycle import Status
+from ..store.base import Conn, Row
+from ..store.schema import DESTINATION_INDEX
+from . import sql
+
+WINDOW_EXTRA: Final = 32
+"""Due-index entries a scan that leaves destinations out reads beyond its
+``limit`` before it turns to the destination index."""
+
+NO_LIMIT: Final = math.inf
+"""A due time past every row: ``select_due(conn, NO_LIMIT, ...)`` reads rows
+whenever they fall due."""
+
+
+def _order(row: Row) -> tuple[Any, Any]:
+    return (row["next_attempt_at"], row["created_at"])
+
+
+def select_due(
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str = sql.COLUMNS,
+    *,
+    lock: bool = False,
+    skip: Collection[str] = (),
+    room: Callable[[str], int] | None = None,
+) -> list[Row]:
+    """Up to ``limit`` rows due at ``now``, ordered by ``next_attempt_at,
+    created_at`` (SPEC B5), locked where rows lock if ``lock``; rows whose
+    ``deliver_to`` is in ``skip`` are left out. With ``skip`` and ``room``
+    (how many rows of a destination the scan may take), each destination's
+    rows past its room are left out too, so the limit is spent on rows a
+    capped claim can take. ``columns`` must name ``next_attempt_at``,
+    ``created_at`` and, with ``skip``, ``deliver_to`` and ``status`` (and
+    ``id`` to lock). The rows read are bounded by ``limit``, the window and
+    the number of destinations, whatever ``skip``'s destinations hold."""
+    lock_clause = conn.dialect.lock_clause if lock else ""
+    if not skip:
+        return _merged(conn, now, limit, columns, lock_clause)[:limit]
+    left_out = frozenset(skip)
+    room_of = room or (lambda destination: limit)
+    rows = _window(conn, now, limit, columns, left_out, room_of)
+    if rows is None:
+        rows = _by_destination(conn, now, limit, columns, left_out, room_of)
+    rows = rows[:limit]
+    if lock_clause and rows:
+        ids = [row["id"] for row in rows]
+        rows = conn.query(sql.lock_if_due(columns, len(ids), lock_clause), (*ids, now))
+        rows.sort(key=_order)
+    return rows
+
+
+def _merged(conn: Conn, now: float, limit: int, columns: str, lock_clause: str) -> list[Row]:
+    """Up to ``limit`` due rows of each live status, merged in claim order:
+    one ordered range read of the due index per status (the index holds the
+    status first, so one read cannot give both in order)."""
+    rows = [
+        row
+        for status in (Status.PENDING, Status.DELIVERING)
+        for row in conn.query(sql.select_due(status, columns, lock_clause), (now, limit))
+    ]
+    rows.sort(key=_order)
+    return rows
+
+
+def _window(
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str,
+    left_out: frozenset[str],
+    room: Callable[[str], int],
+) -> list[Row] | None:
+    """The first ``limit`` rows not left out (nor past their destination's
+    room), read from a window of ``limit + WINDOW_EXTRA`` due-index entries
+    per status; None when the window holds fewer than ``limit`` of them and
+    more rows lie beyond it."""
+    size = limit + WINDOW_EXTRA
+    rows = conn.query(sql.due_window(columns), (now, size, now, size))
+    complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
+    for status in (Status.PENDING, Status.DELIVERING):
+        read = [_order(row) for row in rows if row["status"] == status]
+        if len(read) == size:
+            complete_to = max(read) if complete_to is None else min(complete_to, max(read))
+    rows.sort(key=_order)
+    taken: dict[str, int] = {}
+    wanted = []
+    for row in rows:
+        if complete_to is not None and _order(row) > complete_to:
+            break
+        destination = row["deliver_to"]
+        if destination in left_out or taken.get(destination, 0) >= room(destination):
+            continue
+        taken[destination] = taken.get(destination, 0) + 1
+        wanted.append(row)
+    if complete_to is not None and len(wanted) < limit:
+        return None
+    return wanted
+
+
+def _heads(conn: Conn, now: float, left_out: frozenset[str]) -> list[Row]:
+    """The first row (``deliver_to, next_attempt_at, created_at``) of each
+    destination not left out whose first row is due at ``now``, in claim
+    order: a loose scan of the destination index."""
+    indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
+    heads = [
+        head
+        for head in conn.query(sql.destination_heads(conn.dialect.row_key, indexed_by))
+        if head["deliver_to"] not in left_out and head["next_attempt_at"] <= now
+    ]
+    heads.sort(key=_order)
+    return heads
+
+
+def _by_destination(
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str,
+    left_out: frozenset[str],
+    room: Callable[[str], int],
+) -> list[Row]:
+    """The first ``limit`` due rows not left out, through the destination
+    index: the heads of all destinations, then ranges of the ``limit``
+    destinations with the earliest heads, each at most its room."""
+    heads = [head for head in _heads(conn, now, left_out) if room(str(head["deliver_to"])) > 0][
+        :limit
+    ]
+    if not heads:
+        return []
+    # With ``limit`` heads, the first ``limit`` claimable rows lie at or
+    # before the last of them; with fewer, every due row of theirs may count.
+    up_to: Sequence[Any] = _order(heads[-1]) if len(heads) == limit else (now, NO_LIMIT)
+    names = [str(head["deliver_to"]) for head in heads]
+    most = [min(limit, room(name)) for name in names]
+    if conn.dialect.arrays:  # every range in one statement
+        rows = conn.query(sql.due_of_destinations(columns), (names, most, *up_to))
+    else:
+        statement = sql.due_of_destination(columns, conn.dialect.use_index(DESTINATION_INDEX))
+        rows = [
+            row
+            for name, n in zip(names, most, strict=True)
+            for row in conn.query(statement, (name, *up_to, n))
+        ]
+    rows.sort(key=_order)
+    return rows[:limit]
+
+
+def next_due(conn: Conn, skip: Collection[str] = ()) -> float | None:
+    """When the earliest live row falls due (None: there is none); rows
+    whose ``deliver_to`` is in ``skip`` left out. Bounded as
+    :func:`select_due` is: the earliest head of a destination not left out
+    is the answer when the window holds none of theirs."""
+    if not skip:
+        row = conn.query_one(sql.NEXT_DUE)
+        return None if row is None or row["due"] is None else float(row["due"])
+    left_out = frozenset(skip)
+    columns = "status, next_attempt_at, created_at, deliver_to"
+    rows = _window(conn, NO_LIMIT, 1, columns, left_out, lambda destination: 1)
+    if rows is None:
+        rows = _heads(conn, NO_LIMIT, left_out)
+    return float(rows[0]["next_attempt_at"]) if rows else None
