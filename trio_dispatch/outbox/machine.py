@@ -701,16 +701,19 @@ def finish_and_claim(
     return list(zip(outcomes, nexts, counts, strict=True))
 
 
-def release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
-    """Give back an attempt that worker shutdown interrupted: pending, due
-    at once; or, if it was the last attempt allowed and may have reached the
-    destination, dead-lettered (the same end as a claimant that died)."""
+def release(
+    conn: Conn, claim: Claim, now: float, actor: str, why: str = "worker shutdown"
+) -> Outcome:
+    """Give back an attempt that ``why`` (worker shutdown, a
+    KeyboardInterrupt) interrupted: pending, due at once; or, if it was the
+    last attempt allowed and may have reached the destination,
+    dead-lettered (the same end as a claimant that died)."""
     if claim.attempt >= claim.max_attempts:
         status, reason, outcome = Status.DEAD_LETTER, Reason.MAX_ATTEMPTS, Outcome.DEAD_LETTER
-        summary = f"worker shutdown interrupted attempt {claim.attempt} of {claim.max_attempts}"
+        summary = f"{why} interrupted attempt {claim.attempt} of {claim.max_attempts}"
     else:
         status, reason, outcome = Status.PENDING, Reason.RELEASED, Outcome.RELEASED
-        summary = f"worker shutdown interrupted attempt {claim.attempt}; due now"
+        summary = f"{why} interrupted attempt {claim.attempt}; due now"
     change = Change(
         claim.dispatch_id,
         Status.DELIVERING,

@@ -150,6 +150,27 @@ def must_propagate(exc: BaseException) -> bool:
     return isinstance(exc, stop)
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or holds) a ``KeyboardInterrupt``: the attempt it
+    cut short is given back, and the interrupt still stops the process."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda inner: isinstance(inner, KeyboardInterrupt)) is not None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def keyboard_interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """The first ``KeyboardInterrupt`` in ``exc`` (itself, or a leaf of an
+    exception group), or None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = keyboard_interrupt(inner)
+            if found is not None:
+                return found
+    return None
+
+
 @contextlib.asynccontextmanager
 async def opened(transport: object) -> AsyncIterator[None]:
     """Keep what a transport holds open (an HTTP client's connections) for

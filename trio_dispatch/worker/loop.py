@@ -46,6 +46,7 @@ from ..backoff import jittered_backoff
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
+    INTERRUPT_REASON,
     Claim,
     Outcome,
     attempt_deadline,
@@ -79,6 +80,8 @@ from ..transports import (
     Transport,
     TransportResult,
     as_transport,
+    is_interrupt,
+    keyboard_interrupt,
     needs_asyncio_loop,
     opened,
 )
@@ -212,6 +215,10 @@ class DispatchWorker:
             else DestinationCaps(settings.per_destination_concurrency)
         )
         self._closing = False  # shutdown began: claim nothing more
+        self._interrupt: BaseException | None = None
+        """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
+        once the worker has stopped."""
+        self._stop: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None
         self._backlog = False
         self._running = False
@@ -253,36 +260,58 @@ class DispatchWorker:
         """Deliver until cancelled; signals ``task_status`` once it listens
         for enqueues. On cancellation it stops claiming, gives running
         deliveries ``grace_seconds``, then kills and releases the rest, and
-        only then returns (re-raising the cancellation)."""
+        only then returns (re-raising the cancellation). A transport that
+        raises ``KeyboardInterrupt`` has its row released (due at once),
+        stops the worker the same way, and the interrupt is re-raised."""
         if self._running:
             raise RuntimeError("this DispatchWorker is already running")
         self._running = True
         self._closing = False
+        self._interrupt = None
         self._wake = anyio.Event()
         remove = self.db.on_enqueue(self.wake)
         try:
-            async with AsyncExitStack() as stack:
-                if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
-                    import trio_asyncio  # imported only when needed (~0.1 s)
-
-                    await stack.enter_async_context(trio_asyncio.open_loop())
-                await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
-                async with anyio.create_task_group() as deliveries:
-                    listener = anyio.CancelScope()
-                    if self.listen and isinstance(self.db, Listener):
-                        deliveries.start_soon(self._listen, self.db, listener)
-                    task_status.started()
-                    try:
-                        await self._claim_loop(deliveries)
-                    finally:
-                        listener.cancel()
-                        self._closing = True  # no more claims, chained or scanned
-                        with anyio.CancelScope(shield=True):
-                            await self._stop_deliveries()
+            await self._run(task_status)
+        except BaseExceptionGroup as group:
+            # A Ctrl-C from elsewhere stops the caller as a KeyboardInterrupt,
+            # not as a task group's exception group around one.
+            interrupt = keyboard_interrupt(group)
+            if interrupt is None:
+                raise
+            raise interrupt from None
         finally:
             remove()
             self._wake = None
+            self._stop = None
             self._running = False
+        if self._interrupt is not None:
+            # A transport's Ctrl-C: its row was released and the worker has
+            # stopped as on a cancellation; now the interrupt goes on.
+            interrupt, self._interrupt = self._interrupt, None
+            raise interrupt
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
+        """The run itself: the transport opened, the listener and the claim
+        loop started, and on the way out the deliveries stopped."""
+        async with AsyncExitStack() as stack:
+            if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
+                import trio_asyncio  # imported only when needed (~0.1 s)
+
+                await stack.enter_async_context(trio_asyncio.open_loop())
+            await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
+            async with anyio.create_task_group() as deliveries:
+                self._stop = deliveries.cancel_scope
+                listener = anyio.CancelScope()
+                if self.listen and isinstance(self.db, Listener):
+                    deliveries.start_soon(self._listen, self.db, listener)
+                task_status.started()
+                try:
+                    await self._claim_loop(deliveries)
+                finally:
+                    listener.cancel()
+                    self._closing = True  # no more claims, chained or scanned
+                    with anyio.CancelScope(shield=True):
+                        await self._stop_deliveries()
 
     async def _listen(self, db: Listener, scope: anyio.CancelScope) -> None:
         """Wake on other processes' enqueues; if notifications fail (a pooler,
@@ -316,6 +345,8 @@ class DispatchWorker:
         """Claim what fits in the free slots and start those deliveries;
         return how long to wait before the next scan."""
         free = self._slots.free
+        if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
+            return self.tick_seconds
         if free <= 0:
             self._backlog = True  # a finishing delivery wakes us
             return self.tick_seconds
@@ -340,7 +371,10 @@ class DispatchWorker:
         self._add_scan_counts(counts, claims)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._slots.take(claim, self._attempt_scope(claim))
+            scope = self._attempt_scope(claim)
+            self._slots.take(claim, scope)
+            if self._closing:  # claimed as the worker began to stop: give it back
+                scope.cancel()
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -392,8 +426,21 @@ class DispatchWorker:
         over its slot, or None (the slot is then free)."""
         started = time.monotonic()
         result: AttemptResult = Interrupted()
+        interrupt: BaseException | None = None
         with self._slots.scope(claim) as scope:
-            result = await call_transport(self.transport, claim)
+            try:
+                result = await call_transport(self.transport, claim)
+            except BaseException as exc:
+                if not is_interrupt(exc):
+                    raise
+                # A Ctrl-C out of the transport: give the row back at once
+                # (no waiting for the lease), then stop the worker as a
+                # cancellation would and let run() re-raise it. It must not
+                # escape this task: asyncio would raise it straight out of
+                # the event loop, with no shutdown at all.
+                interrupt = exc
+                self._closing = True  # no chained claim for this slot
+                result = Interrupted(INTERRUPT_REASON)
         if scope.cancelled_caught and not self._closing:  # the lease deadline
             result = lease_timeout_result(self.lease_seconds)
         next_claim: Claim | None = None
@@ -413,6 +460,8 @@ class DispatchWorker:
             self._log_outcome(claim, outcome, started, result)
         if next_claim is None:
             self._free_slot(claim)
+            if interrupt is not None:
+                self._stopped_by(interrupt)
             return None
         # The slot passes to the next claim without ever being free.
         if self._caps is not None:
@@ -422,6 +471,15 @@ class DispatchWorker:
         if self._closing:  # claimed as shutdown began: give it straight back
             scope.cancel()
         return next_claim
+
+    def _stopped_by(self, interrupt: BaseException) -> None:
+        """Stop the worker (grace for the other deliveries, then release)
+        and have :meth:`run` re-raise ``interrupt`` when it is done."""
+        found = keyboard_interrupt(interrupt)
+        if self._interrupt is None:
+            self._interrupt = found if found is not None else interrupt
+        if self._stop is not None:
+            self._stop.cancel()
 
     def _add_scan_counts(self, counts: dict[str, int], claims: list[Claim]) -> None:
         """Add what a scan did besides claiming (rows seen, expired, spent)
@@ -480,7 +538,9 @@ class DispatchWorker:
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
-                    return await release_attempt(self.db, claim, actor=self.actor, clock=self.clock)
+                    return await release_attempt(
+                        self.db, claim, actor=self.actor, clock=self.clock, why=result.reason
+                    )
                 return await finish_attempt(
                     self.db,
                     claim,
