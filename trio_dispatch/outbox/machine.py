@@ -34,10 +34,13 @@ from ..lifecycle import (
     Status,
     check_edge,
 )
-from ..store.base import Conn, Row
+from ..redact import scrubbed_logger, visible
+from ..store.base import Conn, Row, undecodable_columns
 from ..transports import LAST_ERROR_LIMIT, Delivery, TransportResult
 from . import sql
 from .caps import DestinationCaps
+
+log = scrubbed_logger("trio_dispatch.outbox")
 
 MAX_RETRY_AFTER_SECONDS: Final = 86400.0
 """The longest a destination's ``Retry-After`` may delay the next attempt."""
@@ -450,6 +453,7 @@ def claim_batch(
     order = {row["id"]: index for index, row in enumerate(rows)}
     lease_until = at + lease
     claims: list[Claim] = []
+    spoiled: list[tuple[Claim, list[str]]] = []
     changes: list[Change] = []
     for previous, group in fresh.items():
         if not group:
@@ -469,22 +473,24 @@ def claim_batch(
         )
         recovered = previous == Status.DELIVERING
         for row in won:
-            claims.append(
-                Claim(
-                    dispatch_id=row["id"],
-                    kind=row["kind"],
-                    deliver_to=row["deliver_to"],
-                    payload=row["payload"]
-                    if isinstance(row["payload"], str)
-                    else json.dumps(row["payload"]),
-                    attempt=row["attempt"],
-                    max_attempts=row["max_attempts"],
-                    ack_required=bool(row["ack_required"]),
-                    lease_until=lease_until,
-                    ack_token=row["ack_token"],
-                    recovered=recovered,
-                )
+            claim = Claim(
+                dispatch_id=row["id"],
+                kind=row["kind"],
+                deliver_to=row["deliver_to"],
+                payload=row["payload"]
+                if isinstance(row["payload"], str)
+                else json.dumps(row["payload"]),
+                attempt=row["attempt"],
+                max_attempts=row["max_attempts"],
+                ack_required=bool(row["ack_required"]),
+                lease_until=lease_until,
+                ack_token=row["ack_token"],
+                recovered=recovered,
             )
+            if unreadable := undecodable_columns(row):
+                spoiled.append((claim, unreadable))
+            else:
+                claims.append(claim)
             changes.append(
                 Change(
                     row["id"],
@@ -500,11 +506,35 @@ def claim_batch(
                 )
             )
     record(conn, changes)
+    if spoiled:
+        counts["dead_letter"] += _dead_letter_unreadable(conn, spoiled, at, actor)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
     if caps is not None:
         for claim in claims:
             caps.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)
     return claims, counts
+
+
+def _dead_letter_unreadable(
+    conn: Conn, spoiled: Sequence[tuple[Claim, list[str]]], at: float, actor: str
+) -> int:
+    """End the attempts of claimed rows whose stored text is not valid
+    UTF-8 as permanent failures (dead-lettered, the bad columns named in
+    ``last_error`` and history): no send could carry them, and left due
+    they would come first in every scan. Returns how many were ended."""
+    ends = []
+    for claim, columns in spoiled:
+        named = ", ".join(repr(column) for column in columns)
+        message = (
+            f"stored {'column' if len(columns) == 1 else 'columns'} {named} "
+            f"{'is' if len(columns) == 1 else 'are'} not valid UTF-8; "
+            "no attempt can send this dispatch"
+        )
+        log.warning("dispatch %s: %s; dead-lettered", visible(claim.dispatch_id), message)
+        ends.append(
+            AttemptEnd(claim, TransportResult.failure(message, permanent=True), at, 0.0, actor)
+        )
+    return sum(outcome is Outcome.DEAD_LETTER for outcome in finish_many(conn, ends))
 
 
 # -- attempt ends ----------------------------------------------------------------
