@@ -246,7 +246,9 @@ async def deliver_due_dispatches(
     (None or an invalid template is a recorded transport failure, never an
     exception). A failed attempt is retried after ``retry_schedule``'s delay
     (seconds before attempt 2, 3, ...; the last repeats) or, without one,
-    the ADR backoff. No transaction is open while a transport runs. Cancellation
+    the ADR backoff. An attempt a local resource error kept from being made
+    (:meth:`TransportResult.not_sent`) is released, not counted, and ends
+    the pass. No transaction is open while a transport runs. Cancellation
     stops the scan; an attempt interrupted mid-send stays ``delivering`` and
     is recovered when its lease ends. A ``KeyboardInterrupt`` out of the
     transport releases its row (due at once) and then propagates.
@@ -317,3 +319,5 @@ async def _deliver_each(
                 retry_schedule=schedule,
             )
             tally(counts, result, outcome)
+            if result.local and not result.ok:
+                return  # short of a local resource: the rest wait for the next pass

@@ -117,7 +117,8 @@ class Outcome(enum.Enum):
     DEAD_LETTER = "dead_letter"
     ACK_TIMEOUT = "ack_timeout"
     RELEASED = "released"
-    """Worker shutdown interrupted the attempt: back to pending, due now."""
+    """Worker shutdown interrupted the attempt, or a local resource error
+    kept it from being made: back to pending, due now."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""
 
@@ -576,6 +577,15 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
     attempt's end, per ADR D4/D5."""
     claim, result, delay = end.claim, end.result, end.wait
     attempts_left = claim.attempt < claim.max_attempts
+    if result.local and not result.ok:
+        error = (result.error or "not sent")[:LAST_ERROR_LIMIT]
+        return (
+            Outcome.RELEASED,
+            Status.PENDING,
+            Reason.RELEASED,
+            f"attempt {claim.attempt} not made, not counted; due now: {error[:200]}",
+            error,
+        )
     if result.ok and not claim.ack_required:
         return (
             Outcome.DELIVERED,
@@ -641,6 +651,13 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     together (SPEC B4) -- each fenced on its claim; an end whose row moved
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
     INSERT batch."""
+    if any(end.result.local and not end.result.ok for end in ends):
+        # Attempts never made: released, their attempt taken back.
+        outcomes: list[Outcome] = []
+        for end in ends:
+            local = end.result.local and not end.result.ok
+            outcomes += [give_back(conn, end)] if local else finish_many(conn, [end])
+        return outcomes
     if len({end.claim.dispatch_id for end in ends}) < len(ends):
         # Two claims of one row (a stale one among them): RETURNING cannot
         # tell which matched, so settle them one at a time.
@@ -703,6 +720,34 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
         for end, plan in zip(ends, plans, strict=True)
     ]
+
+
+def give_back(conn: Conn, end: AttemptEnd) -> Outcome:
+    """Release an attempt this machine could not make (a local resource
+    error at spawn): ``pending``, due at once, ``attempt`` taken back so
+    the attempt does not count, the reason in ``last_error`` and history
+    (``dispatch.pending.released``); fenced on the claim."""
+    claim = end.claim
+    outcome, status, reason, summary, error = plan_end(end)
+    change = Change(
+        claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        end.actor,
+        end.now,
+        {"attempt": claim.attempt, "counted": False, "error": error},
+    )
+    history = transition_rows([change])
+    if not conn.execute(
+        sql.GIVE_BACK,
+        (end.now, end.now, error, claim.dispatch_id, claim.attempt, claim.lease_until),
+    ):
+        return Outcome.CONFLICT
+    insert_rows(conn, history)
+    return outcome
 
 
 def finish_and_claim(

@@ -66,7 +66,11 @@ class TransportResult:
     now: the next attempt waits at least that long (capped at 24 h).
     ``output`` is what the destination answered besides the verdict (the
     start of a command's stdout), for the worker's log: never stored, cut to
-    :data:`OUTPUT_LOG_LIMIT` characters."""
+    :data:`OUTPUT_LOG_LIMIT` characters. ``local`` marks an attempt that
+    never left this machine for want of a local resource (no file
+    descriptor, no memory, no process slot when starting a command): the
+    row is released, the attempt not counted, and the worker waits a little
+    before claiming again (:meth:`not_sent`)."""
 
     ok: bool
     error: str | None = None
@@ -74,6 +78,7 @@ class TransportResult:
     gone: bool = False
     retry_after: float | None = None
     output: str | None = field(default=None, compare=False)
+    local: bool = False
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -108,6 +113,12 @@ class TransportResult:
             gone=gone,
             retry_after=retry_after,
         )
+
+    @classmethod
+    def not_sent(cls, message: str) -> TransportResult:
+        """An attempt this machine could not make (a local resource error):
+        nothing reached the destination, so it does not count."""
+        return cls(ok=False, error=clean_error(message.strip()) or "not sent", local=True)
 
 
 class Transport(Protocol):

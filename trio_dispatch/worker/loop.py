@@ -92,6 +92,12 @@ from .statistics import WorkerStatistics
 if TYPE_CHECKING:  # the configuration file is the caller's business, not the loop's
     from ..config import Config
 
+LOCAL_ERROR_PAUSE_SECONDS: Final = 1.0
+"""How long the worker stops claiming after a local resource error at spawn
+(no file descriptor, memory or process slot): doubled on each one in a row,
+up to :data:`MAX_LOCAL_ERROR_PAUSE_SECONDS`."""
+MAX_LOCAL_ERROR_PAUSE_SECONDS: Final = 30.0
+
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
 locked): a lost finish means one more send once the lease ends."""
@@ -219,6 +225,11 @@ class DispatchWorker:
         """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
         once the worker has stopped."""
         self._stop: anyio.CancelScope | None = None
+        self._local_errors = 0
+        """Local resource errors in a row (reset by any attempt made)."""
+        self._claims_paused_until = 0.0
+        """``time.monotonic()`` before which no scan claims (after a local
+        resource error at spawn)."""
         self._wake: anyio.Event | None = None
         self._backlog = False
         self._running = False
@@ -347,6 +358,9 @@ class DispatchWorker:
         free = self._slots.free
         if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
             return self.tick_seconds
+        paused = self._claims_paused_until - time.monotonic()
+        if paused > 0:  # short of a local resource: let it recover first
+            return paused
         if free <= 0:
             self._backlog = True  # a finishing delivery wakes us
             return self.tick_seconds
@@ -453,9 +467,10 @@ class DispatchWorker:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
                 tally(self.counts, result, outcome)
-            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK):
+            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) or result.local:
                 # Its new due time may come before the loop's planned wake-up
-                # (a short retry schedule, a Retry-After): re-read it.
+                # (a short retry schedule, a Retry-After; a released row is
+                # due at once, after the pause): re-read it.
                 self.wake()
             self._log_outcome(claim, outcome, started, result)
         if next_claim is None:
@@ -505,7 +520,8 @@ class DispatchWorker:
     ) -> tuple[Outcome | None, Claim | None]:
         """Finish the attempt and, unless shutting down, take the next due
         row for this slot in the same transaction."""
-        if self._closing:
+        self._note_local_error(result)
+        if self._closing or result.local:  # no next claim for a slot that could not send
             return await self._settle(claim, result), None
         try:
             outcome, next_claim, counts = await finish_and_claim_next(
@@ -530,6 +546,24 @@ class DispatchWorker:
             return await self._settle(claim, result), None
         self._add_scan_counts(counts, [] if next_claim is None else [next_claim])
         return outcome, next_claim
+
+    def _note_local_error(self, result: TransportResult) -> None:
+        """After a local resource error at spawn, stop claiming for a while
+        (longer for each one in a row); an attempt made resets it."""
+        if not (result.local and not result.ok):
+            self._local_errors = 0
+            return
+        self._local_errors += 1
+        pause = min(
+            MAX_LOCAL_ERROR_PAUSE_SECONDS, LOCAL_ERROR_PAUSE_SECONDS * 2 ** (self._local_errors - 1)
+        )
+        self._claims_paused_until = max(self._claims_paused_until, time.monotonic() + pause)
+        self.log.warning(
+            "local resource error (%s): the row is released, the attempt not counted; "
+            "claiming paused for %gs",
+            result.error,
+            pause,
+        )
 
     async def _settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
@@ -580,7 +614,8 @@ class DispatchWorker:
             detail += f" error={visible(repr(error[:200]))}"
         if isinstance(result, TransportResult) and result.output:
             detail += f" output={visible(repr(result.output))}"
-        level = logging.INFO if outcome in _QUIET_OUTCOMES else logging.WARNING
+        local = isinstance(result, TransportResult) and result.local
+        level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
         self.log.log(
             level,
             "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
