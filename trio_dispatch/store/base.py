@@ -45,6 +45,9 @@ class Undecodable(str):
         text.raw = raw
         return text
 
+    def __getnewargs__(self) -> tuple[bytes]:  # type: ignore[override]
+        return (self.raw,)  # copy and pickle rebuild it from its bytes
+
 
 def decode_text(raw: bytes) -> str:
     """A text value as read from SQLite: ``str``, or :class:`Undecodable`

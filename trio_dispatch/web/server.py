@@ -18,6 +18,7 @@ and a refused request (no token) closes its connection.
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import os
 import socket
@@ -143,6 +144,11 @@ async def _serve_trio(
 
     wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
+    # The lifespan state argument (empty: the app keeps none) came with
+    # hypercorn 0.15; pass it where the handler takes it.
+    state: tuple[dict[str, Any], ...] = (
+        ({},) if "state" in inspect.signature(TCPServer.__init__).parameters else ()
+    )
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
 
     async def accept(connections: trio.Nursery) -> None:
@@ -157,7 +163,7 @@ async def _serve_trio(
                     await trio.sleep(0.1)
                     continue
                 if gate.admit(stream.socket.fileno()):
-                    server = TCPServer(wrapped, config, context, {}, stream)  # type: ignore[arg-type]
+                    server = TCPServer(wrapped, config, context, *state, stream)  # type: ignore[arg-type, call-arg]
                     connections.start_soon(server.run)
                 else:
                     stream.socket.close()  # refused: the client sees the connection closed
