@@ -51,6 +51,17 @@ def paused(caplog: pytest.LogCaptureFixture) -> bool:
     return any("claiming paused" in record.getMessage() for record in caplog.records)
 
 
+async def descriptors_settled() -> None:
+    """Wait until this process opens no more descriptors of its own accord
+    (a PostgreSQL pool filling, a listener connecting): the test then takes
+    away only what a spawn needs."""
+    seen = -1
+    with anyio.fail_after(10):
+        while (count := len(os.listdir("/proc/self/fd"))) != seen:
+            seen = count
+            await anyio.sleep(0.3)
+
+
 def assert_released_not_counted(raw: RawDB, dispatch_id: str) -> None:
     released = [
         t for t in raw.transitions(dispatch_id) if t["reason_code"] == "dispatch.pending.released"
@@ -74,6 +85,9 @@ async def test_a_spawn_short_of_descriptors_releases_the_row_without_counting_th
     )
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
+        await enqueue_dispatch(store, kind="k", deliver_to="warm-up")  # every connection open
+        await wait_for(lambda: worker.counts["delivered"] == 1)
+        await descriptors_settled()
         with no_free_descriptor():
             dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
             await wait_for(lambda: paused(caplog))
@@ -90,6 +104,7 @@ async def test_a_spawn_short_of_descriptors_releases_the_row_without_counting_th
     assert raw.row(dispatch_id)["attempt"] == 1
     assert_released_not_counted(raw, dispatch_id)
     assert worker.counts["retried"] == 0 and worker.counts["dead_letter"] == 0
+    assert worker.counts["delivered"] == 2
 
 
 @pytest.mark.anyio
@@ -98,6 +113,8 @@ async def test_a_single_pass_short_of_descriptors_releases_the_row_and_stops(
 ) -> None:
     first = await enqueue_dispatch(store, kind="k", deliver_to="a")
     second = await enqueue_dispatch(store, kind="k", deliver_to="b")
+    await store.read(lambda conn: conn.query_one(SELECT_ROW, (first,)))
+    await descriptors_settled()
     with no_free_descriptor():
         counts = await deliver_due_dispatches(store, notify_template=[sys.executable, "-c", "pass"])
     assert counts["retried"] == 0 and counts["delivered"] == 0

@@ -228,7 +228,7 @@ class DispatchWorker:
         self._local_errors = 0
         """Local resource errors in a row (reset by any attempt made)."""
         self._claims_paused_until = 0.0
-        """``time.monotonic()`` before which no scan claims (after a local
+        """The event-loop time before which no scan claims (after a local
         resource error at spawn)."""
         self._wake: anyio.Event | None = None
         self._backlog = False
@@ -358,7 +358,7 @@ class DispatchWorker:
         free = self._slots.free
         if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
             return self.tick_seconds
-        paused = self._claims_paused_until - time.monotonic()
+        paused = self._claims_paused_until - anyio.current_time()
         if paused > 0:  # short of a local resource: let it recover first
             return paused
         if free <= 0:
@@ -557,7 +557,7 @@ class DispatchWorker:
         pause = min(
             MAX_LOCAL_ERROR_PAUSE_SECONDS, LOCAL_ERROR_PAUSE_SECONDS * 2 ** (self._local_errors - 1)
         )
-        self._claims_paused_until = max(self._claims_paused_until, time.monotonic() + pause)
+        self._claims_paused_until = max(self._claims_paused_until, anyio.current_time() + pause)
         self.log.warning(
             "local resource error (%s): the row is released, the attempt not counted; "
             "claiming paused for %gs",
