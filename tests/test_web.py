@@ -568,9 +568,13 @@ def test_the_worker_refuses_a_public_address_without_a_token(tmp_path: Path) -> 
 
 @contextmanager
 def running(
-    args: list[str], tmp_path: Path, pattern: str
+    args: list[str],
+    tmp_path: Path,
+    pattern: str,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """A real ``trio-dispatch`` process; yields the URL its log announces."""
+    """A real ``trio-dispatch`` process; yields the URL its log announces.
+    ``preexec_fn`` runs in the child before it starts (e.g. to lower a limit)."""
     env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
     process = subprocess.Popen(
         [sys.executable, "-m", "trio_dispatch", *args],
@@ -579,6 +583,7 @@ def running(
         text=True,
         env=env,
         cwd=tmp_path,
+        preexec_fn=preexec_fn,
     )
     try:
         assert process.stderr is not None

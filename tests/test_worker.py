@@ -16,7 +16,7 @@ import anyio
 import pytest
 import trio
 
-from trio_dispatch import Delivery, enqueue_dispatch, open_store
+from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch, open_store
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import asyncio_transport
 from trio_dispatch.worker import DispatchWorker, WorkerStatistics
@@ -651,3 +651,59 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
     )
     assert claim["created_at"] >= released - 0.05
     assert json.loads(claim["metadata"])["lease_until"] == claim["created_at"] + 2.5
+
+
+# -- a KeyboardInterrupt out of a transport ----------------------------------
+
+
+@pytest.mark.anyio
+async def test_keyboard_interrupt_in_a_transport_releases_its_row_and_stops_the_worker_gracefully(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    other_started = anyio.Event()
+
+    async def send(delivery: Delivery) -> None:
+        if delivery.deliver_to == "ctrl-c":
+            await other_started.wait()
+            raise KeyboardInterrupt
+        other_started.set()
+        await anyio.sleep(0.3)  # still running when the interrupt comes
+
+    other = await enqueue_dispatch(store, kind="k", deliver_to="slow")
+    interrupted = await enqueue_dispatch(store, kind="k", deliver_to="ctrl-c", max_attempts=5)
+    # listen=False: no wake-up from the listener's start races the release
+    # with a scan that would claim the released row again.
+    worker = DispatchWorker(store, transport=send, grace_seconds=5, tick_seconds=3600, listen=False)
+    before = time.time()
+    # The interrupt reaches the caller as itself (a Ctrl-C still stops the
+    # process), and only after the worker stopped.
+    with pytest.raises(KeyboardInterrupt):
+        await worker.run()
+    row = raw.row(interrupted)
+    assert (row["status"], row["attempt"]) == ("pending", 1)
+    assert before <= row["next_attempt_at"] <= time.time()  # due at once, no lease to wait
+    last = raw.transitions(interrupted)[-1]
+    assert (last["previous_status"], last["reason_code"]) == (
+        "delivering",
+        "dispatch.pending.released",
+    )
+    assert "KeyboardInterrupt" in last["reason_summary"]
+    # Graceful: the delivery running beside it had its grace and finished.
+    assert raw.row(other)["status"] == "delivered"
+    assert statuses(raw) == {"pending": 1, "delivered": 1}
+    assert not worker.statistics().running and worker.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_keyboard_interrupt_in_a_transport_releases_its_row_in_a_single_pass(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def send(delivery: Delivery) -> None:
+        raise KeyboardInterrupt
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    with pytest.raises(KeyboardInterrupt):
+        await deliver_due_dispatches(store, transport=send)
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"]) == ("pending", 1)
+    assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.released"

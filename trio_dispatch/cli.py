@@ -25,6 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -277,7 +278,11 @@ async def serve(
 
                     app = WebApp(db, worker=worker, token=config.http.token)
                     try:
-                        url = await tg.start(serve_app, app, config.http.listen)
+                        url = await tg.start(
+                            partial(serve_app, max_connections=config.http.max_connections),
+                            app,
+                            config.http.listen,
+                        )
                     except ValueError as exc:  # the address is taken, say
                         raise UsageError(str(exc)) from None
                     log.info("http: metrics, health and dashboard at %s/", url)
@@ -675,6 +680,11 @@ def _print_config(config: Config, path: Path) -> None:
         f"per_destination_concurrency {'none' if cap is None else cap}, "
         f"listen {'on' if worker.listen else 'off'}"
     )
+    http = config.http
+    print(
+        f"  http: {'off' if http.listen is None else f'listen {http.listen}'}, "
+        f"token {'set' if http.token else 'none'}, max_connections {http.max_connections}"
+    )
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -719,6 +729,11 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
                 ),
                 "max_body_bytes": config.dispatch.max_body_bytes,
                 "worker": dataclasses.asdict(config.worker),
+                "http": {
+                    "listen": None if config.http.listen is None else str(config.http.listen),
+                    "token": config.http.token is not None,
+                    "max_connections": config.http.max_connections,
+                },
                 "log_level": config.log_level,
                 "warnings": warnings,
             }
@@ -786,7 +801,11 @@ def _cmd_web(args: argparse.Namespace) -> int:
         ):
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 try:
-                    url = await tg.start(serve_app, WebApp(db, token=config.http.token), listen)
+                    url = await tg.start(
+                        partial(serve_app, max_connections=config.http.max_connections),
+                        WebApp(db, token=config.http.token),
+                        listen,
+                    )
                 except ValueError as exc:
                     raise UsageError(str(exc)) from None
                 log.info("dashboard (read-only) at %s/ for %s", url, db.url)

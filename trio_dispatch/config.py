@@ -46,7 +46,14 @@ from .transports.plugins import (
 from .transports.webhook.plugin import WebhookConfig as WebhookConfig
 from .validate import require_int
 from .values import show
-from .web.binding import Listen, check_binding, parse_listen, parse_token
+from .web.binding import (
+    DEFAULT_MAX_CONNECTIONS,
+    Listen,
+    check_binding,
+    parse_listen,
+    parse_max_connections,
+    parse_token,
+)
 
 if TYPE_CHECKING:
     pass
@@ -131,6 +138,8 @@ class HttpConfig:
     """Where the worker serves /metrics, /healthz and the dashboard; None: nowhere."""
     token: str | None = None
     """The bearer token every request must carry (required beyond loopback)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Connections the server keeps open at once; more are closed as they arrive."""
 
 
 @dataclass(frozen=True)
@@ -346,6 +355,7 @@ _SCHEMA: Final[_Schema] = {
     "http": {
         "listen": _Rule(_check_listen, None),
         "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
+        "max_connections": _Rule(parse_max_connections, DEFAULT_MAX_CONNECTIONS),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
 }

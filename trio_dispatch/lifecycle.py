@@ -101,7 +101,9 @@ class Reason(enum.StrEnum):
     OPERATOR_RETRY = "dispatch.pending.operator_retry"
     """An operator retried a ``dead_letter`` or ``expired`` dispatch."""
     RELEASED = "dispatch.pending.released"
-    """Worker shutdown interrupted the attempt; due at once."""
+    """Worker shutdown (or a KeyboardInterrupt) interrupted the attempt, or a
+    local resource error at spawn kept it from being made (then the attempt
+    is not counted); due at once."""
     PURGED_OPERATOR = "dispatch.purged.operator"
     """An operator purged one dispatch (transition status ``purged``)."""
     PURGED_RETENTION = "dispatch.purged.retention"

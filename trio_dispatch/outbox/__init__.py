@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..settings import LEASE_SAFETY_SECONDS
 from .delivery import (
+    INTERRUPT_REASON,
     attempt_deadline,
     call_transport,
     claim_due,
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_RETENTION_SECONDS",
+    "INTERRUPT_REASON",
     "LEASE_SAFETY_SECONDS",
     "PRUNE_CHUNK",
     "Claim",

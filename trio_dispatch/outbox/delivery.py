@@ -14,7 +14,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
@@ -35,6 +35,7 @@ from ..transports import (
     TransportResult,
     as_transport,
     describe_exception,
+    is_interrupt,
     must_propagate,
     opened,
 )
@@ -52,6 +53,9 @@ from .machine import (
     release,
 )
 from .scan import select_due
+
+INTERRUPT_REASON: Final = "KeyboardInterrupt in the transport"
+"""What a released row's history says when a Ctrl-C cut its attempt."""
 
 
 def require_store(db: object, caller: str) -> None:
@@ -151,14 +155,16 @@ async def release_attempt(
     now: float | None = None,
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
+    why: str = "worker shutdown",
 ) -> Outcome:
-    """Give back an attempt that worker shutdown interrupted: the row returns
-    to ``pending``, due at once (``dispatch.pending.released``), fenced on
-    ``(delivering, claim.attempt)``. If it was the last attempt allowed, the
-    row is dead-lettered instead (``max_attempts`` bounds every send).
-    Returns :attr:`Outcome.CONFLICT` if the row had moved on."""
+    """Give back an attempt that ``why`` interrupted (worker shutdown, a
+    KeyboardInterrupt): the row returns to ``pending``, due at once
+    (``dispatch.pending.released``), fenced on ``(delivering,
+    claim.attempt)``. If it was the last attempt allowed, the row is
+    dead-lettered instead (``max_attempts`` bounds every send). Returns
+    :attr:`Outcome.CONFLICT` if the row had moved on."""
     read_clock = clock or clock_from(now)
-    return await db.write(lambda conn: release(conn, claim, read_clock(), actor))
+    return await db.write(lambda conn: release(conn, claim, read_clock(), actor, why))
 
 
 def attempt_deadline(claim: Claim, clock: Callable[[], float] = time.time) -> float:
@@ -240,9 +246,12 @@ async def deliver_due_dispatches(
     (None or an invalid template is a recorded transport failure, never an
     exception). A failed attempt is retried after ``retry_schedule``'s delay
     (seconds before attempt 2, 3, ...; the last repeats) or, without one,
-    the ADR backoff. No transaction is open while a transport runs. Cancellation
+    the ADR backoff. An attempt a local resource error kept from being made
+    (:meth:`TransportResult.not_sent`) is released, not counted, and ends
+    the pass. No transaction is open while a transport runs. Cancellation
     stops the scan; an attempt interrupted mid-send stays ``delivering`` and
-    is recovered when its lease ends.
+    is recovered when its lease ends. A ``KeyboardInterrupt`` out of the
+    transport releases its row (due at once) and then propagates.
     """
     require_store(db, "deliver_due_dispatches")
     schedule = check_retry_schedule("retry_schedule", retry_schedule)
@@ -289,7 +298,15 @@ async def _deliver_each(
         for claim in claims:
             result: TransportResult | None = None
             with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):
-                result = await call_transport(sender, claim)
+                try:
+                    result = await call_transport(sender, claim)
+                except BaseException as exc:
+                    if is_interrupt(exc):  # Ctrl-C: no row may wait for its lease
+                        with anyio.CancelScope(shield=True):
+                            await release_attempt(
+                                db, claim, actor=actor, clock=clock, why=INTERRUPT_REASON
+                            )
+                    raise
             if result is None:
                 result = lease_timeout_result(lease)
             outcome = await finish_attempt(
@@ -302,3 +319,5 @@ async def _deliver_each(
                 retry_schedule=schedule,
             )
             tally(counts, result, outcome)
+            if result.local and not result.ok:
+                return  # short of a local resource: the rest wait for the next pass

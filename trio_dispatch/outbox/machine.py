@@ -35,11 +35,14 @@ from ..lifecycle import (
     Status,
     check_edge,
 )
-from ..store.base import Conn, Row
+from ..redact import scrubbed_logger, visible
+from ..store.base import Conn, Row, undecodable_columns
 from ..transports import LAST_ERROR_LIMIT, Delivery, TransportResult
 from . import sql
 from .caps import DestinationCaps
 from .scan import select_due
+
+log = scrubbed_logger("trio_dispatch.outbox")
 
 MAX_RETRY_AFTER_SECONDS: Final = 86400.0
 """The longest a destination's ``Retry-After`` may delay the next attempt."""
@@ -116,7 +119,8 @@ class Outcome(enum.Enum):
     DEAD_LETTER = "dead_letter"
     ACK_TIMEOUT = "ack_timeout"
     RELEASED = "released"
-    """Worker shutdown interrupted the attempt: back to pending, due now."""
+    """Worker shutdown interrupted the attempt, or a local resource error
+    kept it from being made: back to pending, due now."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""
 
@@ -431,6 +435,7 @@ def claim_batch(
     order = {row["id"]: index for index, row in enumerate(rows)}
     lease_until = at + lease
     claims: list[Claim] = []
+    spoiled: list[tuple[Claim, list[str]]] = []
     changes: list[Change] = []
     for previous, group in fresh.items():
         if not group:
@@ -450,22 +455,24 @@ def claim_batch(
         )
         recovered = previous == Status.DELIVERING
         for row in won:
-            claims.append(
-                Claim(
-                    dispatch_id=row["id"],
-                    kind=row["kind"],
-                    deliver_to=row["deliver_to"],
-                    payload=row["payload"]
-                    if isinstance(row["payload"], str)
-                    else json.dumps(row["payload"]),
-                    attempt=row["attempt"],
-                    max_attempts=row["max_attempts"],
-                    ack_required=bool(row["ack_required"]),
-                    lease_until=lease_until,
-                    ack_token=row["ack_token"],
-                    recovered=recovered,
-                )
+            claim = Claim(
+                dispatch_id=row["id"],
+                kind=row["kind"],
+                deliver_to=row["deliver_to"],
+                payload=row["payload"]
+                if isinstance(row["payload"], str)
+                else json.dumps(row["payload"]),
+                attempt=row["attempt"],
+                max_attempts=row["max_attempts"],
+                ack_required=bool(row["ack_required"]),
+                lease_until=lease_until,
+                ack_token=row["ack_token"],
+                recovered=recovered,
             )
+            if unreadable := undecodable_columns(row):
+                spoiled.append((claim, unreadable))
+            else:
+                claims.append(claim)
             changes.append(
                 Change(
                     row["id"],
@@ -481,11 +488,35 @@ def claim_batch(
                 )
             )
     record(conn, changes)
+    if spoiled:
+        counts["dead_letter"] += _dead_letter_unreadable(conn, spoiled, at, actor)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
     if caps is not None:
         for claim in claims:
             caps.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)
     return claims, counts
+
+
+def _dead_letter_unreadable(
+    conn: Conn, spoiled: Sequence[tuple[Claim, list[str]]], at: float, actor: str
+) -> int:
+    """End the attempts of claimed rows whose stored text is not valid
+    UTF-8 as permanent failures (dead-lettered, the bad columns named in
+    ``last_error`` and history): no send could carry them, and left due
+    they would come first in every scan. Returns how many were ended."""
+    ends = []
+    for claim, columns in spoiled:
+        named = ", ".join(repr(column) for column in columns)
+        message = (
+            f"stored {'column' if len(columns) == 1 else 'columns'} {named} "
+            f"{'is' if len(columns) == 1 else 'are'} not valid UTF-8; "
+            "no attempt can send this dispatch"
+        )
+        log.warning("dispatch %s: %s; dead-lettered", visible(claim.dispatch_id), message)
+        ends.append(
+            AttemptEnd(claim, TransportResult.failure(message, permanent=True), at, 0.0, actor)
+        )
+    return sum(outcome is Outcome.DEAD_LETTER for outcome in finish_many(conn, ends))
 
 
 # -- attempt ends ----------------------------------------------------------------
@@ -527,6 +558,15 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
     attempt's end, per ADR D4/D5."""
     claim, result, delay = end.claim, end.result, end.wait
     attempts_left = claim.attempt < claim.max_attempts
+    if result.local and not result.ok:
+        error = (result.error or "not sent")[:LAST_ERROR_LIMIT]
+        return (
+            Outcome.RELEASED,
+            Status.PENDING,
+            Reason.RELEASED,
+            f"attempt {claim.attempt} not made, not counted; due now: {error[:200]}",
+            error,
+        )
     if result.ok and not claim.ack_required:
         return (
             Outcome.DELIVERED,
@@ -592,6 +632,13 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     together (SPEC B4) -- each fenced on its claim; an end whose row moved
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
     INSERT batch."""
+    if any(end.result.local and not end.result.ok for end in ends):
+        # Attempts never made: released, their attempt taken back.
+        outcomes: list[Outcome] = []
+        for end in ends:
+            local = end.result.local and not end.result.ok
+            outcomes += [give_back(conn, end)] if local else finish_many(conn, [end])
+        return outcomes
     if len({end.claim.dispatch_id for end in ends}) < len(ends):
         # Two claims of one row (a stale one among them): RETURNING cannot
         # tell which matched, so settle them one at a time.
@@ -656,6 +703,34 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     ]
 
 
+def give_back(conn: Conn, end: AttemptEnd) -> Outcome:
+    """Release an attempt this machine could not make (a local resource
+    error at spawn): ``pending``, due at once, ``attempt`` taken back so
+    the attempt does not count, the reason in ``last_error`` and history
+    (``dispatch.pending.released``); fenced on the claim."""
+    claim = end.claim
+    outcome, status, reason, summary, error = plan_end(end)
+    change = Change(
+        claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        end.actor,
+        end.now,
+        {"attempt": claim.attempt, "counted": False, "error": error},
+    )
+    history = transition_rows([change])
+    if not conn.execute(
+        sql.GIVE_BACK,
+        (end.now, end.now, error, claim.dispatch_id, claim.attempt, claim.lease_until),
+    ):
+        return Outcome.CONFLICT
+    insert_rows(conn, history)
+    return outcome
+
+
 def finish_and_claim(
     conn: Conn, ends: list[AttemptEnd]
 ) -> list[tuple[Outcome, Claim | None, dict[str, int]]]:
@@ -682,16 +757,19 @@ def finish_and_claim(
     return list(zip(outcomes, nexts, counts, strict=True))
 
 
-def release(conn: Conn, claim: Claim, now: float, actor: str) -> Outcome:
-    """Give back an attempt that worker shutdown interrupted: pending, due
-    at once; or, if it was the last attempt allowed and may have reached the
-    destination, dead-lettered (the same end as a claimant that died)."""
+def release(
+    conn: Conn, claim: Claim, now: float, actor: str, why: str = "worker shutdown"
+) -> Outcome:
+    """Give back an attempt that ``why`` (worker shutdown, a
+    KeyboardInterrupt) interrupted: pending, due at once; or, if it was the
+    last attempt allowed and may have reached the destination,
+    dead-lettered (the same end as a claimant that died)."""
     if claim.attempt >= claim.max_attempts:
         status, reason, outcome = Status.DEAD_LETTER, Reason.MAX_ATTEMPTS, Outcome.DEAD_LETTER
-        summary = f"worker shutdown interrupted attempt {claim.attempt} of {claim.max_attempts}"
+        summary = f"{why} interrupted attempt {claim.attempt} of {claim.max_attempts}"
     else:
         status, reason, outcome = Status.PENDING, Reason.RELEASED, Outcome.RELEASED
-        summary = f"worker shutdown interrupted attempt {claim.attempt}; due now"
+        summary = f"{why} interrupted attempt {claim.attempt}; due now"
     change = Change(
         claim.dispatch_id,
         Status.DELIVERING,

@@ -5,6 +5,7 @@ no row can hold (a NUL, a lone surrogate) with "not found" on every engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -12,7 +13,7 @@ from functools import partial
 from typing import Any, Final
 
 from ..lifecycle import ENTITY_TYPE, STATUSES, Reason, Status
-from ..store.base import Conn, Database, Row
+from ..store.base import Conn, Database, Row, Undecodable
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
@@ -22,13 +23,18 @@ DEFAULT_LIST_LIMIT: Final = 50
 
 
 def decode(row: Row | None) -> dict[str, Any] | None:
-    """A row with its JSON columns (payload, evidence_refs, metadata) decoded."""
+    """A row with its JSON columns (payload, evidence_refs, metadata)
+    decoded; one that does not hold JSON (bytes that are not UTF-8, written
+    by something else) stays the text it reads as, so the row can still be
+    listed and shown."""
     if row is None:
         return None
     out = dict(row)
     for key in ("payload", "evidence_refs", "metadata"):
-        if isinstance(out.get(key), str):
-            out[key] = json.loads(out[key])
+        value = out.get(key)
+        if isinstance(value, str) and not isinstance(value, Undecodable):
+            with contextlib.suppress(ValueError):
+                out[key] = json.loads(value)
     return out
 
 

@@ -253,6 +253,13 @@ RELEASE: Final = (
     f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"
 )
 
+GIVE_BACK: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.PENDING}', attempt = attempt - 1, "
+    f"next_attempt_at = ?, updated_at = ?, last_error = ? WHERE {FENCE}"
+)
+"""Release an attempt that was never made (a local resource error): due at
+once, and the claim's attempt taken back."""
+
 
 def set_status(assignments: str = "") -> str:
     """Move a row from the status it was read with (an operator's or a

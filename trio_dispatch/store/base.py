@@ -35,6 +35,41 @@ ResultT = TypeVar("ResultT")
 
 Row = dict[str, Any]
 
+
+class Undecodable(str):
+    """A stored text value that is not valid UTF-8 (written by something
+    other than the outbox, or damaged): readable, with U+FFFD in place of
+    each bad byte, so a read never fails on it; :attr:`raw` keeps the bytes.
+    A row holding one cannot be delivered (:func:`undecodable_columns`)."""
+
+    __slots__ = ("raw",)
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> Undecodable:
+        text = super().__new__(cls, raw.decode("utf-8", "replace"))
+        text.raw = raw
+        return text
+
+    def __getnewargs__(self) -> tuple[bytes]:  # type: ignore[override]
+        return (self.raw,)  # copy and pickle rebuild it from its bytes
+
+
+def decode_text(raw: bytes) -> str:
+    """A text value as read from SQLite: ``str``, or :class:`Undecodable`
+    for bytes that are not valid UTF-8 (SQLite does not check what it is
+    given; PostgreSQL does)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Undecodable(raw)
+
+
+def undecodable_columns(row: Row) -> list[str]:
+    """The columns of ``row`` whose stored text is not valid UTF-8."""
+    return [column for column, value in row.items() if isinstance(value, Undecodable)]
+
+
 Durability = Literal["full", "normal"]
 DURABILITIES: Final = ("full", "normal")
 DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0

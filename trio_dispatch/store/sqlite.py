@@ -23,6 +23,7 @@ from .base import (
     SchemaError,
     StoreError,
     T,
+    decode_text,
     parse_target,
 )
 from .batching import BatchingStore, BatchingTransaction
@@ -54,22 +55,44 @@ class SQLiteConn:
     dialect = SQLITE  # BEGIN IMMEDIATE excludes other writers: no row locks
 
     def __init__(self, conn: sqlite3.Connection) -> None:
+        # Text that is not valid UTF-8 reads as Undecodable, never as an
+        # error in the middle of a statement (one such row would fail every
+        # scan that reaches it).
+        conn.text_factory = decode_text
         self._conn = conn
         self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self._conn.execute(sql, params).rowcount
+        cursor = self._conn.execute(sql, params)
+        try:
+            return cursor.rowcount
+        finally:
+            cursor.close()
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        return self._conn.executemany(sql, rows).rowcount
+        cursor = self._conn.executemany(sql, rows)
+        try:
+            return cursor.rowcount
+        finally:
+            cursor.close()
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return list(self._db.query(sql, params))
+        # A cursor of our own, closed whatever happens: a statement left
+        # open by an error while fetching (sqlite-utils' generators leave
+        # it to the garbage collector) makes every later SAVEPOINT, RELEASE
+        # or COMMIT on the connection fail with "SQL statements in progress".
+        cursor = self._conn.execute(sql, params)
+        try:
+            if cursor.description is None:
+                return []
+            keys = [column[0] for column in cursor.description]
+            return [dict(zip(keys, row, strict=True)) for row in cursor.fetchall()]
+        finally:
+            cursor.close()
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        for row in self._db.query(sql, params):
-            return row
-        return None
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
 
     def announce_enqueue(self) -> None:
         """Other processes on the file learn of it on their next tick."""

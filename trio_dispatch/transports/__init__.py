@@ -25,6 +25,8 @@ from .base import (
     TransportResult,
     clean_error,
     describe_exception,
+    is_interrupt,
+    keyboard_interrupt,
     must_propagate,
     opened,
 )
@@ -70,7 +72,9 @@ __all__ = [
     "asyncio_transport",
     "clean_error",
     "describe_exception",
+    "is_interrupt",
     "is_valid_template",
+    "keyboard_interrupt",
     "looks_secret",
     "must_propagate",
     "needs_asyncio_loop",

@@ -67,7 +67,11 @@ class TransportResult:
     now: the next attempt waits at least that long (capped at 24 h).
     ``output`` is what the destination answered besides the verdict (the
     start of a command's stdout), for the worker's log: never stored, cut to
-    :data:`OUTPUT_LOG_LIMIT` characters."""
+    :data:`OUTPUT_LOG_LIMIT` characters. ``local`` marks an attempt that
+    never left this machine for want of a local resource (no file
+    descriptor, no memory, no process slot when starting a command): the
+    row is released, the attempt not counted, and the worker waits a little
+    before claiming again (:meth:`not_sent`)."""
 
     ok: bool
     error: str | None = None
@@ -75,6 +79,7 @@ class TransportResult:
     gone: bool = False
     retry_after: float | None = None
     output: str | None = field(default=None, compare=False)
+    local: bool = False
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -109,6 +114,12 @@ class TransportResult:
             gone=gone,
             retry_after=retry_after,
         )
+
+    @classmethod
+    def not_sent(cls, message: str) -> TransportResult:
+        """An attempt this machine could not make (a local resource error):
+        nothing reached the destination, so it does not count."""
+        return cls(ok=False, error=clean_error(message.strip()) or "not sent", local=True)
 
 
 class Transport(Protocol):
@@ -184,6 +195,27 @@ def must_propagate(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None
     return isinstance(exc, stop)
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or holds) a ``KeyboardInterrupt``: the attempt it
+    cut short is given back, and the interrupt still stops the process."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda inner: isinstance(inner, KeyboardInterrupt)) is not None
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def keyboard_interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """The first ``KeyboardInterrupt`` in ``exc`` (itself, or a leaf of an
+    exception group), or None."""
+    if isinstance(exc, KeyboardInterrupt):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = keyboard_interrupt(inner)
+            if found is not None:
+                return found
+    return None
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ memory. Its environment follows :class:`ChildEnvironment` (SPEC section 12).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ from .base import (
     timeout_message,
 )
 from .plugins import Option, PluginContext
-from .process import Child, is_too_big, spawn
+from .process import Child, is_resource_shortage, is_too_big, spawn
 
 DEFAULT_KILL_GRACE_SECONDS: Final = 1.0
 """Seconds between SIGTERM and SIGKILL to a transport's process group."""
@@ -317,7 +318,10 @@ class CommandTransport(BaseTransport):
         A missing template, an executable that cannot be run, or a NUL
         character in an argument or environment value is a failure too. An
         argv or environment the OS refuses as too large (E2BIG) is a
-        *permanent* failure: the same attempt can never succeed.
+        *permanent* failure: the same attempt can never succeed. A local
+        resource error at the start (EMFILE, ENFILE, ENOMEM, EAGAIN: this
+        machine is short of descriptors, memory or processes) is no failure
+        of the dispatch: the result is :meth:`TransportResult.not_sent`.
 
         The child runs in its own process group. After it exits, anything it
         left running in that group is SIGKILLed, so nothing outlives the
@@ -353,6 +357,12 @@ class CommandTransport(BaseTransport):
                     f"cannot execute {argv[0]!r}: the OS refuses an argv and environment of "
                     f"{size:,} bytes as too large (E2BIG); no retry can succeed",
                     permanent=True,
+                )
+            if is_resource_shortage(exc):
+                name = errno.errorcode.get(exc.errno or 0, "OSError")
+                return TransportResult.not_sent(
+                    f"local resource error starting {argv[0]!r}: {exc.strerror or exc} ({name}); "
+                    "not sent, attempt not counted"
                 )
             return TransportResult.failure(f"cannot execute {argv[0]!r}: {exc.strerror or exc}")
         except (ValueError, UnicodeEncodeError) as exc:  # "=" in a name, a lone surrogate

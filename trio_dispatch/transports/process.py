@@ -385,4 +385,23 @@ def is_too_big(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno == errno.E2BIG
 
 
-__all__ = ["Child", "is_too_big", "lifeline_pid", "spawn"]
+RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+"""What starting a command fails with when this machine, not the command,
+is short of something: file descriptors (of the process, of the system),
+memory, or processes (``fork`` says EAGAIN)."""
+
+
+def is_resource_shortage(exc: BaseException) -> bool:
+    """Whether ``exc`` is a local resource error at spawn: the command was
+    never started, through no fault of the dispatch or its destination."""
+    return isinstance(exc, OSError) and exc.errno in RESOURCE_ERRNOS
+
+
+__all__ = [
+    "RESOURCE_ERRNOS",
+    "Child",
+    "is_resource_shortage",
+    "is_too_big",
+    "lifeline_pid",
+    "spawn",
+]

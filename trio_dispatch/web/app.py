@@ -139,6 +139,9 @@ class WebApp:
                 extra=(
                     (b"www-authenticate", b'Basic realm="trio-dispatch", charset="UTF-8"'),
                     (b"www-authenticate", b'Bearer realm="trio-dispatch"'),
+                    # No keep-alive for a caller without the token: its
+                    # connection is not held open for another try.
+                    (b"connection", b"close"),
                 ),
             )
             return

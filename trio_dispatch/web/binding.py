@@ -22,6 +22,10 @@ from ..values import show
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 9464
 MIN_TOKEN_LENGTH: Final = 16
+DEFAULT_MAX_CONNECTIONS: Final = 64
+"""Connections the HTTP server keeps open at once; more are closed as they
+arrive (the server shares the worker's file descriptors)."""
+MAX_MAX_CONNECTIONS: Final = 10_000
 _HOST_PORT: Final = re.compile(
     r"^(?:\[(?P<v6>[0-9A-Fa-f:.%]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d+)$"
 )
@@ -97,6 +101,20 @@ def parse_token(name: str, value: object, environ: Mapping[str, str]) -> str | N
             "without spaces"
         )
     register_secrets([value])
+    return value
+
+
+def parse_max_connections(name: str, value: object) -> int:
+    """A whole number of connections, 1 to :data:`MAX_MAX_CONNECTIONS`; a
+    ValueError naming ``name`` otherwise."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or not 1 <= value <= MAX_MAX_CONNECTIONS
+    ):
+        raise ValueError(
+            f"{name} must be a whole number from 1 to {MAX_MAX_CONNECTIONS:,}, got {show(value)}"
+        )
     return value
 
 

@@ -47,6 +47,7 @@ from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
+    INTERRUPT_REASON,
     Claim,
     Outcome,
     attempt_deadline,
@@ -80,6 +81,8 @@ from ..transports import (
     Transport,
     TransportResult,
     as_transport,
+    is_interrupt,
+    keyboard_interrupt,
     needs_asyncio_loop,
     opened,
 )
@@ -89,6 +92,12 @@ from .statistics import WorkerStatistics
 
 if TYPE_CHECKING:  # the configuration file is the caller's business, not the loop's
     from ..config import Config
+
+LOCAL_ERROR_PAUSE_SECONDS: Final = 1.0
+"""How long the worker stops claiming after a local resource error at spawn
+(no file descriptor, memory or process slot): doubled on each one in a row,
+up to :data:`MAX_LOCAL_ERROR_PAUSE_SECONDS`."""
+MAX_LOCAL_ERROR_PAUSE_SECONDS: Final = 30.0
 
 FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 """Pauses between tries of a finish write that failed (e.g. database
@@ -213,6 +222,15 @@ class DispatchWorker:
             else DestinationCaps(settings.per_destination_concurrency)
         )
         self._closing = False  # shutdown began: claim nothing more
+        self._interrupt: BaseException | None = None
+        """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
+        once the worker has stopped."""
+        self._stop: anyio.CancelScope | None = None
+        self._local_errors = 0
+        """Local resource errors in a row (reset by any attempt made)."""
+        self._claims_paused_until = 0.0
+        """The event-loop time before which no scan claims (after a local
+        resource error at spawn)."""
         self._wake: anyio.Event | None = None
         self._backlog = False
         self._running = False
@@ -254,36 +272,58 @@ class DispatchWorker:
         """Deliver until cancelled; signals ``task_status`` once it listens
         for enqueues. On cancellation it stops claiming, gives running
         deliveries ``grace_seconds``, then kills and releases the rest, and
-        only then returns (re-raising the cancellation)."""
+        only then returns (re-raising the cancellation). A transport that
+        raises ``KeyboardInterrupt`` has its row released (due at once),
+        stops the worker the same way, and the interrupt is re-raised."""
         if self._running:
             raise WorkerError("this DispatchWorker is already running")
         self._running = True
         self._closing = False
+        self._interrupt = None
         self._wake = anyio.Event()
         remove = self.db.on_enqueue(self.wake)
         try:
-            async with AsyncExitStack() as stack:
-                if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
-                    import trio_asyncio  # imported only when needed (~0.1 s)
-
-                    await stack.enter_async_context(trio_asyncio.open_loop())
-                await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
-                async with anyio.create_task_group() as deliveries:
-                    listener = anyio.CancelScope()
-                    if self.listen and isinstance(self.db, Listener):
-                        deliveries.start_soon(self._listen, self.db, listener)
-                    task_status.started()
-                    try:
-                        await self._claim_loop(deliveries)
-                    finally:
-                        listener.cancel()
-                        self._closing = True  # no more claims, chained or scanned
-                        with anyio.CancelScope(shield=True):
-                            await self._stop_deliveries()
+            await self._run(task_status)
+        except BaseExceptionGroup as group:
+            # A Ctrl-C from elsewhere stops the caller as a KeyboardInterrupt,
+            # not as a task group's exception group around one.
+            interrupt = keyboard_interrupt(group)
+            if interrupt is None:
+                raise
+            raise interrupt from None
         finally:
             remove()
             self._wake = None
+            self._stop = None
             self._running = False
+        if self._interrupt is not None:
+            # A transport's Ctrl-C: its row was released and the worker has
+            # stopped as on a cancellation; now the interrupt goes on.
+            interrupt, self._interrupt = self._interrupt, None
+            raise interrupt
+
+    async def _run(self, task_status: TaskStatus[None]) -> None:
+        """The run itself: the transport opened, the listener and the claim
+        loop started, and on the way out the deliveries stopped."""
+        async with AsyncExitStack() as stack:
+            if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
+                import trio_asyncio  # imported only when needed (~0.1 s)
+
+                await stack.enter_async_context(trio_asyncio.open_loop())
+            await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
+            async with anyio.create_task_group() as deliveries:
+                self._stop = deliveries.cancel_scope
+                listener = anyio.CancelScope()
+                if self.listen and isinstance(self.db, Listener):
+                    deliveries.start_soon(self._listen, self.db, listener)
+                task_status.started()
+                try:
+                    await self._claim_loop(deliveries)
+                finally:
+                    listener.cancel()
+                    self._closing = True  # no more claims, chained or scanned
+                    with anyio.CancelScope(shield=True):
+                        await self._stop_deliveries()
 
     async def _listen(self, db: Listener, scope: anyio.CancelScope) -> None:
         """Wake on other processes' enqueues; if notifications fail (a pooler,
@@ -317,6 +357,11 @@ class DispatchWorker:
         """Claim what fits in the free slots and start those deliveries;
         return how long to wait before the next scan."""
         free = self._slots.free
+        if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
+            return self.tick_seconds
+        paused = self._claims_paused_until - anyio.current_time()
+        if paused > 0:  # short of a local resource: let it recover first
+            return paused
         if free <= 0:
             self._backlog = True  # a finishing delivery wakes us
             return self.tick_seconds
@@ -341,7 +386,10 @@ class DispatchWorker:
         self._add_scan_counts(counts, claims)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
-            self._slots.take(claim, self._attempt_scope(claim))
+            scope = self._attempt_scope(claim)
+            self._slots.take(claim, scope)
+            if self._closing:  # claimed as the worker began to stop: give it back
+                scope.cancel()
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -393,8 +441,21 @@ class DispatchWorker:
         over its slot, or None (the slot is then free)."""
         started = time.monotonic()
         result: AttemptResult = Interrupted()
+        interrupt: BaseException | None = None
         with self._slots.scope(claim) as scope:
-            result = await call_transport(self.transport, claim)
+            try:
+                result = await call_transport(self.transport, claim)
+            except BaseException as exc:
+                if not is_interrupt(exc):
+                    raise
+                # A Ctrl-C out of the transport: give the row back at once
+                # (no waiting for the lease), then stop the worker as a
+                # cancellation would and let run() re-raise it. It must not
+                # escape this task: asyncio would raise it straight out of
+                # the event loop, with no shutdown at all.
+                interrupt = exc
+                self._closing = True  # no chained claim for this slot
+                result = Interrupted(INTERRUPT_REASON)
         if scope.cancelled_caught and not self._closing:  # the lease deadline
             result = lease_timeout_result(self.lease_seconds)
         next_claim: Claim | None = None
@@ -407,13 +468,16 @@ class DispatchWorker:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
                 tally(self.counts, result, outcome)
-            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK):
+            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) or result.local:
                 # Its new due time may come before the loop's planned wake-up
-                # (a short retry schedule, a Retry-After): re-read it.
+                # (a short retry schedule, a Retry-After; a released row is
+                # due at once, after the pause): re-read it.
                 self.wake()
             self._log_outcome(claim, outcome, started, result)
         if next_claim is None:
             self._free_slot(claim)
+            if interrupt is not None:
+                self._stopped_by(interrupt)
             return None
         # The slot passes to the next claim without ever being free.
         if self._caps is not None:
@@ -423,6 +487,15 @@ class DispatchWorker:
         if self._closing:  # claimed as shutdown began: give it straight back
             scope.cancel()
         return next_claim
+
+    def _stopped_by(self, interrupt: BaseException) -> None:
+        """Stop the worker (grace for the other deliveries, then release)
+        and have :meth:`run` re-raise ``interrupt`` when it is done."""
+        found = keyboard_interrupt(interrupt)
+        if self._interrupt is None:
+            self._interrupt = found if found is not None else interrupt
+        if self._stop is not None:
+            self._stop.cancel()
 
     def _add_scan_counts(self, counts: dict[str, int], claims: list[Claim]) -> None:
         """Add what a scan did besides claiming (rows seen, expired, spent)
@@ -448,7 +521,8 @@ class DispatchWorker:
     ) -> tuple[Outcome | None, Claim | None]:
         """Finish the attempt and, unless shutting down, take the next due
         row for this slot in the same transaction."""
-        if self._closing:
+        self._note_local_error(result)
+        if self._closing or result.local:  # no next claim for a slot that could not send
             return await self._settle(claim, result), None
         try:
             outcome, next_claim, counts = await finish_and_claim_next(
@@ -474,6 +548,24 @@ class DispatchWorker:
         self._add_scan_counts(counts, [] if next_claim is None else [next_claim])
         return outcome, next_claim
 
+    def _note_local_error(self, result: TransportResult) -> None:
+        """After a local resource error at spawn, stop claiming for a while
+        (longer for each one in a row); an attempt made resets it."""
+        if not (result.local and not result.ok):
+            self._local_errors = 0
+            return
+        self._local_errors += 1
+        pause = min(
+            MAX_LOCAL_ERROR_PAUSE_SECONDS, LOCAL_ERROR_PAUSE_SECONDS * 2 ** (self._local_errors - 1)
+        )
+        self._claims_paused_until = max(self._claims_paused_until, anyio.current_time() + pause)
+        self.log.warning(
+            "local resource error (%s): the row is released, the attempt not counted; "
+            "claiming paused for %gs",
+            result.error,
+            pause,
+        )
+
     async def _settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
         the store fails; None if every try failed (the lease will bring the
@@ -481,7 +573,9 @@ class DispatchWorker:
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
-                    return await release_attempt(self.db, claim, actor=self.actor, clock=self.clock)
+                    return await release_attempt(
+                        self.db, claim, actor=self.actor, clock=self.clock, why=result.reason
+                    )
                 return await finish_attempt(
                     self.db,
                     claim,
@@ -521,7 +615,8 @@ class DispatchWorker:
             detail += f" error={visible(repr(error[:200]))}"
         if isinstance(result, TransportResult) and result.output:
             detail += f" output={visible(repr(result.output))}"
-        level = logging.INFO if outcome in _QUIET_OUTCOMES else logging.WARNING
+        local = isinstance(result, TransportResult) and result.local
+        level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
         self.log.log(
             level,
             "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
