@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
         DEFAULT_MAX_ATTEMPTS,
         EnqueueResult,
         ack_dispatch,
-        deliver_due_dispatches,
         enqueue_dispatch,
         enqueue_many,
         get_dispatch,
@@ -46,7 +45,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
     from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
     from .store import open_store
     from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
-    from .worker import DispatchWorker
+    from .worker import DispatchWorker, deliver_due_dispatches
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -98,7 +97,7 @@ _LAZY: dict[str, str] = {
     "ConfigError": ".errors",
     "ConnectionLostError": ".errors",
     "DEFAULT_MAX_ATTEMPTS": ".outbox",
-    "deliver_due_dispatches": ".outbox",
+    "deliver_due_dispatches": ".worker",
     "Delivery": ".transports",
     "DispatchError": ".errors",
     "DispatchNotFound": ".errors",

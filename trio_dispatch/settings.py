@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from .backoff import check_retry_schedule
+from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 
 DEFAULT_CONCURRENCY: Final = 16
-DEFAULT_BATCH_SIZE: Final = 100
 DEFAULT_TICK_SECONDS: Final = 30.0
 DEFAULT_GRACE_SECONDS: Final = 5.0
 CLAIM_LEASE_MARGIN_SECONDS: Final = 5.0

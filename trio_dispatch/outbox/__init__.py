@@ -8,8 +8,9 @@ One concern per module:
 - :mod:`.scan` -- which due rows a claim takes, leaving out destinations at
   their cap at a cost bounded whatever they hold;
 - :mod:`.enqueue` -- validation and the enqueue API (ADR D2);
-- :mod:`.delivery` -- the claim, the transport call, the attempt's end
-  (ADR D3-D5): :func:`deliver_due_dispatches` and what the worker uses;
+- :mod:`.delivery` -- the claim and the attempt's end (ADR D3-D5), each
+  one transaction (the transport call between them is the worker's:
+  :mod:`trio_dispatch.worker.attempts`);
 - :mod:`.reads` -- get, list, history, stats;
 - :mod:`.operator` -- ack, retry, purge, prune.
 
@@ -19,16 +20,10 @@ world.
 
 from __future__ import annotations
 
-from ..settings import LEASE_SAFETY_SECONDS
 from .delivery import (
-    INTERRUPT_REASON,
-    attempt_deadline,
-    call_transport,
     claim_due,
-    deliver_due_dispatches,
     finish_and_claim_next,
     finish_attempt,
-    lease_timeout_result,
     release_attempt,
     require_store,
     tally,
@@ -57,24 +52,18 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_RETENTION_SECONDS",
-    "INTERRUPT_REASON",
-    "LEASE_SAFETY_SECONDS",
     "PRUNE_CHUNK",
     "Claim",
     "EnqueueResult",
     "Outcome",
     "ack_dispatch",
-    "attempt_deadline",
-    "call_transport",
     "claim_due",
-    "deliver_due_dispatches",
     "dispatch_stats",
     "enqueue_dispatch",
     "enqueue_many",
     "finish_and_claim_next",
     "finish_attempt",
     "get_dispatch",
-    "lease_timeout_result",
     "list_dispatches",
     "list_transitions",
     "next_due_at",

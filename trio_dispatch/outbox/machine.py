@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
+from ..attempt import LAST_ERROR_LIMIT, Delivery, TransportResult
 from ..errors import StoreError
 from ..lifecycle import (
     ACTOR_ENQUEUE,
@@ -37,7 +38,6 @@ from ..lifecycle import (
 )
 from ..redact import scrubbed_logger, visible
 from ..store.base import Conn, Row, undecodable_columns
-from ..transports import LAST_ERROR_LIMIT, Delivery, TransportResult
 from . import sql
 from .caps import DestinationCaps
 from .scan import select_due

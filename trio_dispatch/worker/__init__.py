@@ -1,11 +1,21 @@
-"""The long-running worker (SPEC section 5): :class:`DispatchWorker` in
-:mod:`.loop`, its delivery slots in :mod:`.slots`, its frozen
-:class:`WorkerStatistics` in :mod:`.statistics`."""
+"""Delivering (SPEC section 5): the long-running :class:`DispatchWorker`
+in :mod:`.loop`, the single pass :func:`deliver_due_dispatches` and the
+transport call both use in :mod:`.attempts`, the delivery slots in
+:mod:`.slots`, and the frozen :class:`WorkerStatistics` in
+:mod:`.statistics`."""
 
 from __future__ import annotations
 
+from .attempts import deliver_due_dispatches
 from .loop import FINISH_RETRY_DELAYS, DispatchWorker, Interrupted
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 
-__all__ = ["FINISH_RETRY_DELAYS", "DispatchWorker", "Interrupted", "SlotTable", "WorkerStatistics"]
+__all__ = [
+    "FINISH_RETRY_DELAYS",
+    "DispatchWorker",
+    "Interrupted",
+    "SlotTable",
+    "WorkerStatistics",
+    "deliver_due_dispatches",
+]

@@ -47,15 +47,11 @@ from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
     COUNTER_KEYS,
-    INTERRUPT_REASON,
     Claim,
     Outcome,
-    attempt_deadline,
-    call_transport,
     claim_due,
     finish_and_claim_next,
     finish_attempt,
-    lease_timeout_result,
     next_due_at,
     release_attempt,
     require_store,
@@ -86,6 +82,7 @@ from ..transports import (
     needs_asyncio_loop,
     opened,
 )
+from .attempts import INTERRUPT_REASON, attempt_deadline, call_transport, lease_timeout_result
 from .metrics import DeliveryMetrics
 from .slots import SlotTable
 from .statistics import WorkerStatistics
@@ -521,9 +518,11 @@ class DispatchWorker:
     ) -> tuple[Outcome | None, Claim | None]:
         """Finish the attempt and, unless shutting down, take the next due
         row for this slot in the same transaction."""
-        self._note_local_error(result)
         if self._closing or result.local:  # no next claim for a slot that could not send
-            return await self._settle(claim, result), None
+            settled = await self._settle(claim, result)
+            self._note_local_error(result)  # logged once the release is recorded
+            return settled, None
+        self._note_local_error(result)
         try:
             outcome, next_claim, counts = await finish_and_claim_next(
                 self.db,
