@@ -26,6 +26,7 @@ from standardwebhooks import Webhook
 
 from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch, sync
 from trio_dispatch.config import ConfigError, load_config, parse_config
+from trio_dispatch.settings import WorkerSettings
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import TransportResult
 from trio_dispatch.transports.webhook import (
@@ -808,9 +809,11 @@ def test_a_webhook_configuration_builds_the_worker_transport(
     options = config.worker_options()
     transport = options["transport"]
     assert isinstance(transport, WebhookTransport)
-    assert transport.timeout == 7 and options["timeout_seconds"] == 7  # the lease follows it
-    assert options["retry_schedule"] == (5.0, 300.0)
-    assert options["per_destination_concurrency"] == 4
+    settings = options["settings"]
+    assert transport.timeout == 7 and settings.timeout_seconds == 7  # the lease follows it
+    assert settings.retry_schedule == (5.0, 300.0)
+    assert settings.per_destination_concurrency == 4
+    assert WorkerSettings.from_config(config) == settings
     assert "notify_template" not in options
     assert config.dispatch.webhook.describe()["endpoints"]["billing"] == {
         "url": "https://***@billing.example.com/hooks?***",

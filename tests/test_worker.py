@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch, open_store
+from trio_dispatch.settings import WorkerSettings
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import asyncio_transport
 from trio_dispatch.worker import DispatchWorker, WorkerStatistics
@@ -707,3 +708,65 @@ async def test_keyboard_interrupt_in_a_transport_releases_its_row_in_a_single_pa
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"]) == ("pending", 1)
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.released"
+
+
+@pytest.mark.anyio
+async def test_a_worker_runs_with_a_settings_object_and_keywords_win(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    sent: list[str] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.deliver_to)
+
+    settings = WorkerSettings(concurrency=3, tick_seconds=3600, batch_size=7)
+    worker = DispatchWorker(store, send, settings, batch_size=2)
+    assert (worker.settings.concurrency, worker.settings.batch_size) == (3, 2)
+    assert settings.batch_size == 7  # the caller's object is left as it was
+    for i in range(5):
+        await enqueue_dispatch(store, kind="k", deliver_to=f"s{i}")
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"delivered": 5})
+        tg.cancel_scope.cancel()
+    assert sorted(sent) == [f"s{i}" for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_an_unknown_or_bad_worker_setting_is_refused_naming_it(store: SQLiteStore) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'concurency'"):
+        DispatchWorker(store, concurency=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        DispatchWorker(store, settings=WorkerSettings(), batch_size=0)
+
+
+@pytest.mark.anyio
+async def test_a_service_runs_beside_the_claim_loop_and_stops_with_the_worker(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    events: list[str] = []
+    started = anyio.Event()
+
+    async def heartbeat() -> None:
+        events.append("started")
+        started.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            events.append("stopped")
+
+    async def send(delivery: Delivery) -> None:
+        events.append(f"sent {delivery.deliver_to}")
+
+    worker = DispatchWorker(store, send, tick_seconds=3600)
+    worker.add_service("heartbeat", heartbeat)
+    assert [name for name, _ in worker.services()][-1] == "heartbeat"
+    with pytest.raises(TypeError, match="'broken' must be an async callable"):
+        worker.add_service("broken", None)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await started.wait()
+        await enqueue_dispatch(store, kind="k", deliver_to="seat")
+        await wait_for(lambda: statuses(raw) == {"delivered": 1})
+        tg.cancel_scope.cancel()
+    assert events == ["started", "sent seat", "stopped"]

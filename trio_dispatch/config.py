@@ -181,15 +181,12 @@ class Config:
 
     def worker_options(self) -> dict[str, Any]:
         """The keyword arguments of ``DispatchWorker`` this file sets: its
-        transport (as the chosen plug-in builds it) and worker settings."""
-        settings = self.worker_settings()
-        options: dict[str, Any] = {
-            field.name: getattr(settings, field.name)
-            for field in dataclasses.fields(settings)
-            if field.name in _FILE_SETTINGS
-        }
+        ``settings`` and its transport (as the chosen plug-in builds it)."""
         dispatch = self.dispatch
-        return {**options, **dispatch.plugin.worker_arguments(dispatch.options, self.context())}
+        return {
+            "settings": self.worker_settings(),
+            **dispatch.plugin.worker_arguments(dispatch.options, self.context()),
+        }
 
     def transport_warnings(self) -> list[str]:
         """What ``check-config`` and the worker's start warn about in the
@@ -214,23 +211,6 @@ class Config:
             retry_schedule=dispatch.retry_schedule,
             per_destination_concurrency=self.worker.per_destination_concurrency,
         )
-
-
-_FILE_SETTINGS: Final = frozenset(
-    {
-        "timeout_seconds",
-        "tick_seconds",
-        "concurrency",
-        "batch_size",
-        "grace_seconds",
-        "retry_jitter",
-        "listen",
-        "retry_schedule",
-        "per_destination_concurrency",
-    }
-)
-"""The worker settings a configuration file sets (the rest keep the
-worker's defaults)."""
 
 
 # --- validation table -------------------------------------------------------

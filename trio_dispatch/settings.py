@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from .backoff import check_retry_schedule
 from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
@@ -73,6 +73,12 @@ SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
 ``TypeError``/``ValueError`` whose message starts with ``name``."""
 
 
+class _Configured(Protocol):
+    """A loaded configuration file, as far as the settings need one."""
+
+    def worker_settings(self) -> WorkerSettings: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
     """How a worker runs; every field is checked when the object is built
@@ -107,6 +113,24 @@ class WorkerSettings:
         for field in dataclasses.fields(self):
             checked = SETTING_CHECKS[field.name](field.name, getattr(self, field.name))
             object.__setattr__(self, field.name, checked)
+
+    @classmethod
+    def from_config(cls, config: _Configured) -> WorkerSettings:
+        """The settings a loaded configuration file gives (its ``worker``
+        section, the transport's timeout, ``dispatch.retry_schedule``)."""
+        return config.worker_settings()
+
+    def updated(self, values: Mapping[str, Any], caller: str = "DispatchWorker") -> WorkerSettings:
+        """These settings with ``values`` (setting name -> value) in place,
+        each checked; an unknown name raises ``TypeError`` naming it."""
+        names = {field.name for field in dataclasses.fields(self)}
+        unknown = sorted(str(name) for name in set(values) - names)
+        if unknown:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
+                f"(settings: {', '.join(sorted(names))})"
+            )
+        return dataclasses.replace(self, **values) if values else self
 
     @property
     def lease_seconds(self) -> float:

@@ -33,10 +33,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from functools import partial
+from typing import Any, Final, Protocol
 
 import anyio
 import sniffio
@@ -61,17 +62,10 @@ from ..outbox.caps import DestinationCaps
 from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
 from ..redact import scrubbed_logger, visible
 from ..settings import (
-    CLAIM_LEASE_MARGIN_SECONDS,
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_CONCURRENCY,
-    DEFAULT_GRACE_SECONDS,
-    DEFAULT_TICK_SECONDS,
     WorkerSettings,
 )
 from ..store.base import Listener, Store
 from ..transports import (
-    DEFAULT_KILL_GRACE_SECONDS,
-    NOTIFY_TIMEOUT_SECONDS,
     ChildEnvironment,
     CommandTransport,
     Transport,
@@ -87,8 +81,15 @@ from .metrics import DeliveryMetrics
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 
-if TYPE_CHECKING:  # the configuration file is the caller's business, not the loop's
-    from ..config import Config
+
+class _Configured(Protocol):
+    """A loaded configuration file, as far as the worker needs one (the
+    configuration module is the caller's business, not the loop's)."""
+
+    def worker_options(self) -> dict[str, Any]:
+        """``DispatchWorker`` keyword arguments, ``settings`` among them."""
+        ...
+
 
 LOCAL_ERROR_PAUSE_SECONDS: Final = 1.0
 """How long the worker stops claiming after a local resource error at spawn
@@ -123,11 +124,14 @@ class DispatchWorker:
 
     ``transport`` is an async callable or :class:`Transport`; without one,
     the argv ``notify_template`` is run (None is a recorded failure on every
-    attempt, as in ADR D3). ``concurrency`` bounds transports running at
-    once; ``batch_size`` bounds rows claimed per scan; ``tick_seconds`` is the
-    idle poll interval (in-process enqueues and due retries wake the worker
-    sooner). Arguments are checked here (:class:`WorkerSettings`): a bad one
-    raises ``ValueError`` or ``TypeError`` naming it. ``clock`` is the wall
+    attempt, as in ADR D3). ``settings`` (a
+    :class:`~trio_dispatch.settings.WorkerSettings`, e.g.
+    ``WorkerSettings.from_config(config)``) says how it runs; any setting
+    may also be given by name as a keyword (``concurrency=4``), which wins:
+    ``concurrency`` bounds transports running at once, ``batch_size`` rows
+    claimed per scan, ``tick_seconds`` is the idle poll interval (in-process
+    enqueues and due retries wake the worker sooner). Settings are checked
+    here: a bad one raises ``ValueError`` or ``TypeError`` naming it. ``clock`` is the wall
     clock leases are written in (``time.time``; a test may tie it to a mock
     event-loop clock), ``lease_margin_seconds`` what a lease adds to the
     timeout. ``command_cwd`` is the directory ``notify_template`` runs in
@@ -146,41 +150,20 @@ class DispatchWorker:
     def __init__(
         self,
         db: Store,
-        *,
         transport: Transport | Callable[..., Any] | None = None,
+        settings: WorkerSettings | None = None,
+        *,
         notify_template: list[str] | None = None,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        tick_seconds: float = DEFAULT_TICK_SECONDS,
-        timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        grace_seconds: float = DEFAULT_GRACE_SECONDS,
-        retry_jitter: float = 0.0,
-        kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS,
+        child_env: ChildEnvironment | None = None,
+        command_cwd: str | None = None,
         actor: str = ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
-        listen: bool = True,
-        child_env: ChildEnvironment | None = None,
-        lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,
         clock: Callable[[], float] = time.time,
-        retry_schedule: Sequence[float] | None = None,
-        per_destination_concurrency: int | None = None,
-        command_cwd: str | None = None,
+        **setting_values: Any,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
-        self.settings = WorkerSettings(
-            concurrency=concurrency,
-            batch_size=batch_size,
-            tick_seconds=tick_seconds,
-            timeout_seconds=timeout_seconds,
-            grace_seconds=grace_seconds,
-            retry_jitter=retry_jitter,
-            kill_grace_seconds=kill_grace_seconds,
-            listen=listen,
-            lease_margin_seconds=lease_margin_seconds,
-            retry_schedule=retry_schedule,
-            per_destination_concurrency=per_destination_concurrency,
-        )
+        self.settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         settings = self.settings
         self.concurrency = settings.concurrency
@@ -228,6 +211,7 @@ class DispatchWorker:
         self._claims_paused_until = 0.0
         """The event-loop time before which no scan claims (after a local
         resource error at spawn)."""
+        self._services: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._wake: anyio.Event | None = None
         self._backlog = False
         self._running = False
@@ -237,10 +221,13 @@ class DispatchWorker:
         self._last_scan_at: float | None = None
 
     @classmethod
-    def from_config(cls, db: Store, config: Config, **overrides: Any) -> DispatchWorker:
-        """A worker with the settings of a loaded configuration file
-        (:meth:`Config.worker_options`); keyword ``overrides`` win."""
-        return cls(db, **{**config.worker_options(), **overrides})
+    def from_config(cls, db: Store, config: _Configured, **overrides: Any) -> DispatchWorker:
+        """A worker with the settings and transport of a loaded configuration
+        file (``Config.worker_options()``); keyword ``overrides`` (settings
+        or other arguments) win."""
+        options = config.worker_options()
+        settings: WorkerSettings = options.pop("settings")
+        return cls(db, settings=settings, **{**options, **overrides})
 
     @property
     def in_flight(self) -> int:
@@ -310,36 +297,59 @@ class DispatchWorker:
             await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
             async with anyio.create_task_group() as deliveries:
                 self._stop = deliveries.cancel_scope
-                listener = anyio.CancelScope()
-                if self.listen and isinstance(self.db, Listener):
-                    deliveries.start_soon(self._listen, self.db, listener)
+                scopes = [anyio.CancelScope() for _ in self.services()]
+                for scope, (_, service) in zip(scopes, self.services(), strict=True):
+                    deliveries.start_soon(self._serve, service, scope)
                 task_status.started()
                 try:
                     await self._claim_loop(deliveries)
                 finally:
-                    listener.cancel()
+                    for scope in scopes:  # the services stop before deliveries get their grace
+                        scope.cancel()
                     self._closing = True  # no more claims, chained or scanned
                     with anyio.CancelScope(shield=True):
                         await self._stop_deliveries()
 
-    async def _listen(self, db: Listener, scope: anyio.CancelScope) -> None:
+    def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
+        """Run ``service`` beside the claim loop for as long as the worker
+        runs (from its next :meth:`run`); it is cancelled when the worker
+        stops, before running deliveries get their grace. An exception out
+        of it stops the worker, as one out of the claim loop does."""
+        if not callable(service):
+            raise TypeError(f"service {name!r} must be an async callable, got {service!r}")
+        self._services.append((name, service))
+
+    def services(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """What runs beside the claim loop, by name: the cross-process
+        listener where the store can tell (and ``listen`` is on), then what
+        :meth:`add_service` added."""
+        found: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if self.listen and isinstance(self.db, Listener):
+            found.append(("listener", partial(self._listen, self.db)))
+        return found + self._services
+
+    @staticmethod
+    async def _serve(service: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        with scope:
+            await service()
+
+    async def _listen(self, db: Listener) -> None:
         """Wake on other processes' enqueues; if notifications fail (a pooler,
         a server restart), poll on the tick and try listening again."""
         failures = 0
-        with scope:
-            while True:
-                try:
-                    await db.listen(self.wake)
-                except Exception:
-                    failures += 1
-                    self.log.log(
-                        logging.WARNING if failures == 1 else logging.DEBUG,
-                        "cross-process wake-ups unavailable; polling every %gs",
-                        self.tick_seconds,
-                        exc_info=True,
-                    )
-                self.wake()  # catch up on anything enqueued meanwhile
-                await anyio.sleep(self.tick_seconds)
+        while True:
+            try:
+                await db.listen(self.wake)
+            except Exception:
+                failures += 1
+                self.log.log(
+                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    "cross-process wake-ups unavailable; polling every %gs",
+                    self.tick_seconds,
+                    exc_info=True,
+                )
+            self.wake()  # catch up on anything enqueued meanwhile
+            await anyio.sleep(self.tick_seconds)
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
         while True:
