@@ -111,3 +111,15 @@ def test_importing_the_package_alone_loads_none_of_its_parts() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "trio_dispatch._version"
+
+
+def test_the_store_options_are_declared_once_and_typed_alike() -> None:
+    from dataclasses import fields
+
+    from trio_dispatch.store import StoreOptionArgs, StoreOptions
+
+    assert set(get_type_hints(StoreOptionArgs)) == {field.name for field in fields(StoreOptions)}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'durabilty'"):
+        StoreOptions().updated({"durabilty": "full"})
+    with pytest.raises(ValueError, match="durability"):
+        StoreOptions(durability="fast")  # type: ignore[arg-type]

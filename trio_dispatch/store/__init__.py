@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from ..redact import mask_url, one_line, url_secrets
 from ..values import show
@@ -24,8 +24,9 @@ from .base import (
     SchemaError,
     Store,
     StoreError,
+    StoreOptionArgs,
+    StoreOptions,
     Transaction,
-    check_busy_timeout,
     parse_target,
 )
 from .sqlite import SQLiteStore
@@ -47,6 +48,8 @@ __all__ = [
     "SchemaError",
     "Store",
     "StoreError",
+    "StoreOptionArgs",
+    "StoreOptions",
     "Transaction",
     "open_store",
     "parse_target",
@@ -79,18 +82,14 @@ def _open_error(exc: BaseException, engine: str, location: str, masked: str) -> 
 @asynccontextmanager
 async def open_store(
     target: str | os.PathLike[str],
-    *,
-    durability: Durability = "full",
-    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
-    read_only: bool = False,
-    migrate: bool = True,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    snapshot: bool = False,
-    schema: str | None = None,
+    options: StoreOptions | None = None,
+    **keywords: Unpack[StoreOptionArgs],
 ) -> AsyncIterator[Store]:
     """Open (creating or migrating forward) the store that ``target`` names
     and close it when the block exits.
 
+    ``options`` (a :class:`StoreOptions`) says how; any option may also be
+    given by name as a keyword (``durability="normal"``), which wins.
     ``target`` is a SQLite file path, ``":memory:"``, or a URL:
     ``sqlite:///relative.db``, ``sqlite:////absolute.db``, or
     ``postgresql://user@host/db`` (needs the ``postgres`` extra).
@@ -125,44 +124,21 @@ async def open_store(
     (password masked), before touching any file; :class:`StoreError` (one
     line, password masked) when the database cannot be opened.
     """
-    if durability not in DURABILITIES:
-        raise ValueError(f"durability must be one of {DURABILITIES}, got {show(durability)}")
-    busy_timeout = check_busy_timeout(busy_timeout)
-    if (
-        isinstance(max_body_bytes, bool)
-        or not isinstance(max_body_bytes, int)
-        or (max_body_bytes < 1)
-    ):
-        raise ValueError(f"max_body_bytes must be an int >= 1, got {show(max_body_bytes)}")
+    chosen = (options or StoreOptions()).updated(keywords)
     raw = os.fspath(target)
     engine, location = parse_target(raw)
-    if schema is not None and engine != "postgres":
+    if chosen.schema is not None and engine != "postgres":
         raise ValueError(
-            f"schema {show(schema)} applies to a PostgreSQL store only, not {show(mask_url(raw))}"
+            f"schema {show(chosen.schema)} applies to a PostgreSQL store only, "
+            f"not {show(mask_url(raw))}"
         )
     store: SQLiteStore | PostgresStore
     if engine == "postgres":
         from .postgres import PostgresStore  # psycopg is imported only for it
 
-        store = PostgresStore(
-            location,
-            durability=durability,
-            busy_timeout=busy_timeout,
-            read_only=read_only,
-            migrate=migrate,
-            max_body_bytes=max_body_bytes,
-            schema=schema,
-        )
+        store = PostgresStore(location, chosen)
     else:
-        store = SQLiteStore(
-            location,
-            durability=durability,
-            busy_timeout=busy_timeout,
-            read_only=read_only,
-            migrate=migrate,
-            max_body_bytes=max_body_bytes,
-            snapshot=snapshot,
-        )
+        store = SQLiteStore(location, chosen)
     try:
         await store.open()
     except _driver_errors(engine) as exc:

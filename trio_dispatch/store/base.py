@@ -14,11 +14,21 @@ SQLite and PostgreSQL share (``RETURNING``, ``ON CONFLICT ... DO NOTHING``,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    runtime_checkable,
+)
 
 from ..errors import ConnectionLostError as ConnectionLostError
 from ..errors import SchemaError as SchemaError
@@ -123,6 +133,65 @@ def _finite(value: float) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+class StoreOptionArgs(TypedDict, total=False):
+    """:class:`StoreOptions` given by name, for type checkers (``open_store``'s
+    keywords); a test keeps the two the same."""
+
+    durability: Durability
+    busy_timeout: float
+    read_only: bool
+    migrate: bool
+    max_body_bytes: int
+    snapshot: bool
+    schema: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreOptions:
+    """How a store is opened, declared once: :func:`~trio_dispatch.open_store`
+    takes these by name, and each engine's store is built from them. Every
+    field is checked when the object is built (``ValueError`` naming it)."""
+
+    durability: Durability = "full"
+    """``"full"``: a commit survives power loss; ``"normal"``: a process
+    crash (PostgreSQL: ``synchronous_commit=off``)."""
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS
+    """How long a write waits for another process's lock (PostgreSQL:
+    ``lock_timeout``)."""
+    read_only: bool = False
+    """Open without writing anything; never create or migrate."""
+    migrate: bool = True
+    """Create or migrate the schema when opening (else it must be current)."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """The largest enqueue ``body`` accepted, in bytes of JSON."""
+    snapshot: bool = False
+    """SQLite, with ``read_only``: each read opens a connection of its own."""
+    schema: str | None = None
+    """PostgreSQL: the schema that holds every outbox table."""
+
+    def __post_init__(self) -> None:
+        if self.durability not in DURABILITIES:
+            raise ValueError(
+                f"durability must be one of {DURABILITIES}, got {show(self.durability)}"
+            )
+        object.__setattr__(self, "busy_timeout", check_busy_timeout(self.busy_timeout))
+        limit = self.max_body_bytes
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_body_bytes must be an int >= 1, got {show(limit)}")
+
+    def updated(self, values: Mapping[str, Any], caller: str = "open_store") -> StoreOptions:
+        """These options with ``values`` (name -> value) in place, checked;
+        an unknown name raises ``TypeError`` naming it."""
+        names = {field.name for field in dataclasses.fields(self)}
+        unknown = sorted(str(name) for name in set(values) - names)
+        if unknown:
+            raise TypeError(
+                f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
+                f"(options: {', '.join(sorted(names))})"
+            )
+        return dataclasses.replace(self, **values) if values else self
 
 
 Engine = Literal["sqlite", "postgres"]

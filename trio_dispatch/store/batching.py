@@ -52,13 +52,13 @@ from .._threads import ServiceThread
 from ..errors import TransactionMisuse
 from ..redact import mask_url
 from .base import (
-    DEFAULT_MAX_BODY_BYTES,
     Conn,
     ConnectionLostError,
     ItemT,
     ResultT,
     Row,
     StoreError,
+    StoreOptions,
     T,
 )
 
@@ -124,20 +124,15 @@ class BatchingStore(abc.ABC):
     url: str
     """Where the store is, with any password masked: safe to log."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        read_only: bool = False,
-        migrate: bool = True,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    ) -> None:
+    def __init__(self, url: str, options: StoreOptions) -> None:
         self.url = mask_url(url)
-        self.read_only = read_only
+        self.options = options
+        """How the store was opened."""
+        self.read_only = options.read_only
         """Opened for reading only: never writes, creates or migrates."""
-        self.migrate = migrate and not read_only
+        self.migrate = options.migrate and not options.read_only
         """Opening creates or migrates the schema (else it must be current)."""
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = options.max_body_bytes
         """The largest enqueue ``body`` accepted, in bytes of JSON."""
         self.found_schema_version: int | None = None
         """The schema version the database had when this store opened it

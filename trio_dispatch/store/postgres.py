@@ -43,11 +43,10 @@ from ..redact import (
     url_secrets,
 )
 from .base import (
-    DEFAULT_BUSY_TIMEOUT_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
     ConnectionLostError,
     Row,
     StoreError,
+    StoreOptions,
     T,
     store_schema,
 )
@@ -247,28 +246,19 @@ class PostgresStore(BatchingStore):
     """An open PostgreSQL store. Create it with :func:`trio_dispatch.open_store`
     and a ``postgresql://`` URL."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        durability: str = "full",
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
-        read_only: bool = False,
-        migrate: bool = True,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        schema: str | None = None,
-    ) -> None:
+    def __init__(self, url: str, options: StoreOptions | None = None) -> None:
+        options = options or StoreOptions()
         if psycopg is None:
             raise StoreError(
                 f"{mask_url(url)} needs psycopg: install trio_dispatch[postgres] "
                 "(psycopg[binary,pool] >= 3.2)"
             )
-        super().__init__(url, read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
+        super().__init__(url, options)
         self._dsn = url  # holds the password: never in a message (self.url is masked)
         register_secrets(url_secrets(url))
-        self.durability = durability
-        self.busy_timeout = busy_timeout
-        self.schema = store_schema(url, schema)
+        self.durability = options.durability
+        self.busy_timeout = options.busy_timeout
+        self.schema = store_schema(url, options.schema)
         """The schema that holds the outbox's tables (None: the first of the
         server's ``search_path``)."""
         self._where = self.url if self.schema is None else f"{self.url} schema {self.schema}"

@@ -16,12 +16,12 @@ import sqlite_utils
 
 from .base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
     DURABILITIES,
     Durability,
     Row,
     SchemaError,
     StoreError,
+    StoreOptions,
     T,
     decode_text,
     parse_target,
@@ -286,31 +286,20 @@ class SQLiteStore(BatchingStore):
     ``busy_timeout`` serialise their writers.
     """
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        durability: Durability = "full",
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS,
-        read_only: bool = False,
-        migrate: bool = True,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        snapshot: bool = False,
-    ) -> None:
-        if durability not in DURABILITIES:
-            raise ValueError(f"durability must be one of {DURABILITIES}, got {durability!r}")
-        if read_only and path == ":memory:":
+    def __init__(self, path: str, options: StoreOptions | None = None) -> None:
+        options = options or StoreOptions()
+        if options.read_only and path == ":memory:":
             raise ValueError("a read-only store needs a database file, not ':memory:'")
         url = "sqlite:///:memory:" if path == ":memory:" else f"sqlite:///{path}"
-        super().__init__(url, read_only=read_only, migrate=migrate, max_body_bytes=max_body_bytes)
+        super().__init__(url, options)
         self.path = path
-        self.snapshot = snapshot and read_only
+        self.snapshot = options.snapshot and options.read_only
         """Each read opens a connection of its own and closes it: an idle
         database is read without creating its ``-wal``/``-shm`` files, and a
         commit made meanwhile by another process is seen by the next read
         (see :func:`_read_snapshot`)."""
-        self.durability: Durability = durability
-        self.busy_timeout = busy_timeout
+        self.durability: Durability = options.durability
+        self.busy_timeout = options.busy_timeout
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._reader_conn: SQLiteConn | None = None
