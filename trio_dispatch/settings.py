@@ -16,6 +16,7 @@ from .backoff import check_retry_schedule
 from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
+from .values import replaced
 
 DEFAULT_CONCURRENCY: Final = 16
 DEFAULT_TICK_SECONDS: Final = 30.0
@@ -123,14 +124,8 @@ class WorkerSettings:
     def updated(self, values: Mapping[str, Any], caller: str = "DispatchWorker") -> WorkerSettings:
         """These settings with ``values`` (setting name -> value) in place,
         each checked; an unknown name raises ``TypeError`` naming it."""
-        names = {field.name for field in dataclasses.fields(self)}
-        unknown = sorted(str(name) for name in set(values) - names)
-        if unknown:
-            raise TypeError(
-                f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
-                f"(settings: {', '.join(sorted(names))})"
-            )
-        return dataclasses.replace(self, **values) if values else self
+        updated: WorkerSettings = replaced(self, values, caller, "settings")
+        return updated
 
     @property
     def lease_seconds(self) -> float:

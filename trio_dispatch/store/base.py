@@ -34,7 +34,7 @@ from ..errors import ConnectionLostError as ConnectionLostError
 from ..errors import SchemaError as SchemaError
 from ..errors import StoreError as StoreError
 from ..redact import AMBIGUOUS_URL_ERROR, ambiguous_userinfo, mask_url, url_secrets
-from ..values import show
+from ..values import replaced, show
 
 if TYPE_CHECKING:
     from .dialect import Dialect
@@ -184,14 +184,8 @@ class StoreOptions:
     def updated(self, values: Mapping[str, Any], caller: str = "open_store") -> StoreOptions:
         """These options with ``values`` (name -> value) in place, checked;
         an unknown name raises ``TypeError`` naming it."""
-        names = {field.name for field in dataclasses.fields(self)}
-        unknown = sorted(str(name) for name in set(values) - names)
-        if unknown:
-            raise TypeError(
-                f"{caller}() got an unexpected keyword argument {unknown[0]!r} "
-                f"(options: {', '.join(sorted(names))})"
-            )
-        return dataclasses.replace(self, **values) if values else self
+        updated: StoreOptions = replaced(self, values, caller, "options")
+        return updated
 
 
 Engine = Literal["sqlite", "postgres"]
