@@ -34,7 +34,7 @@ import importlib.metadata
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
@@ -241,11 +241,15 @@ class WebhookTransport(BaseTransport):
                     retry_after_header = response.headers.get("retry-after")
                     # A body the server compressed anyway is not text to keep.
                     encoded = response.headers.get("content-encoding", "identity") != "identity"
-                    async for chunk in response.aiter_raw():
-                        received += chunk
-                        if len(received) >= RESPONSE_READ_LIMIT:
-                            received = received[:RESPONSE_READ_LIMIT]
-                            break
+                    # Closed on every way out, a cut included: never left to
+                    # the garbage collector with its connection.
+                    raw: Any = response.aiter_raw()  # an async generator: it has aclose()
+                    async with contextlib.aclosing(raw) as chunks:
+                        async for chunk in chunks:
+                            received += chunk
+                            if len(received) >= RESPONSE_READ_LIMIT:
+                                received = received[:RESPONSE_READ_LIMIT]
+                                break
             except (httpx.HTTPError, AddressRefused, ResolutionFailed, OSError) as exc:
                 if status is None:
                     return TransportResult.failure(
