@@ -553,6 +553,23 @@ class AttemptEnd:
         return self.delay if after is None else max(self.delay, after)
 
 
+def _end_change(
+    end: AttemptEnd, status: Status, reason: Reason, summary: str, metadata: Mapping[str, Any]
+) -> Change:
+    """The transition that ends ``end``'s attempt, out of ``delivering``."""
+    return Change(
+        end.claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        end.actor,
+        end.now,
+        metadata,
+    )
+
+
 def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]:
     """(outcome, new status, reason code, summary, last_error) of one
     attempt's end, per ADR D4/D5."""
@@ -658,19 +675,7 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             metadata["permanent"] = True
         if end.retry_after is not None and not end.result.ok:
             metadata["retry_after_seconds"] = end.retry_after
-        changes.append(
-            Change(
-                claim.dispatch_id,
-                Status.DELIVERING,
-                status,
-                reason,
-                summary,
-                Source.SCHEDULER,
-                end.actor,
-                end.now,
-                metadata,
-            )
-        )
+        changes.append(_end_change(end, status, reason, summary, metadata))
         params += [
             claim.dispatch_id,
             claim.attempt,
@@ -710,15 +715,11 @@ def give_back(conn: Conn, end: AttemptEnd) -> Outcome:
     (``dispatch.pending.released``); fenced on the claim."""
     claim = end.claim
     outcome, status, reason, summary, error = plan_end(end)
-    change = Change(
-        claim.dispatch_id,
-        Status.DELIVERING,
+    change = _end_change(
+        end,
         status,
         reason,
         summary,
-        Source.SCHEDULER,
-        end.actor,
-        end.now,
         {"attempt": claim.attempt, "counted": False, "error": error},
     )
     history = transition_rows([change])
