@@ -291,7 +291,9 @@ async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
         worker = DispatchWorker(
             store,
             notify_template=[sys.executable, str(script), str(pid_file)],
-            timeout_seconds=0.5,
+            # Long enough for a loaded machine to start Python and write the
+            # grandchild's pid before the cut.
+            timeout_seconds=3,
             kill_grace_seconds=0.2,
             tick_seconds=3600,
         )
@@ -302,7 +304,7 @@ async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
             )
         )
         tg.cancel_scope.cancel()
-    assert "timeout after 0.5s" in str(raw.row(dispatch_id)["last_error"])
+    assert "timeout after 3.0s" in str(raw.row(dispatch_id)["last_error"])
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.retry_backoff"
     grandchild = int(pid_file.read_text())
     await wait_for(lambda: process_gone(grandchild), timeout=5)
