@@ -64,7 +64,8 @@ from typing import Any, Final, Protocol, Unpack
 
 from .outbox import sql
 from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
-from .outbox.machine import EnqueueResult, NewDispatch, insert_all
+from .outbox.inserts import insert_all
+from .outbox.machine import EnqueueResult, NewDispatch
 from .store.base import Conn, Row, SchemaError
 from .store.dialect import DIALECTS, POSTGRES, SQLITE, Dialect
 from .store.placeholders import to_paramstyle

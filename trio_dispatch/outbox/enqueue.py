@@ -2,7 +2,7 @@
 
 Everything a caller passes is checked (SPEC B2) and the row -- id, ack token,
 the serialised envelope -- is built before any transaction; the write itself
-is :func:`~.machine.insert_new` / :func:`~.machine.insert_plain`. Concurrent
+is :func:`~.inserts.insert_new` / :func:`~.inserts.insert_plain`. Concurrent
 plain enqueues of a process share one group commit and two bulk statements.
 """
 
@@ -27,7 +27,8 @@ from ..validate import (
     require_route,
 )
 from ..values import show
-from .machine import EnqueueResult, NewDispatch, insert_all, insert_plain
+from .inserts import insert_all, insert_plain
+from .machine import EnqueueResult, NewDispatch
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 

@@ -1,0 +1,273 @@
+"""How an attempt ends: the plan for each result (delivered, awaiting ack,
+retry with backoff, dead letter, released), the fenced finish of many
+attempts in one statement, and the finish that claims the slot's next row
+in the same transaction. Every change goes through the state machine's edge
+check (:func:`.machine.transition_rows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..attempt import LAST_ERROR_LIMIT, TransportResult
+from ..lifecycle import (
+    Reason,
+    Source,
+    Status,
+)
+from ..store.base import Conn
+from . import sql
+from .caps import DestinationCaps
+from .transitions import (
+    MAX_RETRY_AFTER_SECONDS,
+    Change,
+    Claim,
+    Outcome,
+    insert_rows,
+    transition_rows,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt ended, ready to record."""
+
+    claim: Claim
+    result: TransportResult
+    now: float
+    delay: float
+    """Seconds until a retry or a resend awaiting its ack."""
+    actor: str
+    next_lease: float = 0.0
+    """With :func:`finish_and_claim`: the lease of the slot's next claim."""
+    clock: Callable[[], float] | None = None
+    """With :func:`finish_and_claim`: the wall clock the next claim reads."""
+    caps: DestinationCaps | None = None
+    """With :func:`finish_and_claim`: the worker's per-destination caps."""
+
+    @property
+    def retry_after(self) -> float | None:
+        """The destination's own "not before" (capped), if it gave one."""
+        after = self.result.retry_after
+        return None if after is None else min(after, MAX_RETRY_AFTER_SECONDS)
+
+    @property
+    def wait(self) -> float:
+        """Seconds until the row is due again: the schedule's delay, or the
+        destination's ``Retry-After`` if that is later."""
+        after = self.retry_after
+        return self.delay if after is None else max(self.delay, after)
+
+
+def _end_change(
+    end: AttemptEnd, status: Status, reason: Reason, summary: str, metadata: Mapping[str, Any]
+) -> Change:
+    """The transition that ends ``end``'s attempt, out of ``delivering``."""
+    return Change(
+        end.claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        end.actor,
+        end.now,
+        metadata,
+    )
+
+
+def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]:
+    """(outcome, new status, reason code, summary, last_error) of one
+    attempt's end, per ADR D4/D5."""
+    claim, result, delay = end.claim, end.result, end.wait
+    attempts_left = claim.attempt < claim.max_attempts
+    if result.local and not result.ok:
+        error = (result.error or "not sent")[:LAST_ERROR_LIMIT]
+        return (
+            Outcome.RELEASED,
+            Status.PENDING,
+            Reason.RELEASED,
+            f"attempt {claim.attempt} not made, not counted; due now: {error[:200]}",
+            error,
+        )
+    if result.ok and not claim.ack_required:
+        return (
+            Outcome.DELIVERED,
+            Status.DELIVERED,
+            Reason.TRANSPORT_OK,
+            f"transport succeeded on attempt {claim.attempt}",
+            None,
+        )
+    if result.ok and attempts_left:
+        return (
+            Outcome.AWAITING_ACK,
+            Status.PENDING,
+            Reason.AWAITING_ACK,
+            f"sent on attempt {claim.attempt}; awaiting ack, resend in {delay:g}s",
+            None,
+        )
+    if result.ok:
+        return (
+            Outcome.ACK_TIMEOUT,
+            Status.DEAD_LETTER,
+            Reason.ACK_TIMEOUT,
+            f"sent {claim.attempt} of {claim.max_attempts} times without an ack",
+            None,
+        )
+    error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+    if result.gone:
+        return (
+            Outcome.DEAD_LETTER,
+            Status.DEAD_LETTER,
+            Reason.GONE,
+            f"attempt {claim.attempt}: the destination is gone, no further attempt: {error[:200]}",
+            error,
+        )
+    if result.permanent:
+        # A failure no retry can fix (the OS refusing the argv as too
+        # large): retrying would fail the same way for hours.
+        return (
+            Outcome.DEAD_LETTER,
+            Status.DEAD_LETTER,
+            Reason.MAX_ATTEMPTS,
+            f"attempt {claim.attempt} failed permanently, no retry can succeed: {error[:200]}",
+            error,
+        )
+    if attempts_left:
+        return (
+            Outcome.RETRY,
+            Status.PENDING,
+            Reason.RETRY_BACKOFF,
+            f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}",
+            error,
+        )
+    return (
+        Outcome.DEAD_LETTER,
+        Status.DEAD_LETTER,
+        Reason.MAX_ATTEMPTS,
+        f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}",
+        error,
+    )
+
+
+def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
+    """Record attempt ends -- status, due time, ``last_error`` and transition
+    together (SPEC B4) -- each fenced on its claim; an end whose row moved
+    on is a CONFLICT and writes nothing. One UPDATE for all of them, one
+    INSERT batch."""
+    if any(end.result.local and not end.result.ok for end in ends):
+        # Attempts never made: released, their attempt taken back.
+        outcomes: list[Outcome] = []
+        for end in ends:
+            local = end.result.local and not end.result.ok
+            outcomes += [give_back(conn, end)] if local else finish_many(conn, [end])
+        return outcomes
+    if len({end.claim.dispatch_id for end in ends}) < len(ends):
+        # Two claims of one row (a stale one among them): RETURNING cannot
+        # tell which matched, so settle them one at a time.
+        return [outcome for end in ends for outcome in finish_many(conn, [end])]
+    plans = [plan_end(end) for end in ends]
+    changes: list[Change] = []
+    params: list[Any] = []
+    for end, (_, status, reason, summary, error) in zip(ends, plans, strict=True):
+        claim = end.claim
+        next_at = end.now + end.wait if status == Status.PENDING else end.now
+        metadata: dict[str, Any] = {"attempt": claim.attempt}
+        if status == Status.PENDING:
+            metadata["next_attempt_at"] = next_at
+        if error is not None:
+            metadata["error"] = error
+        if end.result.permanent:
+            metadata["permanent"] = True
+        if end.retry_after is not None and not end.result.ok:
+            metadata["retry_after_seconds"] = end.retry_after
+        changes.append(_end_change(end, status, reason, summary, metadata))
+        params += [
+            claim.dispatch_id,
+            claim.attempt,
+            claim.lease_until,
+            status,
+            next_at,
+            end.now,
+            error,
+        ]
+    history = transition_rows(changes)  # every edge checked before the UPDATE runs
+    if conn.dialect.arrays:  # PostgreSQL: one array per column, the same text every time
+        columns = [params[i::7] for i in range(7)]
+        for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
+            columns[i] = [float(v) for v in columns[i]]
+        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
+    else:
+        finished = conn.query(sql.finish_attempts(len(ends)), params)
+    applied = {row["id"] for row in finished}
+    insert_rows(
+        conn,
+        [
+            row
+            for row, change in zip(history, changes, strict=True)
+            if change.dispatch_id in applied
+        ],
+    )
+    return [
+        plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
+        for end, plan in zip(ends, plans, strict=True)
+    ]
+
+
+def give_back(conn: Conn, end: AttemptEnd) -> Outcome:
+    """Release an attempt this machine could not make (a local resource
+    error at spawn): ``pending``, due at once, ``attempt`` taken back so
+    the attempt does not count, the reason in ``last_error`` and history
+    (``dispatch.pending.released``); fenced on the claim."""
+    claim = end.claim
+    outcome, status, reason, summary, error = plan_end(end)
+    change = _end_change(
+        end,
+        status,
+        reason,
+        summary,
+        {"attempt": claim.attempt, "counted": False, "error": error},
+    )
+    history = transition_rows([change])
+    if not conn.execute(
+        sql.GIVE_BACK,
+        (end.now, end.now, error, claim.dispatch_id, claim.attempt, claim.lease_until),
+    ):
+        return Outcome.CONFLICT
+    insert_rows(conn, history)
+    return outcome
+
+
+def release(
+    conn: Conn, claim: Claim, now: float, actor: str, why: str = "worker shutdown"
+) -> Outcome:
+    """Give back an attempt that ``why`` (worker shutdown, a
+    KeyboardInterrupt) interrupted: pending, due at once; or, if it was the
+    last attempt allowed and may have reached the destination,
+    dead-lettered (the same end as a claimant that died)."""
+    if claim.attempt >= claim.max_attempts:
+        status, reason, outcome = Status.DEAD_LETTER, Reason.MAX_ATTEMPTS, Outcome.DEAD_LETTER
+        summary = f"{why} interrupted attempt {claim.attempt} of {claim.max_attempts}"
+    else:
+        status, reason, outcome = Status.PENDING, Reason.RELEASED, Outcome.RELEASED
+        summary = f"{why} interrupted attempt {claim.attempt}; due now"
+    change = Change(
+        claim.dispatch_id,
+        Status.DELIVERING,
+        status,
+        reason,
+        summary,
+        Source.SCHEDULER,
+        actor,
+        now,
+        {"attempt": claim.attempt},
+    )
+    history = transition_rows([change])
+    if not conn.execute(
+        sql.RELEASE, (status, now, now, claim.dispatch_id, claim.attempt, claim.lease_until)
+    ):
+        return Outcome.CONFLICT
+    insert_rows(conn, history)
+    return outcome

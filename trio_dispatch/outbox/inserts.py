@@ -1,0 +1,138 @@
+"""Enqueue's writes: a new dispatch row and its ``dispatch.pending.enqueued``
+transition, one at a time (with dedup and provenance checks) or many plain
+ones in bulk. Each function is part of a unit of work, inside one
+transaction; the edge check and the history rows are the state machine's
+(:mod:`.machine`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import StoreError
+from ..lifecycle import ACTOR_ENQUEUE, Reason, Source, Status
+from ..store.base import Conn
+from . import sql
+from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
+
+
+def _enqueued(new: NewDispatch, now: float) -> Change:
+    return Change(
+        new.id,
+        None,
+        Status.PENDING,
+        Reason.ENQUEUED,
+        f"enqueued kind={new.kind}",
+        Source.SYSTEM,
+        ACTOR_ENQUEUE,
+        now,
+        "{}",
+    )
+
+
+def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
+    return (
+        new.id,
+        new.kind,
+        new.deliver_to,
+        new.payload,
+        new.dedup_key,
+        new.max_attempts,
+        now,
+        int(new.ack_required),
+        new.ack_token,
+        new.session_id,
+        new.schedule_run_id,
+        now,
+        new.expires_at,
+        now,
+    )
+
+
+def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
+    """Insert one dispatch and its ``dispatch.pending.enqueued`` transition,
+    or -- its dedup key already committed -- return that row's id and write
+    nothing. An unknown ``session_id``/``schedule_run_id`` is a ValueError
+    naming it."""
+    for column, value, table, exists in (
+        ("session_id", new.session_id, "sessions", sql.SESSION_EXISTS),
+        ("schedule_run_id", new.schedule_run_id, "schedule_runs", sql.SCHEDULE_RUN_EXISTS),
+    ):
+        if value is not None and conn.query_one(exists, (value,)) is None:
+            raise ValueError(f"{column} {value!r} does not exist in {table}")
+    # The insert comes first: a key already committed makes it do nothing
+    # (and the first row's id is read after), so the write lock -- or, on
+    # PostgreSQL, the wait for a concurrent same-key transaction -- comes
+    # before any read, and a read never sees a snapshot older than the
+    # winner (B3).
+    if conn.dialect.arrays:  # row, history and NOTIFY in one round trip
+        entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
+        inserted = (
+            conn.query_one(sql.INSERT_DISPATCH_RECORDED, (*_row(new, now), entity_type, *history))
+            is not None
+        )
+    else:
+        inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
+        if inserted:
+            record(conn, [_enqueued(new, now)])
+            conn.announce_enqueue()
+    if inserted:
+        return EnqueueResult(new.id, False)
+    winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
+    if winner is None:
+        raise StoreError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
+    return EnqueueResult(_text(winner["id"]), True)
+
+
+def _text(value: object) -> str:
+    # A caller's own sqlite3 connection may return text as bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list[EnqueueResult]:
+    """Insert plain dispatches (see :attr:`NewDispatch.plain`), each at its
+    own ``now``, with two bulk statements; coalesced, this serves every
+    concurrent plain enqueue of a group commit at once. On an engine with
+    data-modifying ``WITH`` it is one statement per row instead, sent in
+    one pipelined round trip (the server delivers the repeated ``NOTIFY``
+    of one transaction once)."""
+    if conn.dialect.arrays:
+        rows = [
+            (*_row(new, now), entity_type, *history)
+            for (new, now), (entity_type, _, *history) in zip(
+                items, transition_rows([_enqueued(new, now) for new, now in items]), strict=True
+            )
+        ]
+        if len(rows) == 1:
+            conn.execute(sql.INSERT_DISPATCH_RECORDED, rows[0])
+        else:
+            conn.executemany(sql.INSERT_DISPATCH_RECORDED, rows)
+        return [EnqueueResult(new.id, False) for new, _ in items]
+    conn.executemany(sql.INSERT_DISPATCH, [_row(new, now) for new, now in items])
+    record(conn, [_enqueued(new, now) for new, now in items])
+    conn.announce_enqueue()
+    return [EnqueueResult(new.id, False) for new, _ in items]
+
+
+def insert_all(
+    conn: Conn, batch: Sequence[NewDispatch], now: float, name_items: bool = False
+) -> list[EnqueueResult]:
+    """Insert a batch: plain rows with two bulk statements, the others one
+    by one (a key repeated within the batch resolves to its first row, in
+    order). With ``name_items``, an error (an unknown session, say) names
+    its item."""
+
+    def one(index: int, new: NewDispatch) -> EnqueueResult:
+        try:
+            return insert_new(conn, new, now)
+        except ValueError as exc:
+            if not name_items:
+                raise
+            raise ValueError(f"item {index}: {exc}") from None
+
+    plain = [new for new in batch if new.plain]
+    if len(plain) < 2:
+        return [one(index, new) for index, new in enumerate(batch)]
+    done = {result.id: result for result in insert_plain(conn, [(new, now) for new in plain])}
+    return [done[new.id] if new.id in done else one(index, new) for index, new in enumerate(batch)]
