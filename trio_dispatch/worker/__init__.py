@@ -7,7 +7,8 @@ transport call both use in :mod:`.attempts`, the delivery slots in
 from __future__ import annotations
 
 from .attempts import deliver_due_dispatches
-from .loop import FINISH_RETRY_DELAYS, DispatchWorker, Interrupted
+from .loop import FINISH_RETRY_DELAYS, DispatchWorker
+from .report import Interrupted
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 

@@ -30,12 +30,10 @@ once their lease ends.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final, Protocol
 
@@ -43,7 +41,6 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
-from ..backoff import jittered_backoff
 from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
@@ -59,8 +56,7 @@ from ..outbox import (
     tally,
 )
 from ..outbox.caps import DestinationCaps
-from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
-from ..redact import scrubbed_logger, visible
+from ..redact import scrubbed_logger
 from ..settings import (
     WorkerSettings,
 )
@@ -78,6 +74,7 @@ from ..transports import (
 )
 from .attempts import INTERRUPT_REASON, attempt_deadline, call_transport, lease_timeout_result
 from .metrics import DeliveryMetrics
+from .report import AttemptResult, Interrupted, log_outcome
 from .slots import SlotTable
 from .statistics import WorkerStatistics
 
@@ -102,21 +99,6 @@ FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
 locked): a lost finish means one more send once the lease ends."""
 
 log = scrubbed_logger("trio_dispatch.worker")
-
-_QUIET_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED})
-"""Outcomes logged at INFO; a retry, a dead letter, a conflict or an end
-that could not be recorded is a WARNING."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Interrupted:
-    """An attempt that worker shutdown cut short: its row is released (or
-    dead-lettered, if it was the last attempt), not finished."""
-
-    reason: str = "worker shutdown"
-
-
-AttemptResult = TransportResult | Interrupted
 
 
 class DispatchWorker:
@@ -470,7 +452,16 @@ class DispatchWorker:
             outcome = await self._settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
                 self.counts["dead_letter"] += 1
-            self._log_outcome(claim, outcome, started, result)
+            log_outcome(
+                self.log,
+                self.metrics,
+                claim,
+                outcome,
+                started,
+                result,
+                self.settings,
+                self.clock,
+            )
         else:
             outcome, next_claim = await self._settle_and_claim(claim, result)
             if outcome is not None:
@@ -480,7 +471,16 @@ class DispatchWorker:
                 # (a short retry schedule, a Retry-After; a released row is
                 # due at once, after the pause): re-read it.
                 self.wake()
-            self._log_outcome(claim, outcome, started, result)
+            log_outcome(
+                self.log,
+                self.metrics,
+                claim,
+                outcome,
+                started,
+                result,
+                self.settings,
+                self.clock,
+            )
         if next_claim is None:
             self._free_slot(claim)
             if interrupt is not None:
@@ -604,51 +604,6 @@ class DispatchWorker:
                     return None
                 await anyio.sleep(pause)
         return None
-
-    def _log_outcome(
-        self, claim: Claim, outcome: Outcome | None, started: float, result: AttemptResult
-    ) -> None:
-        """One line per attempt: what was sent where, how it ended and, for
-        a retry, when the next attempt is due. Retries, dead letters and
-        unrecorded ends are WARNINGs; the rest INFO."""
-        elapsed = time.monotonic() - started
-        label = "unrecorded" if outcome is None else outcome.value
-        self.metrics.observe(claim.kind, label, elapsed)
-        error = result.reason if isinstance(result, Interrupted) else result.error
-        # Outside text (kind, route, a destination's output) made visible: it
-        # can neither forge a log line nor reach a terminal as escapes.
-        detail = ""
-        if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and isinstance(result, TransportResult):
-            detail += f" next_attempt={self._next_attempt_text(claim, result)}"
-        if error and outcome is not Outcome.DELIVERED:
-            detail += f" error={visible(repr(error[:200]))}"
-        if isinstance(result, TransportResult) and result.output:
-            detail += f" output={visible(repr(result.output))}"
-        local = isinstance(result, TransportResult) and result.local
-        level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
-        self.log.log(
-            level,
-            "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
-            claim.dispatch_id,
-            visible(claim.kind),
-            visible(claim.deliver_to),
-            claim.attempt,
-            claim.max_attempts,
-            label,
-            elapsed * 1000,
-            detail,
-        )
-
-    def _next_attempt_text(self, claim: Claim, result: TransportResult) -> str:
-        """When the row is due again, as the finish computed it: the
-        schedule's delay or the destination's ``Retry-After`` if later
-        ("~" when ``retry_jitter`` spreads it)."""
-        delay = jittered_backoff(claim.attempt, 0.0, schedule=self.retry_schedule)
-        if result.retry_after is not None and not result.ok:
-            delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
-        approx = "~" if self.retry_jitter else ""
-        due = datetime.fromtimestamp(self.clock() + delay, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return f"{approx}{due} next_in={approx}{delay:g}s"
 
     async def _stop_deliveries(self) -> None:
         """Grace, then cancel what is still running (the tasks release their

@@ -1,0 +1,90 @@
+"""What the worker says of each attempt: one log line (what was sent
+where, how it ended and, for a retry, when the next attempt is due) and the
+attempt's place in the metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final
+
+from ..attempt import TransportResult
+from ..backoff import jittered_backoff
+from ..outbox import Claim, Outcome
+from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
+from ..redact import visible
+from ..settings import WorkerSettings
+from .metrics import DeliveryMetrics
+
+_QUIET_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED})
+"""Outcomes logged at INFO; a retry, a dead letter, a conflict or an end
+that could not be recorded is a WARNING."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Interrupted:
+    """An attempt that worker shutdown cut short: its row is released (or
+    dead-lettered, if it was the last attempt), not finished."""
+
+    reason: str = "worker shutdown"
+
+
+AttemptResult = TransportResult | Interrupted
+
+
+def log_outcome(
+    log: logging.Logger,
+    metrics: DeliveryMetrics,
+    claim: Claim,
+    outcome: Outcome | None,
+    started: float,
+    result: AttemptResult,
+    settings: WorkerSettings,
+    clock: Callable[[], float],
+) -> None:
+    """One line per attempt. Retries, dead letters and unrecorded ends are
+    WARNINGs; the rest INFO."""
+    elapsed = time.monotonic() - started
+    label = "unrecorded" if outcome is None else outcome.value
+    metrics.observe(claim.kind, label, elapsed)
+    error = result.reason if isinstance(result, Interrupted) else result.error
+    # Outside text (kind, route, a destination's output) made visible: it
+    # can neither forge a log line nor reach a terminal as escapes.
+    detail = ""
+    if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and isinstance(result, TransportResult):
+        detail += f" next_attempt={next_attempt_text(claim, result, settings, clock)}"
+    if error and outcome is not Outcome.DELIVERED:
+        detail += f" error={visible(repr(error[:200]))}"
+    if isinstance(result, TransportResult) and result.output:
+        detail += f" output={visible(repr(result.output))}"
+    local = isinstance(result, TransportResult) and result.local
+    level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
+    log.log(
+        level,
+        "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
+        claim.dispatch_id,
+        visible(claim.kind),
+        visible(claim.deliver_to),
+        claim.attempt,
+        claim.max_attempts,
+        label,
+        elapsed * 1000,
+        detail,
+    )
+
+
+def next_attempt_text(
+    claim: Claim, result: TransportResult, settings: WorkerSettings, clock: Callable[[], float]
+) -> str:
+    """When the row is due again, as the finish computed it: the schedule's
+    delay or the destination's ``Retry-After`` if later ("~" when
+    ``retry_jitter`` spreads it)."""
+    delay = jittered_backoff(claim.attempt, 0.0, schedule=settings.retry_schedule)
+    if result.retry_after is not None and not result.ok:
+        delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+    approx = "~" if settings.retry_jitter else ""
+    due = datetime.fromtimestamp(clock() + delay, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{approx}{due} next_in={approx}{delay:g}s"
