@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from trio_dispatch import Delivery
 from trio_dispatch import cli as cli_module
 
 if TYPE_CHECKING:
@@ -183,3 +185,44 @@ def immutable_unavailable(directory: Path) -> str | None:
     finally:
         chattr("-i", probe)
         probe.unlink(missing_ok=True)
+
+
+# A delivery and scripts for the transport tests.
+PAYLOAD = '{"schema_version": 1, "kind": "ping", "body": {"text": "h\\u00e9llo"}}'
+
+
+def make_delivery(
+    *,
+    payload: str = PAYLOAD,
+    deliver_to: str = "ops/alerts",
+    attempt: int = 3,
+    kind: str = "ping",
+    dispatch_id: str = "0123456789abcdef0123456789abcdef",
+) -> Delivery:
+    return Delivery(
+        dispatch_id=dispatch_id,
+        kind=kind,
+        deliver_to=deliver_to,
+        attempt=attempt,
+        payload=payload,
+    )
+
+
+def write_script(tmp_path: Path, name: str, body: str) -> Path:
+    script = tmp_path / name
+    script.write_text(textwrap.dedent(body))
+    return script
+
+
+def command(script: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(script), *extra]
+
+
+# A password the hardening tests look for in every output.
+PASSWORD = "S3cretPW"
+MASKED = "postgres:***@"
+
+
+def no_secret(*texts: str) -> None:
+    for text in texts:
+        assert PASSWORD not in text, text

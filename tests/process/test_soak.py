@@ -1,0 +1,77 @@
+"""Small runs of the reliability drivers in scripts/soak.py: real worker
+processes, real SIGKILLs, one real SQLite file. Under CI (the full tier)
+they run at the sizes below; a developer's run uses about half of each."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+FULL = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def size(full: int, quick: int) -> int:
+    return full if FULL else quick
+
+
+def _soak() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
+    spec = importlib.util.spec_from_file_location("soak_driver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak_driver"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+soak = _soak()
+
+
+def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -> None:
+    n, kills = size(300, 150), size(6, 4)
+    figures = soak.crash_soak(tmp_path, n=n, kills=kills)
+    assert figures["committed_ids"] == n
+    assert figures["lost"] == 0 and figures["all_terminal"], figures
+    assert figures["missing_from_ledger"] == 0, figures
+    assert figures["duplicate_pairs"] == 0, figures
+    assert figures["max_sends_of_one_id"] <= kills + 1, figures
+    assert figures["ok"], figures
+
+
+def test_several_workers_share_one_file_without_a_double_send(tmp_path: Path) -> None:
+    n = size(1500, 600)
+    figures = soak.several_workers(tmp_path, n=n, workers=4, fail_rate=0.1)
+    assert figures["lost"] == 0 and figures["status_sum"] == n, figures
+    assert figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0, figures
+    assert figures["repeated_ids"] > 0, "the failing transport should have caused retries"
+    assert figures["workers_alive_at_end"] == 4 and figures["worker_exits"] == [0] * 4, figures
+    assert figures["ok"], figures
+
+
+@pytest.mark.parametrize("processes", [size(8, 4)])
+def test_dedup_race_across_processes_gives_every_caller_the_winner(
+    tmp_path: Path, processes: int
+) -> None:
+    n = size(300, 150)
+    figures = soak.dedup_race(tmp_path, n=n, processes=processes)
+    assert figures["rows"] == figures["transitions"] == n, figures
+    assert figures["callers_told_wrong_id"] == 0, figures
+    assert figures["ok"], figures
+
+
+@pytest.mark.postgres_only
+def test_several_workers_share_one_postgresql_database_without_a_double_send(
+    tmp_path: Path, db_target: str
+) -> None:
+    n = size(1500, 600)
+    figures = soak.several_workers(tmp_path, n=n, workers=4, fail_rate=0.1, store=db_target)
+    assert figures["engine"] == "postgresql"
+    assert figures["lost"] == 0 and figures["status_sum"] == n, figures
+    assert figures["duplicate_pairs"] == 0 and figures["missing_from_ledger"] == 0, figures
+    assert figures["workers_alive_at_end"] == 4 and figures["worker_exits"] == [0] * 4, figures
+    assert figures["ok"], figures
