@@ -12,12 +12,13 @@ running at once, and ``per_destination_concurrency`` (optional) those to one
 ``deliver_to`` (:class:`~trio_dispatch.outbox.caps.DestinationCaps`). Each
 claimed row is delivered by its own task, cut at its own lease end (less a
 safety margin) whatever the transport does; its outcome is written through
-the store's group commit, and in the same transaction the slot takes the
-next due row, so a busy worker pays one commit per delivery. A delivery task
-lives as long as its slot keeps finding rows: measured, a worker with 64
-slots started 64 tasks for 10,000 back-to-back deliveries, so a pool of
-long-lived slot tasks would save nothing; an idle worker starts one task per
-claim (microseconds beside the millisecond a wake-up takes).
+the store's group commit (:mod:`.outcomes`), and in the same transaction
+the slot takes the next due row, so a busy worker pays one commit per
+delivery. A delivery task lives as long as its slot keeps finding rows:
+measured, a worker with 64 slots started 64 tasks for 10,000 back-to-back
+deliveries, so a pool of long-lived slot tasks would save nothing; an idle
+worker starts one task per claim (microseconds beside the millisecond a
+wake-up takes).
 
 Shutdown (the worker's scope is cancelled): claiming stops at once; running
 deliveries get ``grace_seconds`` to finish; any still running are then
@@ -35,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import anyio
 import sniffio
@@ -48,10 +49,7 @@ from ..outbox import (
     Claim,
     Outcome,
     claim_due,
-    finish_and_claim_next,
-    finish_attempt,
     next_due_at,
-    release_attempt,
     require_store,
     tally,
 )
@@ -74,6 +72,7 @@ from ..transports import (
 )
 from .attempts import INTERRUPT_REASON, attempt_deadline, call_transport, lease_timeout_result
 from .metrics import DeliveryMetrics
+from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, log_outcome
 from .slots import SlotTable
 from .statistics import WorkerStatistics
@@ -87,16 +86,6 @@ class _Configured(Protocol):
         """``DispatchWorker`` keyword arguments, ``settings`` among them."""
         ...
 
-
-LOCAL_ERROR_PAUSE_SECONDS: Final = 1.0
-"""How long the worker stops claiming after a local resource error at spawn
-(no file descriptor, memory or process slot): doubled on each one in a row,
-up to :data:`MAX_LOCAL_ERROR_PAUSE_SECONDS`."""
-MAX_LOCAL_ERROR_PAUSE_SECONDS: Final = 30.0
-
-FINISH_RETRY_DELAYS: Final = (0.2, 1.0, 3.0)
-"""Pauses between tries of a finish write that failed (e.g. database
-locked): a lost finish means one more send once the lease ends."""
 
 log = scrubbed_logger("trio_dispatch.worker")
 
@@ -188,11 +177,7 @@ class DispatchWorker:
         """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
         once the worker has stopped."""
         self._stop: anyio.CancelScope | None = None
-        self._local_errors = 0
-        """Local resource errors in a row (reset by any attempt made)."""
-        self._claims_paused_until = 0.0
-        """The event-loop time before which no scan claims (after a local
-        resource error at spawn)."""
+        self._pause = ClaimPause()
         self._services: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._wake: anyio.Event | None = None
         self._backlog = False
@@ -348,7 +333,7 @@ class DispatchWorker:
         free = self._slots.free
         if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
             return self.tick_seconds
-        paused = self._claims_paused_until - anyio.current_time()
+        paused = self._pause.remaining()
         if paused > 0:  # short of a local resource: let it recover first
             return paused
         if free <= 0:
@@ -449,7 +434,7 @@ class DispatchWorker:
             result = lease_timeout_result(self.lease_seconds)
         next_claim: Claim | None = None
         if isinstance(result, Interrupted):
-            outcome = await self._settle(claim, result)
+            outcome = await self._outcome_writer().settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
                 self.counts["dead_letter"] += 1
             log_outcome(
@@ -523,87 +508,36 @@ class DispatchWorker:
         if self._slots.release(claim) and (self._backlog or self._caps is not None):
             self.wake()
 
+    def _outcome_writer(self) -> OutcomeWriter:
+        """The writes that end an attempt, with the settings as they are now."""
+        return OutcomeWriter(
+            self.db,
+            self.actor,
+            self.clock,
+            self.retry_jitter,
+            self.retry_schedule,
+            self.lease_seconds,
+            self._caps,
+            self.log,
+        )
+
     async def _settle_and_claim(
         self, claim: Claim, result: TransportResult
     ) -> tuple[Outcome | None, Claim | None]:
         """Finish the attempt and, unless shutting down, take the next due
         row for this slot in the same transaction."""
+        writer = self._outcome_writer()
         if self._closing or result.local:  # no next claim for a slot that could not send
-            settled = await self._settle(claim, result)
-            self._note_local_error(result)  # logged once the release is recorded
+            settled = await writer.settle(claim, result)
+            self._pause.note(result, self.log)  # logged once the release is recorded
             return settled, None
-        self._note_local_error(result)
-        try:
-            outcome, next_claim, counts = await finish_and_claim_next(
-                self.db,
-                claim,
-                result,
-                lease_seconds=self.lease_seconds,
-                retry_jitter=self.retry_jitter,
-                actor=self.actor,
-                clock=self.clock,
-                retry_schedule=self.retry_schedule,
-                caps=self._caps,
-            )
-        except Exception:
-            self.log.exception(
-                "dispatch %s attempt %d: recording the outcome failed",
-                claim.dispatch_id,
-                claim.attempt,
-            )
-            outcome = None
-        if outcome is None:  # retried outside the handler: no chained tracebacks
-            return await self._settle(claim, result), None
+        self._pause.note(result, self.log)
+        finished = await writer.finish_and_claim(claim, result)
+        if finished is None:  # retried outside the handler: no chained tracebacks
+            return await writer.settle(claim, result), None
+        outcome, next_claim, counts = finished
         self._add_scan_counts(counts, [] if next_claim is None else [next_claim])
         return outcome, next_claim
-
-    def _note_local_error(self, result: TransportResult) -> None:
-        """After a local resource error at spawn, stop claiming for a while
-        (longer for each one in a row); an attempt made resets it."""
-        if not (result.local and not result.ok):
-            self._local_errors = 0
-            return
-        self._local_errors += 1
-        pause = min(
-            MAX_LOCAL_ERROR_PAUSE_SECONDS, LOCAL_ERROR_PAUSE_SECONDS * 2 ** (self._local_errors - 1)
-        )
-        self._claims_paused_until = max(self._claims_paused_until, anyio.current_time() + pause)
-        self.log.warning(
-            "local resource error (%s): the row is released, the attempt not counted; "
-            "claiming paused for %gs",
-            result.error,
-            pause,
-        )
-
-    async def _settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
-        """Finish (or, interrupted, release) the attempt, trying again while
-        the store fails; None if every try failed (the lease will bring the
-        row back)."""
-        for pause in (*FINISH_RETRY_DELAYS, None):
-            try:
-                if isinstance(result, Interrupted):
-                    return await release_attempt(
-                        self.db, claim, actor=self.actor, clock=self.clock, why=result.reason
-                    )
-                return await finish_attempt(
-                    self.db,
-                    claim,
-                    result,
-                    retry_jitter=self.retry_jitter,
-                    actor=self.actor,
-                    clock=self.clock,
-                    retry_schedule=self.retry_schedule,
-                )
-            except Exception:
-                self.log.exception(
-                    "dispatch %s attempt %d: recording the outcome failed",
-                    claim.dispatch_id,
-                    claim.attempt,
-                )
-                if pause is None or self.clock() + pause >= claim.lease_until:
-                    return None
-                await anyio.sleep(pause)
-        return None
 
     async def _stop_deliveries(self) -> None:
         """Grace, then cancel what is still running (the tasks release their

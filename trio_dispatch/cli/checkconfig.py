@@ -1,0 +1,130 @@
+"""``check-config``: validate a configuration file, report every problem,
+and show what the worker would run with (secrets masked); also the warnings
+about a valid configuration that the worker logs at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import (
+    CONFIG_ENV_VAR,
+    DEFAULT_CONFIG_NAME,
+    Config,
+    ConfigError,
+    find_config_path,
+    load_config,
+)
+from ..redact import known_secrets, mask_url, one_line, visible
+from ..transports.plugins import transport_plugins
+from .output import EXIT_OK, UsageError, emit_json
+
+
+def config_warnings(config: Config) -> list[str]:
+    """What in a valid configuration is likely a mistake: for the command
+    transport, a missing ``notify_template`` (every delivery would fail)
+    and a template that lets a dispatch's data be read as an option or
+    leak through argv. ``check-config`` prints them; the worker logs them
+    at start. Each transport's plug-in says what is suspicious in its
+    options."""
+    return config.transport_warnings()
+
+
+def _seconds(values: Sequence[float]) -> str:
+    return ", ".join(f"{value:g}s" for value in values)
+
+
+def _print_config(config: Config, path: Path) -> None:
+    """``check-config``'s text report: what the worker would run with."""
+    print(f"{visible(path)}: ok")
+    in_schema = f", schema {config.schema}" if config.schema is not None else ""
+    print(
+        f"  store: {visible(mask_url(config.store_target()))} "
+        f"(durability {config.durability}{in_schema})"
+    )
+    for line in config.dispatch.plugin.summary(config.dispatch.options):
+        print(line)
+    schedule = config.dispatch.retry_schedule
+    backoff = (
+        "not set: min(30 * 2^attempt, 1800)s"
+        if schedule is None
+        else f"{_seconds(schedule)} (the last repeats)"
+    )
+    print(f"  retry_schedule: {backoff}")
+    worker = config.worker
+    cap = worker.per_destination_concurrency
+    print(
+        f"  worker: tick {worker.tick_seconds:g}s, concurrency {worker.concurrency}, "
+        f"batch_size {worker.batch_size}, grace {worker.grace_seconds:g}s, "
+        f"retry_jitter {worker.retry_jitter:g}, "
+        f"per_destination_concurrency {'none' if cap is None else cap}, "
+        f"listen {'on' if worker.listen else 'off'}"
+    )
+    http = config.http
+    print(
+        f"  http: {'off' if http.listen is None else f'listen {http.listen}'}, "
+        f"token {'set' if http.token else 'none'}, max_connections {http.max_connections}"
+    )
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    path = find_config_path(args.file or args.config)
+    if path is None:
+        raise UsageError(
+            f"no configuration file: give FILE, set ${CONFIG_ENV_VAR}, "
+            f"or create ./{DEFAULT_CONFIG_NAME}"
+        )
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        if args.json:  # every problem, one entry each; stderr keeps its one line
+            secrets = known_secrets()
+            emit_json(
+                {
+                    "path": str(path),
+                    "valid": False,
+                    "errors": [one_line(problem, secrets) for problem in exc.problems],
+                }
+            )
+        raise
+    warnings = config_warnings(config)
+    transports: dict[str, Any] = {}
+    for name, plugin in transport_plugins().items():  # each transport's options, masked
+        transports.update(plugin.describe(config.dispatch.transports[name]))
+    if args.json:
+        emit_json(
+            {
+                "path": str(path),
+                "valid": True,
+                "store": mask_url(config.store_target()),
+                "schema": config.schema,
+                "durability": config.durability,
+                "busy_timeout_seconds": config.busy_timeout_seconds,
+                "transport": config.dispatch.transport,
+                **transports,
+                "retry_schedule": (
+                    None
+                    if config.dispatch.retry_schedule is None
+                    else list(config.dispatch.retry_schedule)
+                ),
+                "max_body_bytes": config.dispatch.max_body_bytes,
+                "worker": dataclasses.asdict(config.worker),
+                "http": {
+                    "listen": None if config.http.listen is None else str(config.http.listen),
+                    "token": config.http.token is not None,
+                    "max_connections": config.http.max_connections,
+                },
+                "log_level": config.log_level,
+                "warnings": warnings,
+            }
+        )
+    else:
+        _print_config(config, path)
+    for warning in warnings:
+        print(f"trio-dispatch: warning: {visible(warning)}", file=sys.stderr)
+    return EXIT_OK

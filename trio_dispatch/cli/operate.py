@@ -1,0 +1,140 @@
+"""The commands that change the store: ``ack``, ``retry``, ``purge``,
+``prune`` (through the outbox's operator functions, each recorded with the
+operator's name) and ``migrate``. A change not applied (a conflict, a wrong
+token, a missing row) is exit 1 with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+from ..lifecycle import TERMINAL_STATUSES, InvalidTransition, Status
+from ..outbox import ack_dispatch, get_dispatch, prune_dispatches, purge_dispatch, retry_dispatch
+from ..redact import known_secrets, one_line, visible
+from ..store.base import Store
+from ..store.schema import SCHEMA_VERSION
+from .output import EXIT_NOT_APPLIED, EXIT_OK, UsageError, emit_json
+
+
+def _actor(command: str) -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid:{os.getuid()}"
+    return f"trio-dispatch {command} ({user})"
+
+
+async def _apply(
+    db: Store, args: argparse.Namespace, verb: str, action: Callable[[], Awaitable[bool]]
+) -> int:
+    error: str | None = None
+    try:
+        applied = await action()
+    except LookupError:
+        applied, error = False, f"dispatch {args.id!r} not found"
+    except InvalidTransition as exc:
+        # A second ack is the common case: say so, not which edge is missing.
+        already = args.command == "ack" and exc.from_status == Status.ACKED
+        applied, error = False, f"dispatch {args.id!r} is already acked" if already else str(exc)
+    except ValueError as exc:  # token mismatch, no ack requested, InvalidTransition
+        applied, error = False, str(exc)
+    row = await get_dispatch(db, args.id)
+    if not applied and error is None:
+        error = (
+            f"dispatch {args.id!r} not found"
+            if row is None
+            else f"dispatch {args.id!r} changed concurrently (now {row['status']}); nothing applied"
+        )
+    if args.json:
+        emit_json(
+            {
+                "id": args.id,
+                "applied": applied,
+                "error": error,
+                "status": None if row is None else row["status"],
+            }
+        )
+    elif applied:
+        print(f"{verb} {visible(args.id)}" + ("" if row is None else f": now {row['status']}"))
+    if error is not None:
+        print(f"trio-dispatch: {one_line(error, known_secrets())}", file=sys.stderr)
+    return EXIT_OK if applied else EXIT_NOT_APPLIED
+
+
+async def cmd_ack(db: Store, args: argparse.Namespace) -> int:
+    return await _apply(
+        db, args, "acked", lambda: ack_dispatch(db, args.id, args.token, actor=_actor("ack"))
+    )
+
+
+async def cmd_retry(db: Store, args: argparse.Namespace) -> int:
+    return await _apply(
+        db, args, "retried", lambda: retry_dispatch(db, args.id, actor=_actor("retry"))
+    )
+
+
+async def cmd_purge(db: Store, args: argparse.Namespace) -> int:
+    return await _apply(
+        db, args, "purged", lambda: purge_dispatch(db, args.id, actor=_actor("purge"))
+    )
+
+
+async def cmd_prune(db: Store, args: argparse.Namespace) -> int:
+    statuses = sorted({s for group in args.status or [] for s in group}) or None
+    try:
+        count = await prune_dispatches(
+            db,
+            older_than=args.older_than,
+            statuses=statuses,
+            dry_run=args.dry_run,
+            actor=_actor("prune"),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    chosen = statuses or sorted(TERMINAL_STATUSES)
+    if args.json:
+        emit_json(
+            {
+                "deleted": count,
+                "dry_run": args.dry_run,
+                "statuses": chosen,
+                "older_than_seconds": args.older_than,
+            }
+        )
+        return EXIT_OK
+    age = (
+        "the default age (delivered/acked 7d, dead_letter/expired 30d)"
+        if args.older_than is None
+        else f"{args.older_than:g}s"
+    )
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {count} dispatches ({', '.join(chosen)}) older than {age}")
+    return EXIT_OK
+
+
+async def cmd_migrate(db: Store, args: argparse.Namespace) -> int:
+    found = getattr(db, "found_schema_version", None)
+    schema: str | None = getattr(db, "schema", None)  # PostgreSQL's, when one is set
+    version = SCHEMA_VERSION
+    where = visible(db.url) + ("" if schema is None else f" schema {schema}")
+    if args.json:
+        emit_json(
+            {
+                "store": db.url,
+                "schema": schema,
+                "from_version": found,
+                "version": version,
+                "changed": found != version,
+            }
+        )
+    elif found is None:
+        print(f"created the trio_dispatch schema (version {version}) in {where}")
+    elif found != version:
+        print(f"migrated {where} from schema version {found} to {version}")
+    else:
+        print(f"{where} is at schema version {version}: nothing to do")
+    return EXIT_OK

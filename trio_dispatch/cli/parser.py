@@ -1,0 +1,240 @@
+"""The command line's grammar: argparse construction, each command's
+options and help, the value types (durations, statuses, limits), and usage
+errors as one line (exit 2). Each command names the function that runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Final, NoReturn
+
+from .._version import __version__
+from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
+from ..lifecycle import STATUSES
+from ..outbox import DEFAULT_LIST_LIMIT
+from ..outbox.reads import MIN_ID_PREFIX
+from ..redact import mask_url, visible
+from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
+from ..validate import INT_MAX
+from .checkconfig import cmd_check_config
+from .output import EXIT_USAGE
+from .run import cmd_web, cmd_worker
+from .stores import cmd_store
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number with s, m, h, d or w (e.g. 7d)"
+        )
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def _status_arg(text: str) -> str:
+    if text not in STATUSES:
+        allowed = ", ".join(sorted(STATUSES))
+        raise argparse.ArgumentTypeError(
+            f"invalid status {visible(repr(text))} (choose from {allowed})"
+        )
+    return text
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # argparse quotes the offending arguments: one line, escapes visible,
+        # a URL's password masked.
+        self.exit(EXIT_USAGE, f"{self.prog}: {visible(mask_url(message))}\n")
+
+
+ID_HELP: Final = (
+    f"the dispatch id, or a prefix of at least {MIN_ID_PREFIX} characters that only it starts with"
+)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, after_command: bool) -> None:
+    """The options every command takes, before or after its name. After
+    it, an option left out keeps what was given before (SUPPRESS: no
+    default of the subcommand's overwrites it)."""
+    group = (
+        parser.add_argument_group("global options (also accepted before the command)")
+        if after_command
+        else parser
+    )
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if after_command else {}
+    group.add_argument(
+        "--db",
+        metavar="PATH",
+        help="the store (SQLite file, sqlite:/// or postgresql:// URL; a URL's schema: "
+        "?options=-csearch_path%%3DNAME); default: the configuration's store and "
+        "schema. Other local users can read argv: give a URL with a "
+        "password with --db-env",
+        **default,
+    )
+    group.add_argument(
+        "--db-env",
+        metavar="NAME",
+        help="read the store (as --db) from the environment variable NAME, out of "
+        "other users' sight (default: --db, else the configuration's store)",
+        **default,
+    )
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"configuration file (default ${CONFIG_ENV_VAR}, then ./{DEFAULT_CONFIG_NAME})",
+        **default,
+    )
+    group.add_argument(
+        "--busy-timeout",
+        type=_busy_timeout,
+        metavar="SECONDS",
+        help="how long to wait for another process's lock (default: the "
+        f"configuration's busy_timeout_seconds, else "
+        f"{DEFAULT_BUSY_TIMEOUT_SECONDS:g})",
+        **default,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="trio-dispatch",
+        description="Durable dispatch outbox: the worker, and operator tools that work "
+        "directly on the store.",
+        epilog="Exit codes: 0 applied/found, 1 not applied or not found, 2 bad usage "
+        "or configuration.",
+    )
+    _global_options(parser, after_command=False)
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
+    )
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
+
+    def command(name: str, help: str, *, data: bool = True) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        if data:
+            sub.add_argument("--json", action="store_true", help="print one JSON document")
+        _global_options(sub, after_command=True)
+        sub.set_defaults(handler=cmd_store)
+        return sub
+
+    def wide(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--wide",
+            action="store_true",
+            help="never cut a column to the terminal's width (output that is not a "
+            "terminal is never cut)",
+        )
+
+    ls = command("ls", "list dispatches, newest first")
+    ls.add_argument("--status", type=_status_arg, help="only this status (default: every status)")
+    ls.add_argument("--kind", help="only this kind (default: every kind)")
+    ls.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=DEFAULT_LIST_LIMIT,
+        help=f"at most this many (default {DEFAULT_LIST_LIMIT})",
+    )
+    wide(ls)
+    show = command("show", "one dispatch, whole, payload pretty-printed")
+    show.add_argument("id", help=ID_HELP)
+    show.add_argument("--show-token", action="store_true", help="print the ack token")
+    history = command("history", "a dispatch's status transitions, oldest first")
+    history.add_argument("id", help=ID_HELP + " (purged dispatches included)")
+    wide(history)
+    ack = command("ack", "acknowledge a dispatch with its token")
+    ack.add_argument("id", help=ID_HELP)
+    ack.add_argument(
+        "token",
+        nargs="?",
+        help="the dispatch's ack token, required unless --token-stdin (other local users "
+        "can read argv: prefer --token-stdin)",
+    )
+    ack.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read the token from the first line of standard input instead",
+    )
+    command("retry", "operator retry of a dead_letter or expired dispatch").add_argument(
+        "id", help=ID_HELP
+    )
+    command("purge", "delete one dispatch (recorded in its history)").add_argument(
+        "id", help=ID_HELP
+    )
+    prune = command("prune", "delete finished dispatches by age (recorded)")
+    prune.add_argument(
+        "--older-than",
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 7d, 12h (default: delivered/acked 7d, dead_letter/expired 30d)",
+    )
+    prune.add_argument(
+        "--status",
+        type=_status_list,
+        action="append",
+        metavar="STATUS[,...]",
+        help="only these finished statuses (repeatable; default: all four)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    command("stats", "counts per status, oldest due pending, recent dead letters")
+    command("migrate", "create the outbox schema, or bring it forward to this version")
+    check = command("check-config", "validate a configuration file, reporting every problem")
+    check.add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE",
+        help=f"the file to check (default: --config, then ${CONFIG_ENV_VAR}, "
+        f"then ./{DEFAULT_CONFIG_NAME})",
+    )
+    check.set_defaults(handler=cmd_check_config)
+    worker = command("worker", "run the delivery worker until SIGINT/SIGTERM", data=False)
+    worker.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="also serve /metrics, /healthz and the dashboard there (default: the "
+        "configuration's http.listen); beyond loopback it needs http.token",
+    )
+    worker.set_defaults(handler=cmd_worker)
+    web = command("web", "serve the read-only dashboard, /metrics and /healthz", data=False)
+    web.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="where to listen (default: the configuration's http.listen, else "
+        "127.0.0.1:9464); beyond loopback it needs http.token",
+    )
+    web.set_defaults(handler=cmd_web)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= INT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"invalid limit {visible(repr(text))}: must be an integer from 1 to {INT_MAX}"
+        )
+    return value
+
+
+def _busy_timeout(text: str) -> float:
+    try:
+        return check_busy_timeout(float(text), "--busy-timeout")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
+def _status_list(text: str) -> list[str]:
+    statuses = [_status_arg(part.strip()) for part in text.split(",") if part.strip()]
+    if not statuses:
+        raise argparse.ArgumentTypeError(
+            f"invalid status list {visible(repr(text))}: name at least one status"
+        )
+    return statuses
