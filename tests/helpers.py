@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,3 +227,33 @@ MASKED = "postgres:***@"
 def no_secret(*texts: str) -> None:
     for text in texts:
         assert PASSWORD not in text, text
+
+
+class HeldWriter:
+    """A unit of work that holds a store's writer until released: others
+    queue behind it, and ``store.queued_writes`` says when they have."""
+
+    def __init__(self) -> None:
+        self._running = threading.Event()
+        self._release = threading.Event()
+
+    def unit(self, conn: object) -> None:
+        self._running.set()
+        self._release.wait(30)
+
+    async def running(self) -> None:
+        """Return once the unit runs on the writer."""
+        await anyio.to_thread.run_sync(self._running.wait, 30)
+
+    def release(self) -> None:
+        self._release.set()
+
+
+def listening_backends(raw: RawDB) -> int:
+    """PostgreSQL sessions of the test's database waiting on LISTEN now."""
+    return int(
+        raw.scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'idle' AND query ILIKE 'LISTEN%'"
+        )
+    )

@@ -19,6 +19,7 @@ from trio_dispatch.store import SchemaError, SQLiteStore, StoreError
 from trio_dispatch.store.schema import SCHEMA_VERSION
 
 from ..conftest import RawDB
+from ..helpers import HeldWriter, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres_only]
 
@@ -198,11 +199,14 @@ async def test_a_lazily_begun_writer_transaction_is_closed_by_every_outcome(
     assert raw.counts() == (1, 1)
     # The group commit's first statement is a coalesced enqueue: one row per
     # caller, each with its transition, all committed.
+    held = HeldWriter()  # the others queue behind it, then commit as one batch
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: store.write(lambda conn: time.sleep(0.2)))  # let the others queue
-        await anyio.sleep(0.05)
+        tg.start_soon(store.write, held.unit)
+        await held.running()
         for i in range(20):
             tg.start_soon(functools.partial(enqueue_dispatch, store, kind="k", deliver_to=f"d{i}"))
+        await wait_for(lambda: store.queued_writes == 20)
+        held.release()
     assert raw.counts() == (21, 21)
     assert _open_transactions(raw) == 0
 

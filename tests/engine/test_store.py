@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import threading
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from trio_dispatch.store import SchemaError, SQLiteStore
 from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 from ..conftest import RawDB
+from ..helpers import HeldWriter, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
@@ -313,7 +313,7 @@ async def test_other_writers_wait_for_an_open_transaction(store: SQLiteStore, ra
     async with anyio.create_task_group() as tg:
         async with store.transaction() as tx:
             tg.start_soon(other_writer)
-            await anyio.sleep(0.1)
+            await wait_for(lambda: store.queued_writes == 1)  # it waits for the writer
             await enqueue_dispatch(tx, kind="k", deliver_to="mine")
             order.append("tx body done")
     assert order == ["tx body done", "other committed"]
@@ -407,20 +407,24 @@ async def test_a_batch_is_never_reported_done_without_running(
 ) -> None:
     results: dict[str, object] = {}
 
+    held = HeldWriter()
+
     async def holder() -> None:
-        await store.write(lambda c: time.sleep(0.3))  # the others queue behind this batch
+        await store.write(held.unit)  # the others queue behind this batch
         with anyio.CancelScope() as scope:
             scope.cancel()  # cancelled just as it would lead the next batch
             await store.write(lambda c: None)
 
     async def producer(name: str) -> None:
-        await anyio.sleep(0.05)
         results[name] = await enqueue_dispatch(store, kind="k", deliver_to=name)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(holder)
+        await held.running()
         tg.start_soon(producer, "a")
         tg.start_soon(producer, "b")
+        await wait_for(lambda: store.queued_writes == 2)
+        held.release()
     assert sorted(results) == ["a", "b"]
     for name, dispatch_id in results.items():
         assert raw.row(str(dispatch_id))["deliver_to"] == name
@@ -432,8 +436,7 @@ async def test_a_full_disk_fails_only_the_unit_that_filled_it(
     await _limit_file_growth(store, 2)
     outcomes: dict[str, str] = {}
 
-    async def call(name: str, value: str, delay: float) -> None:
-        await anyio.sleep(delay)
+    async def call(name: str, value: str) -> None:
         try:
             await store.write(
                 lambda c: c.execute(
@@ -444,11 +447,16 @@ async def test_a_full_disk_fails_only_the_unit_that_filled_it(
         except sqlite3.OperationalError as exc:
             outcomes[name] = str(exc)
 
+    held = HeldWriter()  # the three queue behind it, in this order, as one batch
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: store.write(lambda c: time.sleep(0.2)))
-        tg.start_soon(call, "small-1", "0", 0.05)
-        tg.start_soon(call, "huge", "x" * 200_000, 0.06)
-        tg.start_soon(call, "small-2", "0", 0.07)
+        tg.start_soon(store.write, held.unit)
+        await held.running()
+        for queued, (name, value) in enumerate(
+            [("small-1", "0"), ("huge", "x" * 200_000), ("small-2", "0")], start=1
+        ):
+            tg.start_soon(call, name, value)
+            await wait_for(lambda n=queued: store.queued_writes == n)  # type: ignore[misc]
+        held.release()
     assert outcomes == {"small-1": "ok", "huge": "database or disk is full", "small-2": "ok"}
     assert {r["id"] for r in raw.rows("SELECT id FROM sessions")} == {"small-1", "small-2"}
     await store.write(lambda c: c.execute("INSERT INTO sessions (id) VALUES ('after')"))
@@ -505,11 +513,14 @@ async def test_coalesced_writes_share_one_call_and_a_failing_item_fails_alone(
         except ValueError as exc:
             results[session_id] = exc
 
+    held = HeldWriter()  # the others queue behind it, then run as one batch
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: store.write(lambda c: time.sleep(0.2)))  # let the others queue
-        await anyio.sleep(0.05)
+        tg.start_soon(store.write, held.unit)
+        await held.running()
         for session_id in ("a", "bad", "b"):
             tg.start_soon(one, session_id)
+        await wait_for(lambda: store.queued_writes == 3)
+        held.release()
     assert results["a"] == "ok:a" and results["b"] == "ok:b"
     assert isinstance(results["bad"], ValueError)
     assert sorted(calls[0]) == ["a", "b", "bad"]  # first tried together, in one call

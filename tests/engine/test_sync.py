@@ -25,7 +25,7 @@ from trio_dispatch import sync as outbox
 from trio_dispatch.store import SchemaError
 
 from ..conftest import RawDB
-from ..helpers import wait_for
+from ..helpers import listening_backends, wait_for
 
 APP_TABLE = "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, total INTEGER)"
 
@@ -256,6 +256,7 @@ engine, target, _, name, hold = sys.argv[1:6]
 conn = connect(engine, target)
 if engine == "sqlite":
     conn.execute("PRAGMA busy_timeout = 10000")
+print("writing", flush=True)  # (on SQLite the first write waits for the lock)
 order(conn, engine, name)
 got = outbox.enqueue_dispatch(conn, kind="k", deliver_to=name, dedup_key="shared")
 if hold == "hold":
@@ -265,6 +266,11 @@ order(conn, engine, name + "-after")  # the transaction is still usable
 conn.commit()
 print(json.dumps(got), flush=True)
 """
+
+WAITING_LOCKS = (
+    "SELECT COUNT(*) FROM pg_stat_activity"
+    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+)
 
 
 def test_a_same_key_race_gives_both_transactions_the_winner_and_aborts_neither(
@@ -283,9 +289,18 @@ def test_a_same_key_race_gives_both_transactions_the_winner_and_aborts_neither(
 
     first = racer("a", "hold")  # holds its transaction (and the key) until told
     assert first.stdout is not None and first.stdin is not None
+    assert first.stdout.readline() == "writing\n", first.stderr
     assert first.stdout.readline() == "holding\n", first.stderr
     second = racer("b", "go")  # blocks on the first's key, then finds its row
-    time.sleep(1.0)  # long enough for the second to reach the key and wait on it
+    assert second.stdout is not None
+    assert second.stdout.readline() == "writing\n", second.stderr
+    if engine == "postgres":  # the server shows the wait
+        deadline = time.monotonic() + 30
+        while raw.scalar(WAITING_LOCKS) == 0:
+            assert time.monotonic() < deadline, "the second racer never waited on the key"
+            time.sleep(0.01)
+    else:  # SQLite shows nothing: give its busy handler a moment to be in the wait
+        time.sleep(0.3)
     assert second.poll() is None  # it is waiting, not done
     first.stdin.write("\n")
     first.stdin.flush()
@@ -312,13 +327,19 @@ async def test_a_worker_wakes_at_the_callers_commit_not_at_its_tick(
         started.append(time.monotonic())
 
     async with open_store(db_target) as db, anyio.create_task_group() as tg:
-        await tg.start(DispatchWorker(db, transport=send, tick_seconds=3600).run)
-        await anyio.sleep(0.3)  # the worker is idle, listening
+        worker = DispatchWorker(db, transport=send, tick_seconds=3600)
+        await tg.start(worker.run)
+        await wait_for(  # the worker is idle, listening
+            lambda: (
+                worker.statistics().scans == 1
+                and (engine == "sqlite" or listening_backends(raw) == 1)
+            )
+        )
         conn = await anyio.to_thread.run_sync(connect, engine, db_target)
         dispatch_id = await anyio.to_thread.run_sync(
             lambda: outbox.enqueue_dispatch(conn, kind="k", deliver_to="x")
         )
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # a window in which nothing may happen
         assert started == []  # written, not committed: nothing to deliver yet
         await anyio.to_thread.run_sync(conn.rollback)
         await anyio.sleep(0.3)

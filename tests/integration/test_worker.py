@@ -23,7 +23,14 @@ from trio_dispatch.transports import asyncio_transport
 from trio_dispatch.worker import DispatchWorker, WorkerStatistics
 
 from ..conftest import RawDB
-from ..helpers import GRANDCHILD_SCRIPT, process_gone, statuses, wait_for
+from ..helpers import (
+    GRANDCHILD_SCRIPT,
+    HeldWriter,
+    listening_backends,
+    process_gone,
+    statuses,
+    wait_for,
+)
 
 # -- embedding -------------------------------------------------------------
 
@@ -71,11 +78,12 @@ async def test_wake_scans_rows_written_by_another_process(store: SQLiteStore, ra
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600, listen=False)
         await tg.start(worker.run)
-        await anyio.sleep(0.3)  # its first scan found nothing; now it sleeps a tick
+        await wait_for(lambda: worker.statistics().scans == 1)  # found nothing; now idle
         async with open_store(raw.target) as other:  # another process's enqueue
             dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # a window in which nothing may happen
         assert raw.row(dispatch_id)["status"] == "pending"  # polling only: waits
+        assert worker.statistics().scans == 1
         worker.wake()
         await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
         tg.cancel_scope.cancel()
@@ -94,7 +102,7 @@ async def test_another_process_enqueue_wakes_a_listening_worker(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600)
         await tg.start(worker.run)
-        await anyio.sleep(0.3)
+        await wait_for(lambda: worker.statistics().scans == 1 and listening_backends(raw) == 1)
         async with open_store(raw.target) as other:  # LISTEN/NOTIFY wakes it
             started = time.monotonic()
             dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")
@@ -531,11 +539,13 @@ async def test_claims_committed_while_the_worker_is_cancelled_are_released_not_l
         for i in range(3)
     ]
 
+    first, second = HeldWriter(), HeldWriter()
+
     async def other_writer() -> None:
         # Holds the writer so the worker's first scan queues, then leads the
         # batch that runs the scan: the claims commit in another task's batch.
-        await store.write(lambda c: time.sleep(0.3))
-        await store.write(lambda c: time.sleep(0.3))
+        await store.write(first.unit)
+        await store.write(second.unit)
 
     worker = DispatchWorker(store, transport=send, tick_seconds=3600, grace_seconds=1)
     worker_scope = anyio.CancelScope()
@@ -546,10 +556,13 @@ async def test_claims_committed_while_the_worker_is_cancelled_are_released_not_l
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(other_writer)
-        await anyio.sleep(0.05)
+        await first.running()
         tg.start_soon(run_worker)
-        await anyio.sleep(0.4)  # the scan's unit is running in the second batch
+        await wait_for(lambda: store.queued_writes == 1)  # the scan waits for the writer
+        first.release()
+        await second.running()  # the scan's unit has run in this batch; not committed yet
         worker_scope.cancel()
+        second.release()
     assert worker_scope.cancelled_caught
     rows = [raw.row(i) for i in ids]
     # Each claimed row was either delivered or released: never left delivering.
@@ -572,7 +585,7 @@ async def test_a_graceful_stop_leaves_no_row_delivering(store: SQLiteStore, raw:
             store, transport=send, concurrency=4, tick_seconds=3600, grace_seconds=2
         )
         await tg.start(worker.run)
-        await anyio.sleep(0.2)  # mid-stream: slots are passing claims along
+        await wait_for(lambda: len(sent) >= 8)  # mid-stream: slots are passing claims along
         tg.cancel_scope.cancel()
     by_status = statuses(raw)
     assert "delivering" not in by_status

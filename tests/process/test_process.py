@@ -105,8 +105,8 @@ async def test_a_sigkilled_worker_takes_its_transport_child_and_grandchild_with_
         assert gone_within(child, 1.0), "the transport child outlived its SIGKILLed worker"
         # The grandchild is the lifeline's to kill: another process, which
         # must first be scheduled to see its pipe close (once it took over a
-        # second on a loaded 2-core CI machine).
-        assert gone_within(grandchild, 5.0 - (time.monotonic() - killed_at)), (
+        # second on a loaded 2-core CI machine, over 5 s beside a benchmark).
+        assert gone_within(grandchild, 15.0 - (time.monotonic() - killed_at)), (
             "the transport's own child outlived the SIGKILLed worker"
         )
     finally:

@@ -151,6 +151,12 @@ class BatchingStore(abc.ABC):
         """Write transactions run by group commit, the units they held, and
         the jobs handed to the writer's thread (each a round trip)."""
 
+    @property
+    def queued_writes(self) -> int:
+        """Units of work waiting for the writer now, behind the batch or the
+        caller's transaction that holds it (the next group commit's size)."""
+        return len(self._queue)
+
     # -- what an engine supplies (all called on the writer's thread) ---------
 
     @abc.abstractmethod
