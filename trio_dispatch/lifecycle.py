@@ -69,6 +69,14 @@ def status_in(statuses: Iterable[Status]) -> str:
 
 
 DUE_SQL: Final = status_in(DUE_STATUSES)
+ORDERED_STATUSES: Final = (Status.PENDING, Status.DELIVERING, Status.DEAD_LETTER, Status.EXPIRED)
+"""Statuses in which a keyed row still counts for its key's order: live, or
+(under the ``block`` policy) holding the key (the ordering index)."""
+ORDERED_SQL: Final = status_in(ORDERED_STATUSES)
+WAITING_AT: Final = 1e15
+"""The ``next_attempt_at`` of a keyed row waiting behind its key's head: past
+every due time (year 31,690,000), so no scan of the due index reaches it
+until the row ahead leaves and it is made due."""
 FINISHED_SQL: Final = status_in(FINISHED_STATUSES)
 STATUS_CHECK_SQL: Final = status_in(Status)
 """The column's CHECK constraint: the six statuses."""

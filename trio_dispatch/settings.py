@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 
 from .backoff import check_retry_schedule
 from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
+from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, require_policy
 from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 from .values import replaced
@@ -69,6 +70,7 @@ SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "listen": require_bool,
     "retry_schedule": check_retry_schedule,
     "per_destination_concurrency": _optional_count,
+    "ordering_on_dead_letter": require_policy,
 }
 """``check(name, value)`` per setting: the value as the worker uses it, or
 ``TypeError``/``ValueError`` whose message starts with ``name``."""
@@ -109,6 +111,10 @@ class WorkerSettings:
     per_destination_concurrency: int | None = None
     """Most deliveries to one ``deliver_to`` at once; None: no cap below
     ``concurrency``."""
+    ordering_on_dead_letter: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    """What a key's head that ends ``dead_letter`` or ``expired`` does to the
+    rows behind it (SPEC section 13): ``block`` (they wait for an operator)
+    or ``skip`` (the next row goes)."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -48,6 +48,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "created_at",
         "expires_at",
         "updated_at",
+        "ordering_key",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"

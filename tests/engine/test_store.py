@@ -40,6 +40,8 @@ ADR_COLUMNS = [
     ("created_at", "FLOAT", 1, None),
     ("expires_at", "FLOAT", 0, None),
     ("updated_at", "FLOAT", 0, None),
+    # Schema v5: ordering keys (SPEC section 13), appended, nullable.
+    ("ordering_key", "TEXT", 0, None),
 ]
 
 
@@ -63,6 +65,12 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     # ADR D1's (status, next_attempt_at), with created_at appended (schema v2).
     assert "(status, next_attempt_at, created_at)" in due
     assert "WHERE status IN ('pending', 'delivering')" in due
+    ordering = indexes["ix_dispatch_outbox_ordering"]
+    assert "(ordering_key, id)" in ordering and "ordering_key IS NOT NULL" in ordering
+    assert "status IN ('pending', 'delivering', 'dead_letter', 'expired')" in ordering
+    live = indexes["ix_dispatch_outbox_ordering_live"]
+    assert "(ordering_key, next_attempt_at)" in live
+    assert "WHERE ordering_key IS NOT NULL AND status IN ('pending', 'delivering')" in live
     transitions = [c["name"] for c in raw.rows("PRAGMA table_info(status_transitions)")]
     assert transitions == [
         "id",

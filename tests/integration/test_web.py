@@ -340,9 +340,16 @@ async def test_the_dashboard_lists_filters_pages_and_shows_a_dispatch_escaped(
         assert "refused &lt;b&gt;bold&lt;/b&gt;" in failed.text
         assert (await client.get("/dispatch/no-such-id")).status_code == 404
         assert (await client.post("/")).status_code == 405
+        # HEAD answers the GET's headers; relative times ("59 s ago") may
+        # change the length between two requests, so one of the GETs around it.
+        before = await client.get("/", params={"status": "dead_letter"})
         head = await client.head("/", params={"status": "dead_letter"})
+        after = await client.get("/", params={"status": "dead_letter"})
         assert head.status_code == 200
-        assert head.headers["content-length"] == dead.headers["content-length"]
+        assert head.headers["content-length"] in (
+            before.headers["content-length"],
+            after.headers["content-length"],
+        )
 
 
 async def test_the_index_shows_recent_failures_newest_first_and_rows_awaiting_an_ack(

@@ -28,6 +28,7 @@ from .machine import (
     finish_many,
     release,
 )
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .scan import select_due
 
 DEFAULT_BATCH_SIZE: Final = 100
@@ -57,6 +58,7 @@ async def claim_due(
     clock: Callable[[], float] | None = None,
     ids: Sequence[str] | None = None,
     caps: DestinationCaps | None = None,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
 ) -> tuple[list[Claim], dict[str, int]]:
     """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
     created_at``; or the rows ``ids`` names, those still due) and, in one
@@ -66,12 +68,15 @@ async def claim_due(
     and the counters of the scan (``attempted``, ``expired``,
     ``dead_letter``). A row another claimant took first is skipped
     silently. With ``caps``, no destination gets more attempts than its cap
-    allows (:class:`~.caps.DestinationCaps`)."""
+    allows (:class:`~.caps.DestinationCaps`). ``ordering``: the ordering keys'
+    policy for a head that ended ``dead_letter`` or ``expired``."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
-        return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids, caps=caps)
+        return claim_batch(
+            conn, read_clock(), limit, lease_seconds, actor, ids=ids, caps=caps, ordering=ordering
+        )
 
     return await db.write(scan_and_claim)
 
@@ -115,6 +120,7 @@ async def finish_and_claim_next(
     clock: Callable[[], float] = time.time,
     retry_schedule: Sequence[float] | None = None,
     caps: DestinationCaps | None = None,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
 ) -> tuple[Outcome, Claim | None, dict[str, int]]:
     """:func:`finish_attempt`, and in the same transaction claim the next due
     row (if any) for the delivery slot this attempt frees: a busy worker pays
@@ -122,7 +128,15 @@ async def finish_and_claim_next(
     Returns the outcome, the next claim or None, and that scan's counters."""
     delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
     end = AttemptEnd(
-        claim, result, clock(), delay, actor, next_lease=lease_seconds, clock=clock, caps=caps
+        claim,
+        result,
+        clock(),
+        delay,
+        actor,
+        next_lease=lease_seconds,
+        clock=clock,
+        caps=caps,
+        ordering=ordering,
     )
     return await db.write_many(finish_and_claim, end)
 

@@ -20,6 +20,7 @@ from ..lifecycle import (
 from ..store.base import Conn
 from . import sql
 from .caps import DestinationCaps
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, lock_keys, promote
 from .transitions import (
     MAX_RETRY_AFTER_SECONDS,
     Change,
@@ -46,6 +47,8 @@ class AttemptEnd:
     """With :func:`finish_and_claim`: the wall clock the next claim reads."""
     caps: DestinationCaps | None = None
     """With :func:`finish_and_claim`: the worker's per-destination caps."""
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    """With :func:`finish_and_claim`: the worker's ordering-key policy."""
 
     @property
     def retry_after(self) -> float | None:
@@ -156,7 +159,9 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     """Record attempt ends -- status, due time, ``last_error`` and transition
     together (SPEC B4) -- each fenced on its claim; an end whose row moved
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
-    INSERT batch."""
+    INSERT batch. A keyed row that leaves the live set makes the next row
+    of its key due (:mod:`.ordering`)."""
+    lock_keys(conn, [end.claim.ordering_key for end in ends])
     if any(end.result.local and not end.result.ok for end in ends):
         # Attempts never made: released, their attempt taken back.
         outcomes: list[Outcome] = []
@@ -202,6 +207,15 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}
+    promote(
+        conn,
+        [
+            end.claim.ordering_key
+            for end, plan in zip(ends, plans, strict=True)
+            if end.claim.dispatch_id in applied and plan[1] != Status.PENDING
+        ],
+        max(end.now for end in ends),
+    )
     insert_rows(
         conn,
         [
@@ -265,9 +279,12 @@ def release(
         {"attempt": claim.attempt},
     )
     history = transition_rows([change])
+    lock_keys(conn, [claim.ordering_key])
     if not conn.execute(
         sql.RELEASE, (status, now, now, claim.dispatch_id, claim.attempt, claim.lease_until)
     ):
         return Outcome.CONFLICT
+    if status != Status.PENDING:
+        promote(conn, [claim.ordering_key], now)
     insert_rows(conn, history)
     return outcome

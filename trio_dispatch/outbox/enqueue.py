@@ -29,6 +29,7 @@ from ..validate import (
 from ..values import show
 from .inserts import insert_all, insert_plain
 from .machine import EnqueueResult, NewDispatch
+from .ordering import require_ordering_key
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 
@@ -60,6 +61,9 @@ class EnqueueArgs(_RequiredArgs, total=False):
     """An existing ``sessions.id`` the row belongs to."""
     schedule_run_id: str | None
     """An existing ``schedule_runs.id`` the row was made by."""
+    ordering_key: str | None
+    """Rows sharing a key are delivered one at a time, in id order (SPEC
+    section 13): at most 255 characters, no control characters."""
 
 
 ENQUEUE_KEYS: Final = EnqueueArgs.__required_keys__ | EnqueueArgs.__optional_keys__
@@ -73,6 +77,7 @@ ENQUEUE_DEFAULTS: Final[Mapping[str, object]] = {
     "expires_at": None,
     "session_id": None,
     "schedule_run_id": None,
+    "ordering_key": None,
 }
 
 
@@ -100,6 +105,7 @@ def prepare(
     expiry = None if expires_at is None else require_number("expires_at", expires_at)
     session = require_optional_id("session_id", given["session_id"])
     run = require_optional_id("schedule_run_id", given["schedule_run_id"])
+    ordering_key = require_ordering_key(given["ordering_key"])
     dispatch_id = uuid7_bytes().hex()
     # The ack token is a secret: 128 bits of the OS CSPRNG, never time-ordered.
     token = secrets.token_hex(16) if ack else None
@@ -121,6 +127,7 @@ def prepare(
         session_id=session,
         schedule_run_id=run,
         expires_at=expiry,
+        ordering_key=ordering_key,
     )
 
 

@@ -14,6 +14,7 @@ from ..errors import StoreError
 from ..lifecycle import ACTOR_ENQUEUE, Reason, Source, Status
 from ..store.base import Conn
 from . import sql
+from .ordering import lock_keys
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
 
@@ -39,6 +40,10 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.payload,
         new.dedup_key,
         new.max_attempts,
+        new.ordering_key,
+        now,
+        new.ordering_key,
+        new.id,
         now,
         int(new.ack_required),
         new.ack_token,
@@ -47,6 +52,7 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         now,
         new.expires_at,
         now,
+        new.ordering_key,
     )
 
 
@@ -66,6 +72,7 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
     # winner (B3).
+    lock_keys(conn, [new.ordering_key])
     if conn.dialect.arrays:  # row, history and NOTIFY in one round trip
         entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
         inserted = (
@@ -96,7 +103,12 @@ def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list
     concurrent plain enqueue of a group commit at once. On an engine with
     data-modifying ``WITH`` it is one statement per row instead, sent in
     one pipelined round trip (the server delivers the repeated ``NOTIFY``
-    of one transaction once)."""
+    of one transaction once). Keyed rows go in id order, so each waits
+    behind the live rows of its key that come before it."""
+    results = [EnqueueResult(new.id, False) for new, _ in items]
+    if any(new.ordering_key is not None for new, _ in items):
+        items = sorted(items, key=lambda item: item[0].id)
+        lock_keys(conn, [new.ordering_key for new, _ in items])
     if conn.dialect.arrays:
         rows = [
             (*_row(new, now), entity_type, *history)
@@ -108,11 +120,11 @@ def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list
             conn.execute(sql.INSERT_DISPATCH_RECORDED, rows[0])
         else:
             conn.executemany(sql.INSERT_DISPATCH_RECORDED, rows)
-        return [EnqueueResult(new.id, False) for new, _ in items]
+        return results
     conn.executemany(sql.INSERT_DISPATCH, [_row(new, now) for new, now in items])
     record(conn, [_enqueued(new, now) for new, now in items])
     conn.announce_enqueue()
-    return [EnqueueResult(new.id, False) for new, _ in items]
+    return results
 
 
 def insert_all(

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 from ..attempt import TransportResult
 from ..lifecycle import (
+    DUE_STATUSES,
     PURGED,
     Reason,
     Source,
@@ -37,6 +38,14 @@ from .ends import finish_many as finish_many
 from .ends import give_back as give_back
 from .ends import plan_end as plan_end
 from .ends import release as release
+from .ordering import (
+    CLAIMABLE,
+    DEFAULT_ORDERING_POLICY,
+    OrderingPolicy,
+    lock_keys,
+    promote,
+    take_keys,
+)
 from .scan import select_due
 from .transitions import COUNTER_KEYS as COUNTER_KEYS
 from .transitions import MAX_RETRY_AFTER_SECONDS as MAX_RETRY_AFTER_SECONDS
@@ -102,7 +111,7 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
 
 _SCAN_COLUMNS: Final = (
     "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
-    "created_at, deliver_to"
+    "created_at, deliver_to, ordering_key"
 )
 
 
@@ -115,6 +124,7 @@ def claim_batch(
     *,
     ids: Sequence[str] | None = None,
     caps: DestinationCaps | None = None,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
 ) -> tuple[list[Claim], dict[str, int]]:
     """The claim: one indexed select of up to ``limit`` due rows (locked
     where rows lock) -- or, given ``ids``, those rows if they are still due
@@ -124,22 +134,27 @@ def claim_batch(
     in scan order and the scan's counters (``attempted``, ``expired``,
     ``dead_letter``; the others 0). With ``caps``, destinations at their
     cap are left out and no more rows are claimed for one destination than
-    its cap has room for; the claims are counted against it."""
+    its cap has room for; the claims are counted against it. Only rows the
+    ordering keys' claim rule allows under ``ordering`` are read
+    (:mod:`.ordering`); a keyed row that leaves the live set here makes the
+    next row of its key due."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
+    rule = CLAIMABLE[ordering]
     if ids is None:
         # Bounded whatever the capped destinations hold (see .scan).
         skip = caps.full(at) if caps is not None else ()
         room = caps.room(at) if caps is not None else None
-        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room)
+        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room, rule=rule)
     else:
         rows = [
             row
             for dispatch_id in ids[:limit]
             for row in conn.query(
-                sql.select_if_due(columns, conn.dialect.lock_clause), (dispatch_id, at)
+                sql.select_if_due(columns, conn.dialect.lock_clause, rule), (dispatch_id, at)
             )
         ]
+    rows = take_keys(conn, rows, ordering)
     counts["attempted"] = len(rows)
     fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
     for row in rows:
@@ -149,6 +164,8 @@ def claim_batch(
             counts["dead_letter"] += spend(conn, row, at, actor)
         else:
             fresh[Status(row["status"])].append(row)
+    kept = {row["id"] for group in fresh.values() for row in group}
+    promote(conn, [row["ordering_key"] for row in rows if row["id"] not in kept], at)
     if caps is not None:
         candidates = {row["id"] for group in fresh.values() for row in group}
         allowed = {row["id"] for row in caps.fit([r for r in rows if r["id"] in candidates], at)}
@@ -192,6 +209,7 @@ def claim_batch(
                 lease_until=lease_until,
                 ack_token=row["ack_token"],
                 recovered=recovered,
+                ordering_key=row["ordering_key"],
             )
             if unreadable := undecodable_columns(row):
                 spoiled.append((claim, unreadable))
@@ -257,15 +275,18 @@ def finish_and_claim(
     outcomes = finish_many(conn, ends)
     nexts: list[Claim | None] = [None] * len(ends)
     counts = [dict.fromkeys(COUNTER_KEYS, 0) for _ in ends]
-    Key = tuple[float, str, Callable[[], float] | None, DestinationCaps | None]
+    Key = tuple[float, str, Callable[[], float] | None, DestinationCaps | None, OrderingPolicy]
     groups: dict[Key, list[int]] = {}
     for index, end in enumerate(ends):
         if end.caps is not None:  # the ended attempts make room first
             end.caps.drop([(end.claim.dispatch_id, end.claim.lease_until)])
-        groups.setdefault((end.next_lease, end.actor, end.clock, end.caps), []).append(index)
-    for (lease, actor, clock, caps), indexes in groups.items():
+        key = (end.next_lease, end.actor, end.clock, end.caps, end.ordering)
+        groups.setdefault(key, []).append(index)
+    for (lease, actor, clock, caps, ordering), indexes in groups.items():
         assert clock is not None
-        claims, scanned = claim_batch(conn, clock(), len(indexes), lease, actor, caps=caps)
+        claims, scanned = claim_batch(
+            conn, clock(), len(indexes), lease, actor, caps=caps, ordering=ordering
+        )
         counts[indexes[0]] = scanned
         for index, claim in zip(indexes, claims, strict=False):
             nexts[index] = claim
@@ -289,13 +310,18 @@ def cas_status(
     params: Sequence[Any] = (),
 ) -> bool:
     """Move ``row`` to ``to_status`` if it still has the status it was read
-    with, and record the transition. False (nothing written) on a conflict."""
+    with, and record the transition. False (nothing written) on a conflict.
+    A keyed row that leaves the live set makes the next row of its key due."""
     change = Change(row["id"], row["status"], to_status, reason, summary, source, actor, now)
     history = transition_rows([change])
+    key = row.get("ordering_key")
+    lock_keys(conn, [key])
     changed = conn.execute(
         sql.set_status(assignments), (to_status, now, *params, row["id"], row["status"])
     )
     if changed:
+        if to_status not in DUE_STATUSES:
+            promote(conn, [key], now)
         insert_rows(conn, history)
     return bool(changed)
 
@@ -315,7 +341,10 @@ def delete(conn: Conn, row: Row, reason: Reason, summary: str, actor: str, now: 
         {"attempt": row["attempt"], "kind": row["kind"]},
     )
     history = transition_rows([change])
+    key = row.get("ordering_key")
+    lock_keys(conn, [key])
     deleted = conn.execute(sql.DELETE, (row["id"], row["status"]))
     if deleted:
+        promote(conn, [key], now)
         insert_rows(conn, history)
     return bool(deleted)

@@ -17,6 +17,7 @@ from ..store.base import Conn, Database, Row, Undecodable
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
+from .ordering import CLAIMABLE, OrderingPolicy
 from .scan import next_due
 
 DEFAULT_LIST_LIMIT: Final = 50
@@ -93,11 +94,15 @@ async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any
     return [row for row in map(decode, rows) if row is not None]
 
 
-async def next_due_at(db: Database, *, skip: Sequence[str] = ()) -> float | None:
+async def next_due_at(
+    db: Database, *, skip: Sequence[str] = (), ordering: OrderingPolicy | None = None
+) -> float | None:
     """When the earliest pending or delivering row falls due, or None;
-    rows whose ``deliver_to`` is in ``skip`` left out."""
+    rows whose ``deliver_to`` is in ``skip`` left out, and with ``ordering``
+    those the ordering keys' claim rule holds back under that policy."""
     left_out = tuple(skip)
-    return await db.read(lambda conn: next_due(conn, left_out))
+    rule = "" if ordering is None else CLAIMABLE[ordering]
+    return await db.read(lambda conn: next_due(conn, left_out, rule))
 
 
 async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:

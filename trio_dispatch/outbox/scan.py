@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
-from ..lifecycle import Status
+from ..lifecycle import WAITING_AT, Status
 from ..store.base import Conn, Row
 from ..store.schema import DESTINATION_INDEX
 from . import sql
@@ -60,6 +60,7 @@ def select_due(
     lock: bool = False,
     skip: Collection[str] = (),
     room: Callable[[str], int] | None = None,
+    rule: str = "",
 ) -> list[Row]:
     """Up to ``limit`` rows due at ``now``, ordered by ``next_attempt_at,
     created_at`` (SPEC B5), locked where rows lock if ``lock``; rows whose
@@ -69,31 +70,35 @@ def select_due(
     capped claim can take. ``columns`` must name ``next_attempt_at``,
     ``created_at`` and, with ``skip``, ``deliver_to`` and ``status`` (and
     ``id`` to lock). The rows read are bounded by ``limit``, the window and
-    the number of destinations, whatever ``skip``'s destinations hold."""
+    the number of destinations, whatever ``skip``'s destinations hold.
+    ``rule`` (an SQL term: the ordering keys' claim rule) leaves out the rows
+    it does not allow."""
     lock_clause = conn.dialect.lock_clause if lock else ""
     if not skip:
-        return _merged(conn, now, limit, columns, lock_clause)[:limit]
+        return _merged(conn, now, limit, columns, lock_clause, rule)[:limit]
     left_out = frozenset(skip)
     room_of = room or (lambda destination: limit)
-    rows = _window(conn, now, limit, columns, left_out, room_of)
+    rows = _window(conn, now, limit, columns, left_out, room_of, rule)
     if rows is None:
-        rows = _by_destination(conn, now, limit, columns, left_out, room_of)
+        rows = _by_destination(conn, now, limit, columns, left_out, room_of, rule)
     rows = rows[:limit]
     if lock_clause and rows:
         ids = [row["id"] for row in rows]
-        rows = conn.query(sql.lock_if_due(columns, len(ids), lock_clause), (*ids, now))
+        rows = conn.query(sql.lock_if_due(columns, len(ids), lock_clause, rule), (*ids, now))
         rows.sort(key=_order)
     return rows
 
 
-def _merged(conn: Conn, now: float, limit: int, columns: str, lock_clause: str) -> list[Row]:
+def _merged(
+    conn: Conn, now: float, limit: int, columns: str, lock_clause: str, rule: str = ""
+) -> list[Row]:
     """Up to ``limit`` due rows of each live status, merged in claim order:
     one ordered range read of the due index per status (the index holds the
     status first, so one read cannot give both in order)."""
     rows = [
         row
         for status in (Status.PENDING, Status.DELIVERING)
-        for row in conn.query(sql.select_due(status, columns, lock_clause), (now, limit))
+        for row in conn.query(sql.select_due(status, columns, lock_clause, rule), (now, limit))
     ]
     rows.sort(key=_order)
     return rows
@@ -106,13 +111,14 @@ def _window(
     columns: str,
     left_out: frozenset[str],
     room: Callable[[str], int],
+    rule: str = "",
 ) -> list[Row] | None:
     """The first ``limit`` rows not left out (nor past their destination's
     room), read from a window of ``limit + WINDOW_EXTRA`` due-index entries
     per status; None when the window holds fewer than ``limit`` of them and
     more rows lie beyond it."""
     size = limit + WINDOW_EXTRA
-    rows = conn.query(sql.due_window(columns), (now, size, now, size))
+    rows = conn.query(sql.due_window(columns, rule), (now, size, now, size))
     complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
     for status in (Status.PENDING, Status.DELIVERING):
         read = [_order(row) for row in rows if row["status"] == status]
@@ -155,6 +161,7 @@ def _by_destination(
     columns: str,
     left_out: frozenset[str],
     room: Callable[[str], int],
+    rule: str = "",
 ) -> list[Row]:
     """The first ``limit`` due rows not left out, through the destination
     index: the heads of all destinations, then ranges of the ``limit``
@@ -170,9 +177,9 @@ def _by_destination(
     names = [str(head["deliver_to"]) for head in heads]
     most = [min(limit, room(name)) for name in names]
     if conn.dialect.arrays:  # every range in one statement
-        rows = conn.query(sql.due_of_destinations(columns), (names, most, *up_to))
+        rows = conn.query(sql.due_of_destinations(columns, rule), (names, most, *up_to))
     else:
-        statement = sql.due_of_destination(columns, conn.dialect.use_index(DESTINATION_INDEX))
+        statement = sql.due_of_destination(columns, conn.dialect.use_index(DESTINATION_INDEX), rule)
         rows = [
             row
             for name, n in zip(names, most, strict=True)
@@ -182,17 +189,23 @@ def _by_destination(
     return rows[:limit]
 
 
-def next_due(conn: Conn, skip: Collection[str] = ()) -> float | None:
+def next_due(conn: Conn, skip: Collection[str] = (), rule: str = "") -> float | None:
     """When the earliest live row falls due (None: there is none); rows
     whose ``deliver_to`` is in ``skip`` left out. Bounded as
     :func:`select_due` is: the earliest head of a destination not left out
-    is the answer when the window holds none of theirs."""
-    if not skip:
+    is the answer when the window holds none of theirs. With ``rule``, a row
+    the ordering keys' claim rule holds back does not count; a row waiting
+    behind its key's head never does."""
+    if not skip and not rule:
         row = conn.query_one(sql.NEXT_DUE)
-        return None if row is None or row["due"] is None else float(row["due"])
-    left_out = frozenset(skip)
-    columns = "status, next_attempt_at, created_at, deliver_to"
-    rows = _window(conn, NO_LIMIT, 1, columns, left_out, lambda destination: 1)
-    if rows is None:
-        rows = _heads(conn, NO_LIMIT, left_out)
-    return float(rows[0]["next_attempt_at"]) if rows else None
+        due = None if row is None or row["due"] is None else float(row["due"])
+    else:
+        columns = "id, status, next_attempt_at, created_at, deliver_to, ordering_key"
+        found = (
+            _merged(conn, NO_LIMIT, 1, columns, "", rule)
+            if not skip
+            else _window(conn, NO_LIMIT, 1, columns, frozenset(skip), lambda d: 1, rule)
+        )
+        rows = _heads(conn, NO_LIMIT, frozenset(skip)) if found is None else found
+        due = float(rows[0]["next_attempt_at"]) if rows else None
+    return None if due is None or due >= WAITING_AT else due

@@ -10,25 +10,36 @@ from __future__ import annotations
 
 from typing import Final
 
-from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, Status
+from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.dialect import CHANNEL
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
     "next_attempt_at, ack_required, ack_token, session_id, schedule_run_id, "
-    "last_error, created_at, expires_at, updated_at"
+    "last_error, created_at, expires_at, updated_at, ordering_key"
 )
 """Every column of ``dispatch_outbox``, in table order."""
 
+# A keyed row behind a live row of its key with a lower id waits (SPEC
+# section 13, :mod:`.ordering`): the probe is a range of the ordering index.
+_DUE_OR_WAITING: Final = (
+    "CASE WHEN CAST(? AS TEXT) IS NULL THEN ? WHEN EXISTS (SELECT 1 FROM dispatch_outbox k "
+    f"WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} "
+    f"AND k.{DUE_SQL} AND k.id < ?) THEN {WAITING_AT!r} ELSE ? END"
+)
+
 INSERT_DISPATCH: Final = (
     f"INSERT INTO dispatch_outbox ({COLUMNS}) "
-    f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?) "
-    "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
+    "?, ?, ?, ?) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
-next_attempt_at, ack_required, ack_token, session_id, schedule_run_id,
-created_at, expires_at, updated_at); a dedup key already committed inserts
-nothing (the partial unique index is the final authority, SPEC B3)."""
+then for ``next_attempt_at`` the ordering key, the due time, the key, the
+id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
+created_at, expires_at, updated_at, ordering_key): due at once, or -- keyed
+and behind a live row of its key -- waiting (:data:`WAITING_AT`). A dedup
+key already committed inserts nothing (the partial unique index is the
+final authority, SPEC B3)."""
 
 INSERT_TRANSITION: Final = (
     "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
@@ -59,7 +70,9 @@ INSERT_TRANSITIONS_ARRAYS: Final = (
 column, in order (ids follow it)."""
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
-SELECT_FOR_REMOVAL: Final = "SELECT id, status, attempt, kind FROM dispatch_outbox WHERE id = ?"
+SELECT_FOR_REMOVAL: Final = (
+    "SELECT id, status, attempt, kind, ordering_key FROM dispatch_outbox WHERE id = ?"
+)
 SELECT_TRANSITIONS: Final = (
     "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? ORDER BY id"
 )
@@ -95,24 +108,29 @@ def last_reasons(count: int) -> str:
     )
 
 
-def select_due(status: Status, columns: str, lock_clause: str) -> str:
+def _and(rule: str) -> str:
+    return f" AND {rule}" if rule else ""
+
+
+def select_due(status: Status, columns: str, lock_clause: str, rule: str = "") -> str:
     """Due rows of one live status up to the due time ``?``, oldest due
     first (SPEC B5), at most ``?`` of them. The verbatim partial-index term
     lets the planner read the due index in order and stop after ``LIMIT``
-    rows: the cost follows the limit, not the table."""
+    rows: the cost follows the limit, not the table. ``rule`` (the ordering
+    keys' claim rule) leaves out the rows it does not allow."""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}' AND next_attempt_at <= ? "
+        f"AND status = '{status}' AND next_attempt_at <= ?{_and(rule)} "
         f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
     )
 
 
-def due_window(columns: str) -> str:
+def due_window(columns: str, rule: str = "") -> str:
     """:func:`select_due` of each live status (parameters: the due time and
     the limit, for each), unlocked, in one statement: two ordered range reads
     of the due index, one after the other."""
     return " UNION ALL ".join(
-        f"SELECT * FROM ({select_due(status, columns, '')}) AS {status}"
+        f"SELECT * FROM ({select_due(status, columns, '', rule)}) AS {status}"
         for status in (Status.PENDING, Status.DELIVERING)
     )
 
@@ -144,17 +162,17 @@ def destination_heads(row_key: str, indexed_by: str = "") -> str:
 _UP_TO: Final = "(next_attempt_at, created_at) <= (?, ?)"
 
 
-def due_of_destination(columns: str, indexed_by: str = "") -> str:
+def due_of_destination(columns: str, indexed_by: str = "", rule: str = "") -> str:
     """The live rows of one ``deliver_to`` up to the ``(next_attempt_at,
     created_at)`` of the two parameters after it, in claim order, at most
     ``?`` of them: a range of the destination index."""
     return (
         f"SELECT {columns} FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
-        f"AND {_UP_TO} ORDER BY next_attempt_at, created_at LIMIT ?"
+        f"AND {_UP_TO}{_and(rule)} ORDER BY next_attempt_at, created_at LIMIT ?"
     )
 
 
-def due_of_destinations(columns: str) -> str:
+def due_of_destinations(columns: str, rule: str = "") -> str:
     """PostgreSQL only: :func:`due_of_destination` for many destinations at
     once, one range of the destination index each, through ``LATERAL``.
     Parameters: the destinations (an array), the most rows of each (an
@@ -162,26 +180,26 @@ def due_of_destinations(columns: str) -> str:
     return (
         "SELECT chosen.* FROM unnest(?::text[], ?::int8[]) AS wanted(destination, most) "
         f"CROSS JOIN LATERAL (SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND deliver_to = wanted.destination AND {_UP_TO} "
+        f"AND deliver_to = wanted.destination AND {_UP_TO}{_and(rule)} "
         "ORDER BY next_attempt_at, created_at LIMIT wanted.most) AS chosen"
     )
 
 
-def lock_if_due(columns: str, count: int, lock_clause: str) -> str:
+def lock_if_due(columns: str, count: int, lock_clause: str, rule: str = "") -> str:
     """``count`` rows by id, those still due at ``?`` (after the ids), locked
     with ``lock_clause``: the rows a scan chose without locking, taken for
     the claim (a row another claimant holds is left out)."""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE id IN ({', '.join('?' * count)}) "
-        f"AND {DUE_SQL} AND next_attempt_at <= ?{lock_clause}"
+        f"AND {DUE_SQL} AND next_attempt_at <= ?{_and(rule)}{lock_clause}"
     )
 
 
-def select_if_due(columns: str, lock_clause: str) -> str:
+def select_if_due(columns: str, lock_clause: str, rule: str = "") -> str:
     """One row by id, if it is due (a live status, ``next_attempt_at <= ?``)."""
     return (
         f"SELECT {columns} FROM dispatch_outbox WHERE id = ? AND {DUE_SQL} "
-        f"AND next_attempt_at <= ?{lock_clause}"
+        f"AND next_attempt_at <= ?{_and(rule)}{lock_clause}"
     )
 
 
@@ -190,7 +208,7 @@ def _claim(where_key: str) -> str:
         f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
         f"next_attempt_at = ?, updated_at = ? WHERE {where_key} AND status = ? "
         "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
-        "ack_token"
+        "ack_token, ordering_key"
     )
 
 
@@ -279,7 +297,7 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
     """Finished rows of one status last changed at or before a cutoff; with
     ``count``, how many. The verbatim index term keeps it on the
     finished-age index."""
-    what = "COUNT(*) AS n" if count else "id, status, attempt, kind"
+    what = "COUNT(*) AS n" if count else "id, status, attempt, kind, ordering_key"
     limit = "" if count else " LIMIT ?"
     return (
         f"SELECT {what} FROM dispatch_outbox WHERE {FINISHED_SQL} "

@@ -57,6 +57,7 @@ class NewDispatch:
     session_id: str | None
     schedule_run_id: str | None
     expires_at: float | None
+    ordering_key: str | None = None
 
     @property
     def plain(self) -> bool:
@@ -82,6 +83,8 @@ class Claim:
     must not put the token into ``last_error``, history or a log line."""
     recovered: bool = False
     """The row was ``delivering`` under an earlier claim whose lease ran out."""
+    ordering_key: str | None = None
+    """The row's ordering key (SPEC section 13), if any."""
 
     def delivery(self) -> Delivery:
         return Delivery(

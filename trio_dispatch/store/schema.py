@@ -11,7 +11,8 @@ query the ADR's two-column one does). Version 3 adds a partial index of the
 history's failed attempts (the dashboard's recent failures). Version 4
 adds a partial index of the due rows by destination, so a claim that
 leaves out destinations at their cap finds the others' rows without
-reading the capped ones.
+reading the capped ones. Version 5 adds the ``ordering_key`` column and
+its two partial indexes (SPEC section 13).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -21,10 +22,18 @@ differ.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Final
 
-from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, STATUS_CHECK_SQL, Status
+from ..lifecycle import (
+    DUE_SQL,
+    FAILURES_SQL,
+    FINISHED_SQL,
+    ORDERED_SQL,
+    STATUS_CHECK_SQL,
+    Status,
+)
 from .base import Conn, SchemaError, check_schema_version
 from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
 from .dialect import quoted
@@ -154,10 +163,37 @@ _V4: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4)
+ORDERING_INDEX: Final = "ix_dispatch_outbox_ordering"
+ORDERING_LIVE_INDEX: Final = "ix_dispatch_outbox_ordering_live"
+
+_V5: Final = (
+    # Ordering keys (SPEC section 13). Existing rows stay unkeyed; unkeyed
+    # rows enter neither index, so they cost nothing of what keys add.
+    "ALTER TABLE dispatch_outbox ADD COLUMN ordering_key TEXT NULL",
+    # A key's rows in id order while they count for its order: what is
+    # ahead of a row, and the first row waiting behind a head.
+    f"""
+    CREATE INDEX IF NOT EXISTS {ORDERING_INDEX}
+        ON dispatch_outbox (ordering_key, id)
+        WHERE ordering_key IS NOT NULL AND {ORDERED_SQL}
+    """,
+    # A key's live rows by due time: whether a live row that is not waiting
+    # remains (waiting rows sort last), without reading the waiting ones.
+    f"""
+    CREATE INDEX IF NOT EXISTS {ORDERING_LIVE_INDEX}
+        ON dispatch_outbox (ordering_key, next_attempt_at)
+        WHERE ordering_key IS NOT NULL AND {DUE_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+_ADDED_COLUMN: Final = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+) ")
+"""A migration statement that adds a column: skipped where the column is
+there already, as ``IF NOT EXISTS`` skips a table or an index."""
 
 _SCHEMA_EXISTS: Final = "SELECT 1 AS found FROM pg_namespace WHERE nspname = ?"
 
@@ -239,6 +275,9 @@ def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
+            added = _ADDED_COLUMN.match(statement)
+            if added and conn.query_one(dialect.column_exists, added.groups()) is not None:
+                continue  # adopted from a database that has it already
             conn.execute(dialect.ddl(statement))
         conn.execute(
             f"INSERT INTO {SCHEMA_VERSION_TABLE} (version, applied_at) VALUES (?, ?)",

@@ -144,6 +144,7 @@ class DispatchWorker:
         self.grace_seconds = settings.grace_seconds
         self.retry_jitter = settings.retry_jitter
         self.retry_schedule = settings.retry_schedule
+        self.ordering_on_dead_letter = settings.ordering_on_dead_letter
         self.lease_seconds = settings.lease_seconds
         self.listen = settings.listen
         """Wake on other processes' enqueues (PostgreSQL LISTEN/NOTIFY,
@@ -352,6 +353,7 @@ class DispatchWorker:
                     actor=self.actor,
                     clock=self.clock,
                     caps=self._caps,
+                    ordering=self.ordering_on_dead_letter,
                 )
         except Exception:
             self._scan_errors += 1
@@ -382,7 +384,7 @@ class DispatchWorker:
 
     async def _idle_delay(self, skip: Sequence[str] = ()) -> float:
         try:
-            due = await next_due_at(self.db, skip=skip)
+            due = await next_due_at(self.db, skip=skip, ordering=self.ordering_on_dead_letter)
         except Exception:
             self.log.exception("reading the next due time failed")
             return self.tick_seconds
@@ -519,6 +521,7 @@ class DispatchWorker:
             self.lease_seconds,
             self._caps,
             self.log,
+            self.ordering_on_dead_letter,
         )
 
     async def _settle_and_claim(

@@ -22,6 +22,7 @@ from ..outbox import (
     release_attempt,
 )
 from ..outbox.caps import DestinationCaps
+from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from ..store.base import Store
 from ..transports import TransportResult
 from .report import AttemptResult, Interrupted
@@ -50,6 +51,7 @@ class OutcomeWriter:
     lease_seconds: float
     caps: DestinationCaps | None
     log: logging.Logger
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
 
     async def settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
@@ -99,6 +101,7 @@ class OutcomeWriter:
                 clock=self.clock,
                 retry_schedule=self.retry_schedule,
                 caps=self.caps,
+                ordering=self.ordering,
             )
         except Exception:
             self.log.exception(

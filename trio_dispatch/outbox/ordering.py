@@ -1,0 +1,161 @@
+"""Ordering keys (SPEC section 13): the rows that share a key are delivered
+one at a time, in id order, without holding up any other row.
+
+Everything ordering adds to the outbox is here; the claim, the ends of
+attempts, the operators' writes and enqueue call in at four points:
+
+- **Waiting.** A keyed row enqueued while a live (``pending`` or
+  ``delivering``) row of its key has a lower id waits: its
+  ``next_attempt_at`` is :data:`~trio_dispatch.lifecycle.WAITING_AT`, past
+  every due time, so the claim's ordered read of the due index stops before
+  it. A hundred thousand rows behind one head cost a scan nothing.
+- **Promotion.** Whenever a keyed row leaves the live set (delivered,
+  acked, dead-lettered, expired) or a row of a key is removed (purged,
+  pruned), :func:`promote` makes the key's lowest live row due if it was
+  waiting. The lowest live row of a key is therefore never waiting.
+- **The claim rule** (:func:`claimable`), the authority whatever the
+  waiting marks say: a keyed row is claimable when it is ``delivering``
+  already (lease recovery: it holds the key), or when no other row of its
+  key is ``delivering`` and no row with a lower id is live -- or, under the
+  ``block`` policy, ``dead_letter`` or ``expired`` (a blocked key). Both
+  probes read the two partial ordering indexes, never the waiting rows.
+- **Key locks.** On PostgreSQL every transaction that decides for a key
+  (enqueue, an attempt's end, an operator's write, a retention prune) first
+  holds the key's advisory lock until it commits, and a claim takes the keys
+  of its candidates with try-locks, leaves a key another transaction holds to
+  the next scan, and checks the rule again in a statement that starts after
+  the locks (:func:`take_keys`). Two transactions never decide for one key
+  from snapshots that miss each other's commit, so ``SKIP LOCKED`` cannot let
+  two claimants take two rows of one key: the second claim's check runs
+  after the first claim committed its row as ``delivering``. SQLite's single
+  writer serializes the same decisions without locks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from typing import Final, Literal
+
+from ..lifecycle import DUE_SQL, ORDERED_SQL, WAITING_AT, Status
+from ..store.base import Conn, Row
+from ..validate import require_text
+from ..values import show
+
+OrderingPolicy = Literal["block", "skip"]
+"""What a key's head that ends ``dead_letter`` or ``expired`` does to the rows
+behind it: ``block`` (they wait for an operator's retry or purge of the
+head) or ``skip`` (the next row goes)."""
+
+ORDERING_POLICIES: Final = ("block", "skip")
+DEFAULT_ORDERING_POLICY: Final[OrderingPolicy] = "block"
+MAX_ORDERING_KEY_LENGTH: Final = 255
+
+
+def require_ordering_key(value: object) -> str | None:
+    """None, or a non-empty key of at most 255 characters without control
+    characters; anything else is a ``ValueError`` (``TypeError`` for a
+    non-string) naming it."""
+    if value is None:
+        return None
+    text = require_text("ordering_key", value)
+    if not text.strip():
+        raise ValueError(f"ordering_key must be a non-empty string, got {show(value)}")
+    if len(text) > MAX_ORDERING_KEY_LENGTH:
+        raise ValueError(
+            f"ordering_key must be at most {MAX_ORDERING_KEY_LENGTH} characters, "
+            f"got {len(text)}: {show(text[:40])}..."
+        )
+    if any(ord(char) < 32 or 127 <= ord(char) < 160 for char in text):
+        raise ValueError(f"ordering_key must not contain control characters, got {show(value)}")
+    return text
+
+
+def require_policy(name: str, value: object) -> OrderingPolicy:
+    """``"block"`` or ``"skip"``; anything else is a ``ValueError`` naming it."""
+    if value not in ORDERING_POLICIES:
+        raise ValueError(f"{name} must be 'block' or 'skip', got {show(value)}")
+    return "block" if value == "block" else "skip"
+
+
+def _ahead(policy: OrderingPolicy) -> str:
+    # What, with a lower id, keeps a row of the same key from its claim.
+    return "" if policy == "block" else f" AND k.{DUE_SQL}"
+
+
+def claimable(policy: OrderingPolicy, table: str = "dispatch_outbox") -> str:
+    """The claim rule as an SQL term on ``table`` (an unaliased
+    ``dispatch_outbox`` of the enclosing statement). Each probe repeats its
+    partial index's terms verbatim, so it reads that index only."""
+    return (
+        f"({table}.ordering_key IS NULL OR {table}.status = '{Status.DELIVERING}' OR ("
+        "NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
+        f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
+        f"AND k.{ORDERED_SQL} AND k.id < {table}.id{_ahead(policy)}) "
+        "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
+        f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
+        f"AND k.{DUE_SQL} AND k.next_attempt_at < {WAITING_AT!r} "
+        f"AND k.status = '{Status.DELIVERING}' AND k.id <> {table}.id)))"
+    )
+
+
+CLAIMABLE: Final = {policy: claimable(policy) for policy in ("block", "skip")}
+"""The claim rule of each policy (``"block"``, ``"skip"``)."""
+
+PROMOTE: Final = (
+    "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ("
+    "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL "
+    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} ORDER BY k.id LIMIT 1) "
+    f"AND status = '{Status.PENDING}' AND next_attempt_at >= {WAITING_AT!r}"
+)
+"""Make the lowest live row of the key (second parameter) due at the first
+parameter, if it waits."""
+
+
+def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
+    """Hold these keys' locks until the transaction ends (PostgreSQL; a no-op
+    where the write lock serializes every writer). Call before the
+    transaction's first write to a row of these keys: a lock taken after a
+    row lock could close a cycle with an operator's write."""
+    wanted = sorted({key for key in keys if key is not None})
+    if wanted and conn.dialect.key_locks:
+        conn.query(conn.dialect.key_locks, (wanted,))
+
+
+def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
+    """After rows of these keys left the live set or were removed: each key's
+    lowest live row, if it waits, is due at ``now``. The caller holds the
+    keys' locks."""
+    for key in sorted({key for key in keys if key is not None}):
+        conn.execute(PROMOTE, (now, key))
+
+
+def take_keys(conn: Conn, rows: Sequence[Row], policy: OrderingPolicy) -> list[Row]:
+    """The candidates of a claim that stay claimable once their keys are
+    held: unkeyed rows as they are; keyed rows only where this transaction
+    took the key's lock (PostgreSQL: without waiting; a key another
+    transaction holds waits for the next scan) and, checked again after the
+    locks, the rule still holds."""
+    keyed = [row for row in rows if row.get("ordering_key") is not None]
+    if not keyed or not conn.dialect.key_try_locks:
+        return list(rows)
+    taken = {
+        str(found["key"])
+        for found in conn.query(
+            conn.dialect.key_try_locks, (sorted({str(row["ordering_key"]) for row in keyed}),)
+        )
+    }
+    candidates = [str(row["id"]) for row in keyed if row["ordering_key"] in taken]
+    still = still_claimable(conn, candidates, policy)
+    return [row for row in rows if row.get("ordering_key") is None or row["id"] in still]
+
+
+def still_claimable(conn: Conn, ids: Collection[str], policy: OrderingPolicy) -> set[str]:
+    """Which of ``ids`` the claim rule allows now (a fresh statement)."""
+    if not ids:
+        return set()
+    marks = ", ".join("?" * len(ids))
+    found = conn.query(
+        f"SELECT id FROM dispatch_outbox WHERE id IN ({marks}) AND {CLAIMABLE[policy]}",
+        tuple(ids),
+    )
+    return {str(row["id"]) for row in found}
