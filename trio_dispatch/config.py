@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import yaml
 
 from .errors import ConfigError as ConfigError
+from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .redact import mask_url
 from .settings import SETTING_CHECKS, WorkerSettings
 from .store.base import (
@@ -54,6 +55,7 @@ from .web.binding import (
     parse_max_connections,
     parse_token,
 )
+from .yamlfile import one_line, safe_load
 
 if TYPE_CHECKING:
     pass
@@ -85,6 +87,8 @@ class DispatchConfig:
     :class:`WebhookConfig`)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     retry_schedule: tuple[float, ...] | None = None
+    on_dead_letter: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    """``dispatch.ordering.on_dead_letter``: ``block`` or ``skip`` (SPEC 13)."""
 
     @property
     def plugin(self) -> TransportPlugin:
@@ -210,6 +214,7 @@ class Config:
             listen=self.worker.listen,
             retry_schedule=dispatch.retry_schedule,
             per_destination_concurrency=self.worker.per_destination_concurrency,
+            ordering_on_dead_letter=dispatch.on_dead_letter,
         )
 
 
@@ -321,6 +326,7 @@ _SCHEMA: Final[_Schema] = {
             lambda key, value: require_int(key, value, minimum=1), DEFAULT_MAX_BODY_BYTES
         ),
         "retry_schedule": _setting("retry_schedule", None),
+        "ordering": {"on_dead_letter": _setting("ordering_on_dead_letter", "block")},
         **_transport_rules(),
     },
     "worker": {
@@ -441,6 +447,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
             transports=transports,
             max_body_bytes=dispatch["max_body_bytes"],
             retry_schedule=dispatch["retry_schedule"],
+            on_dead_letter=dispatch["ordering"]["on_dead_letter"],
         ),
         worker=WorkerConfig(**values["worker"]),
         http=HttpConfig(**values["http"]),
@@ -462,61 +469,6 @@ def parse_config(data: object, *, source: str = "<config>") -> Config:
 
 
 # --- files ------------------------------------------------------------------
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """The safe loader, refusing a mapping that repeats a key: YAML would
-    keep the last value silently, and one of the two is a mistake."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, yaml.Node] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:  # an unhashable key: the base class reports it
-                break
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {show(key)} (first at line {first.start_mark.line + 1})",
-                    key_node.start_mark,
-                )
-            seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
-
-
-def _safe_load(text: bytes, source: str) -> object:
-    """A safe YAML load (duplicate keys refused) with every failure turned
-    into a one-line ConfigError."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        reason = _one_line(exc.problem or exc.context or "syntax error")
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        if isinstance(exc, yaml.constructor.ConstructorError) and "duplicate key" in reason:
-            raise ConfigError(f"{source}: {reason}{where}") from None
-        if isinstance(exc, yaml.constructor.ConstructorError):
-            raise ConfigError(
-                f"{source}: unsupported YAML{where}: {reason} "
-                "(only plain mappings, lists and scalars are allowed)"
-            ) from None
-        context = f" ({_one_line(exc.context)})" if exc.problem and exc.context else ""
-        raise ConfigError(f"{source}: not valid YAML: {reason}{where}{context}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from None
-    except ValueError as exc:
-        # A plain scalar that resolves to a tagged type can still fail to
-        # build, e.g. the timestamp "2024-13-45" or "!!int abc".
-        raise ConfigError(f"{source}: not valid YAML: {_one_line(exc)}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: not valid YAML: nested too deeply") from None
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -541,11 +493,11 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(f"{source}: config file not found") from None
     except OSError as exc:
         raise ConfigError(
-            f"{source}: cannot read config file: {_one_line(exc.strerror or exc)}"
+            f"{source}: cannot read config file: {one_line(exc.strerror or exc)}"
         ) from None
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES:,} bytes: not a config file")
-    return _build(_safe_load(text, source), source=source, path=file.absolute())
+    return _build(safe_load(text, source), source=source, path=file.absolute())
 
 
 def find_config_path(

@@ -94,7 +94,10 @@ def test_example_file_documents_every_key() -> None:
     top = {f.name for f in fields(Config)} - {"path"}
     assert set(raw) == top
     plugins = transport_plugins().values()
-    shared = {f.name for f in fields(DispatchConfig)} - {"transports"}
+    # on_dead_letter is written as the ordering section's key.
+    shared = {f.name for f in fields(DispatchConfig)} - {"transports", "on_dead_letter"}
+    shared.add("ordering")
+    assert raw["dispatch"]["ordering"] == {"on_dead_letter": "block"}
     own = {key for plugin in plugins if plugin.section is None for key in plugin.options}
     sections = {plugin.section for plugin in plugins if plugin.section is not None}
     assert set(raw["dispatch"]) == shared | own | sections
@@ -480,3 +483,12 @@ def test_the_transport_registry_decides_what_a_file_may_name() -> None:
         described = plugin.describe(options)
         assert described and all(isinstance(key, str) for key in described)
         assert plugin.summary(options)[0].startswith(f"  transport: {name} ")
+
+
+def test_the_ordering_policy_is_read_checked_and_reaches_the_worker() -> None:
+    assert parse_config(None).worker_settings().ordering_on_dead_letter == "block"
+    skip = parse_config({"dispatch": {"ordering": {"on_dead_letter": "skip"}}})
+    assert skip.dispatch.on_dead_letter == "skip"
+    assert skip.worker_settings().ordering_on_dead_letter == "skip"
+    with pytest.raises(ConfigError, match=r"dispatch\.ordering\.on_dead_letter must be"):
+        parse_config({"dispatch": {"ordering": {"on_dead_letter": "drop"}}})

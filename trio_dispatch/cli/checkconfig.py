@@ -56,6 +56,7 @@ def _print_config(config: Config, path: Path) -> None:
         else f"{_seconds(schedule)} (the last repeats)"
     )
     print(f"  retry_schedule: {backoff}")
+    print(f"  ordering: on_dead_letter {config.dispatch.on_dead_letter}")
     worker = config.worker
     cap = worker.per_destination_concurrency
     print(
@@ -113,6 +114,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                     else list(config.dispatch.retry_schedule)
                 ),
                 "max_body_bytes": config.dispatch.max_body_bytes,
+                "ordering": {"on_dead_letter": config.dispatch.on_dead_letter},
                 "worker": dataclasses.asdict(config.worker),
                 "http": {
                     "listen": None if config.http.listen is None else str(config.http.listen),
