@@ -159,3 +159,42 @@ def still_claimable(conn: Conn, ids: Collection[str], policy: OrderingPolicy) ->
         tuple(ids),
     )
     return {str(row["id"]) for row in found}
+
+
+# -- what operators see ------------------------------------------------------------
+
+_AHEAD: Final = (
+    "SELECT id, status FROM dispatch_outbox k WHERE k.ordering_key = ? "
+    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.id < ?{{live}} "
+    "ORDER BY k.id LIMIT 1"
+)
+
+BLOCKED_HEADS: Final = (
+    f"SELECT h.id, h.ordering_key, h.status, h.kind, h.deliver_to, h.updated_at "
+    "FROM dispatch_outbox h "
+    f"WHERE h.status IN ('{Status.DEAD_LETTER}', '{Status.EXPIRED}') "
+    "AND h.ordering_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
+    "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
+    f"AND k.{ORDERED_SQL} AND k.id < h.id) AND EXISTS (SELECT 1 FROM dispatch_outbox k "
+    "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
+    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} AND k.id > h.id) "
+    "{key}ORDER BY h.id LIMIT ?"
+)
+"""The heads of blocked keys: a ``dead_letter`` or ``expired`` row first in
+its key with a live row behind it (under the ``block`` policy)."""
+
+
+def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPolicy) -> Row | None:
+    """The row a keyed row waits behind (its key's first row that still
+    counts: live, or under ``block`` a dead or expired head), or None."""
+    if key is None:
+        return None
+    live = "" if policy == "block" else f" AND k.{DUE_SQL}"
+    return conn.query_one(_AHEAD.format(live=live), (key, dispatch_id))
+
+
+def blocked_heads(conn: Conn, limit: int, key: str | None = None) -> list[Row]:
+    """Up to ``limit`` heads of blocked keys (of ``key`` only, if given), in
+    id order."""
+    statement = BLOCKED_HEADS.format(key="" if key is None else "AND h.ordering_key = ? ")
+    return conn.query(statement, (limit,) if key is None else (key, limit))
