@@ -25,15 +25,12 @@ import anyio
 ROOT: Final = Path(__file__).resolve().parents[2]
 """The repository: scratch files go under it, child processes import from it."""
 
-
 WARMUP: Final = 20
 """Untimed operations each side runs before its timed ones (connections
 open, statements prepared, caches warm)."""
 
-
 TURNS: Final = 20
 """Turns the sides of an interleaved figure take (:func:`interleave`)."""
-
 
 PAYLOAD = json.dumps(
     {
@@ -71,8 +68,6 @@ def _body(size: int) -> dict[str, Any]:
 BODY: Final = _body(500)
 """The payload every side-by-side figure sends (huey's task argument,
 pgqueuer's job payload, our ``body``)."""
-
-
 BODY_JSON: Final = json.dumps(BODY)
 
 

@@ -31,8 +31,6 @@ APP_TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS app_orders (id INTEGER PRIMARY KEY, ref TEXT NOT NULL, "
     "body TEXT NOT NULL, created_at FLOAT NOT NULL)"
 )
-
-
 APP_INSERT: Final = "INSERT INTO app_orders (ref, body, created_at) VALUES (?, ?, ?)"
 """A caller's own table and the one row its transaction writes."""
 
