@@ -1,5 +1,5 @@
-"""The claim scan beside a capped destination's backlog (``bench.py
---capped-backlog``, section ``capped``).
+"""Section ``capped`` (also ``--capped-backlog``): the claim scan behind a
+capped destination's backlog.
 
 A worker with per-destination caps leaves the destinations at their cap out
 of its scans. The figure: the time of one scan (``claim_due`` with the
@@ -8,8 +8,6 @@ destination holds a backlog of due rows ahead of everyone else's, beside
 the same scan on a store where that backlog is empty; the two stores open
 side by side, the scans taking turns. Also the idle path's read
 (``next_due_at`` leaving the capped destination out). Both engines.
-
-Measurement only: the report (figures, ratios, targets) is ``bench.py``'s.
 """
 
 from __future__ import annotations
@@ -24,6 +22,9 @@ from trio_dispatch import open_store
 from trio_dispatch.outbox import claim_due, next_due_at
 from trio_dispatch.outbox.caps import DestinationCaps
 from trio_dispatch.store import Store
+
+from .harness import Bench, Figure, Outcome, ratio_at_most
+from .pgserver import postgres_database
 
 BACKLOG: Final = 200_000
 """Due rows of the capped destination (``--quick``: the same; building
@@ -149,3 +150,72 @@ async def scan_times(backlog_target: str, empty_target: str, scans: int) -> dict
                 results[f"next_due/{name}"].append((time.perf_counter() - started) * 1000)
                 assert due is not None
     return {key: statistics.median(values) for key, values in results.items()}
+
+
+def run_capped(bench: Bench) -> Outcome:
+    """A worker's claim scan (per-destination caps, one destination at its
+    cap) with that destination's 200,000 due rows ahead of the others,
+    beside the same scan with its backlog empty, on each engine; the two
+    stores open side by side, their scans taking turns."""
+    scans = 10 if bench.quick else 20
+    engines: list[tuple[str, str, str]] = [
+        ("SQLite", str(bench.at("capped-backlog")), str(bench.at("capped-empty")))
+    ]
+    notes: list[str] = []
+    databases = [db for db in (postgres_database(), postgres_database()) if db is not None]
+    if len(databases) == 2:
+        engines.append(("PostgreSQL", databases[0][0], databases[1][0]))
+    else:
+        notes.append("capped section: PostgreSQL skipped, no server answered")
+    measured: dict[str, tuple[list[float], list[float]]] = {}
+    try:
+        built: dict[str, float] = {}
+        for engine, big, empty in engines:
+            started = time.perf_counter()
+            bench.go(build, big, BACKLOG)
+            bench.go(build, empty, 0)
+            built[engine] = time.perf_counter() - started
+        for _ in range(bench.rounds):
+            for engine, big, empty in engines:
+                got = bench.go(scan_times, big, empty, scans)
+                for key in ("claim", "nothing", "next_due"):
+                    values, baselines = measured.setdefault(f"{engine}/{key}", ([], []))
+                    values.append(got[f"{key}/big"])
+                    baselines.append(got[f"{key}/empty"])
+    finally:
+        for _, drop in databases:
+            drop()
+    backlog = f"{BACKLOG:,}"
+    setup = (
+        f"the same on a store whose capped destination has no backlog; both stores hold "
+        f"{HEALTHY} destinations below their cap (cap {CAP}) with "
+        f"{ROWS_EACH} due rows each, one destination at its cap, and on the other "
+        f"store its {backlog} due rows, all due before the others'; {scans} turns on each "
+        f"store in rotation, the median turn"
+    )
+    figures = []
+    for engine, _, _ in engines:
+        for key, what in (
+            ("claim", f"claim scan (limit {LIMIT}) taking the others' rows"),
+            ("nothing", "claim scan finding nothing it may claim"),
+            ("next_due", "idle path's next-due read"),
+        ):
+            values, baselines = measured[f"{engine}/{key}"]
+            figures.append(
+                Figure(
+                    f"{engine}: {what}, {backlog}-row capped backlog / none",
+                    values,
+                    "ms",
+                    baselines,
+                    setup,
+                    "<= 2x",
+                    ratio_at_most(2.0),
+                    "same, no backlog",
+                    "capped",
+                )
+            )
+    notes.append(
+        "capped section: building the stores took "
+        + ", ".join(f"{engine} {seconds:.0f} s" for engine, seconds in built.items())
+    )
+    return Outcome(figures, notes)

@@ -1,0 +1,163 @@
+"""Worker processes draining a queue: each set up (imports, connections)
+before the clock starts, all started together on one "go" line, timed until
+a count of the undone items reads 0. Ours here; the peers' child programs
+live in their sections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+
+from trio_dispatch.lifecycle import DUE_SQL
+
+from .harness import ROOT
+from .workloads import fill_ours
+
+POLL_SECONDS: Final = 0.01
+"""How often the parent checks whether worker processes have drained a queue."""
+
+
+WORKER_CHILD = """
+import sys, anyio, signal
+sys.path.insert(0, sys.argv[2])
+from trio_dispatch import open_store, DispatchWorker
+async def main():
+    async with open_store(sys.argv[1]) as db:
+        async def send(d):
+            pass
+        async with anyio.create_task_group() as tg:
+            w = DispatchWorker(db, transport=send, tick_seconds=0.2, concurrency=64)
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                print("ready", flush=True)
+                await anyio.to_thread.run_sync(sys.stdin.readline)
+                await tg.start(w.run)
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    break
+anyio.run(main, backend="trio")
+"""
+"""Our worker process: a ``DispatchWorker`` (no-op callable, concurrency
+64) on the store ``argv[1]``, started on "go"; SIGTERM stops it."""
+
+
+@contextlib.contextmanager
+def counter(target: str) -> Iterator[Callable[[str], int]]:
+    """A function running a ``SELECT COUNT(*)`` on ``target`` (one
+    connection, kept open while the caller polls)."""
+    if target.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as pg:
+
+            def count_pg(sql: str) -> int:
+                row = pg.execute(sql).fetchone()
+                return int(row[0]) if row else 0
+
+            yield count_pg
+        return
+    conn = sqlite3.connect(target, timeout=30, isolation_level=None)
+    try:
+        yield lambda sql: int(conn.execute(sql).fetchone()[0])
+    finally:
+        conn.close()
+
+
+@dataclass
+class Drained:
+    """A drain by worker processes: the items/s, what the processes printed
+    after "ready", and how many exited with an error."""
+
+    rate: float
+    said: list[str]
+    failed: int
+
+    def errors(self) -> int:
+        """The errors the processes reported ("errors N" lines)."""
+        return sum(
+            int(line.split()[1])
+            for text in self.said
+            for line in text.splitlines()
+            if line.startswith("errors ")
+        )
+
+
+def drain_with_processes(
+    argv: Sequence[str], workers: int, target: str, remaining_sql: str, n: int
+) -> Drained:
+    """``workers`` processes running ``argv`` over ``n`` items queued
+    beforehand. Each process sets up (imports, connects), prints "ready" and
+    waits; the time runs from the "go" line sent to all of them until
+    ``remaining_sql`` (a count of the items not yet done, polled every 10 ms
+    on one connection) reads 0. Startup is outside the timing. A process
+    that exits with an error before then is counted in ``failed``."""
+    procs = [
+        subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(workers)
+    ]
+    failed = 0
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a worker process did not start: {' '.join(argv[:3])}")
+        with counter(target) as count:
+            deadline = time.monotonic() + 600
+            start = time.perf_counter()
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            while count(remaining_sql) > 0:
+                # All gone with items left (checked again: the last may have
+                # finished them just before it exited): they will not drain.
+                gone = all(proc.poll() is not None for proc in procs)
+                if time.monotonic() > deadline or (gone and count(remaining_sql) > 0):
+                    raise RuntimeError(f"{workers} worker process(es) did not drain {n} items")
+                time.sleep(POLL_SECONDS)
+            elapsed = time.perf_counter() - start
+        failed = sum(1 for proc in procs if proc.poll() not in (None, 0))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    said = [proc.stdout.read() if proc.stdout else "" for proc in procs]
+    return Drained(n / elapsed, said, failed)
+
+
+def ours_processes(target: str, n: int, workers: int, body: dict[str, Any] | None = None) -> float:
+    """Deliveries/s of ``workers`` worker processes (no-op callable) draining
+    ``n`` dispatches enqueued beforehand."""
+    anyio.run(fill_ours, target, n, body)
+    drained = drain_with_processes(
+        [sys.executable, "-c", WORKER_CHILD, target, str(ROOT)],
+        workers,
+        target,
+        f"SELECT COUNT(*) FROM dispatch_outbox WHERE {DUE_SQL}",
+        n,
+    )
+    if drained.failed:
+        raise RuntimeError(f"{drained.failed} of our {workers} worker processes failed")
+    return drained.rate
+
+
+def deliveries_with_processes(target: str, n: int, workers: int) -> float:
+    """Deliveries/s of ``workers`` worker processes (no-op transport)
+    draining n dispatches enqueued beforehand; their startup is outside the
+    timing."""
+    return ours_processes(target, n, workers)

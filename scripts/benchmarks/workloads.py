@@ -1,0 +1,196 @@
+"""Measurements more than one section takes: our enqueue (one by one,
+concurrent, ``enqueue_many``) and in-process deliveries, a caller's own
+table and its raw sqlite3 transaction, and the file helpers of the sections
+that build big stores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+
+from trio_dispatch import (
+    Delivery,
+    DispatchWorker,
+    enqueue_dispatch,
+    enqueue_many,
+    open_store,
+)
+from trio_dispatch.store import Store
+
+from .harness import BODY_JSON, Side
+
+APP_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS app_orders (id INTEGER PRIMARY KEY, ref TEXT NOT NULL, "
+    "body TEXT NOT NULL, created_at FLOAT NOT NULL)"
+)
+APP_INSERT: Final = "INSERT INTO app_orders (ref, body, created_at) VALUES (?, ?, ?)"
+"""A caller's own table and the one row its transaction writes."""
+
+
+def raw_caller_tx(raw_path: str) -> tuple[sqlite3.Connection, Callable[[int], None]]:
+    """The raw baseline of a caller's transaction: a sqlite3 connection (WAL,
+    FULL) on its own file, and ``raw(count)`` running that many BEGIN
+    IMMEDIATE; one INSERT of the 500-byte row; COMMIT."""
+    conn = sqlite3.connect(raw_path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(APP_TABLE)
+    serial = itertools.count()
+
+    def raw(count: int) -> None:
+        for _ in range(count):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(APP_INSERT, (f"order-{next(serial)}", BODY_JSON, time.time()))
+            conn.execute("COMMIT")
+
+    return conn, raw
+
+
+def enqueue_side(db: Store, body: dict[str, Any] | None, per_call: int = 1) -> Side:
+    """Our enqueues on ``db``: ``enqueue_dispatch`` one by one, or
+    ``enqueue_many`` of ``per_call`` items (a side's count is then rows)."""
+    serial = itertools.count()
+
+    async def side(count: int) -> None:
+        if per_call == 1:
+            for _ in range(count):
+                await enqueue_dispatch(
+                    db, kind="bench", deliver_to=f"seat-{next(serial)}", body=body
+                )
+            return
+        for offset in range(0, count, per_call):
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"seat-{next(serial)}", "body": body}
+                    for _ in range(min(per_call, count - offset))
+                ],
+            )
+
+    return side
+
+
+async def ours_single_enqueue(
+    path: Path | str, n: int, body: dict[str, Any] | None = None, warmup: int = 0
+) -> float:
+    async with open_store(path) as db:
+        start = time.perf_counter()
+        for i in range(warmup + n):
+            if i == warmup:
+                start = time.perf_counter()
+            await enqueue_dispatch(db, kind="bench", deliver_to=f"seat-{i}", body=body)
+        return n / (time.perf_counter() - start)
+
+
+async def ours_concurrent_enqueue(
+    path: Path | str,
+    n: int,
+    producers: int,
+    body: dict[str, Any] | None = None,
+    warmup: int = 0,
+) -> float:
+    async with open_store(path) as db:
+        for i in range(warmup):
+            await enqueue_dispatch(db, kind="bench", deliver_to=f"warm-{i}", body=body)
+
+        async def producer(k: int) -> None:
+            for i in range(n // producers):
+                await enqueue_dispatch(db, kind="bench", deliver_to=f"seat-{k}-{i}", body=body)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for k in range(producers):
+                tg.start_soon(producer, k)
+        return (n // producers * producers) / (time.perf_counter() - start)
+
+
+async def ours_enqueue_many(path: Path | str, n: int, body: dict[str, Any] | None = None) -> float:
+    async with open_store(path) as db:
+        start = time.perf_counter()
+        for offset in range(0, n, 1000):
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"seat-{offset + i}", "body": body}
+                    for i in range(min(1000, n - offset))
+                ],
+            )
+        return n / (time.perf_counter() - start)
+
+
+async def fill_ours(target: Path | str, n: int, body: dict[str, Any] | None = None) -> None:
+    """Enqueue ``n`` dispatches, 1,000 per ``enqueue_many`` (untimed setup)."""
+    async with open_store(target) as db:
+        for offset in range(0, n, 1000):
+            await enqueue_many(
+                db,
+                [
+                    {"kind": "bench", "deliver_to": f"s{offset + i}", "body": body}
+                    for i in range(min(1000, n - offset))
+                ],
+            )
+
+
+async def ours_deliveries(
+    path: Path | str,
+    n: int,
+    transport: Any,
+    concurrency: int,
+    batch_size: int = 100,
+    body: dict[str, Any] | None = None,
+) -> float:
+    done = 0
+    finished = anyio.Event()
+
+    async def counting(delivery: Delivery) -> None:
+        nonlocal done
+        if transport is not None:
+            await transport(delivery)
+        done += 1
+        if done == n:
+            finished.set()
+
+    await fill_ours(path, n, body)
+    async with open_store(path) as db:
+        worker = DispatchWorker(
+            db,
+            transport=counting,
+            concurrency=concurrency,
+            batch_size=batch_size,
+            tick_seconds=3600,
+        )
+        async with anyio.create_task_group() as tg:
+            start = time.perf_counter()
+            await tg.start(worker.run)
+            await finished.wait()
+            elapsed = time.perf_counter() - start
+            tg.cancel_scope.cancel()
+    return n / elapsed
+
+
+async def noop(delivery: Delivery) -> None:
+    pass
+
+
+def flush_file(path: Path) -> None:
+    """fsync a file built without fsync, so the kernel's writeback of it
+    does not run into the timed part (a page being written back stalls
+    SQLite's checkpoint into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def make_schema(path: Path | str) -> None:
+    async with open_store(path):
+        pass
