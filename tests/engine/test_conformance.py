@@ -24,6 +24,7 @@ from trio_dispatch import Delivery, deliver_due_dispatches, open_store
 from trio_dispatch import enqueue_dispatch as async_enqueue
 from trio_dispatch import enqueue_many as async_enqueue_many
 from trio_dispatch import sync as outbox
+from trio_dispatch.lifecycle import WAITING_AT
 
 from ..conftest import RawDB
 
@@ -253,3 +254,26 @@ def test_a_batch_keeps_its_order_and_each_row_its_own_history(
     assert [raw.row(i)["kind"] for i in ids] == [f"k{n}" for n in range(5)]
     assert all(len(raw.transitions(i)) == 1 for i in ids)
     assert sorted(d.dispatch_id for d in delivered_by_a_worker(db_target)) == sorted(ids)
+
+
+def test_keyed_rows_wait_behind_their_key_and_a_worker_delivers_them_in_order(
+    writer: Writer, raw: RawDB, db_target: str
+) -> None:
+    ids = writer.unit(
+        lambda one, many: [
+            one(kind="a", deliver_to="d", ordering_key="order-7"),
+            *many(
+                [{"kind": f"b{n}", "deliver_to": "d", "ordering_key": "order-7"} for n in (1, 2)]
+            ),
+            one(kind="c", deliver_to="d", ordering_key="other"),
+        ],
+        True,
+    )
+    assert [raw.row(i)["ordering_key"] for i in ids] == ["order-7"] * 3 + ["other"]
+    waiting = [raw.row(i)["next_attempt_at"] == WAITING_AT for i in ids]
+    assert waiting == [False, True, True, False]
+    delivered = []
+    for _ in range(3):  # one row of a key per pass: each pass ends its head
+        delivered += [d.dispatch_id for d in delivered_by_a_worker(db_target)]
+    assert [i for i in delivered if i in ids[:3]] == ids[:3]
+    assert sorted(delivered) == sorted(ids)
