@@ -13,8 +13,10 @@ import pytest
 
 from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch
 from trio_dispatch.lifecycle import WAITING_AT
+from trio_dispatch.outbox import ordering
 from trio_dispatch.outbox.reads import bounded_stats
 from trio_dispatch.store import SQLiteStore
+from trio_dispatch.store.schema import HEADS_INDEX
 from trio_dispatch.web import WebApp
 from trio_dispatch.worker import DispatchWorker
 
@@ -143,3 +145,16 @@ async def test_the_blocked_count_stops_at_its_cap(
     async with serving(WebApp(store)) as client:
         home = (await client.get("/")).text
     assert ">3+</div><div class=l>blocked keys" in home
+
+
+@pytest.mark.sqlite_only
+async def test_the_blocked_count_reads_the_heads_index_not_the_table(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    await keyed_rows(store)
+    statement = ordering.BLOCKED_HEADS.format(key="")
+    plan = [
+        str(row["detail"]) for row in raw.rows(f"EXPLAIN QUERY PLAN {statement}".replace("?", "50"))
+    ]
+    assert plan[0] == f"SCAN h USING INDEX {HEADS_INDEX}", plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
-from ..lifecycle import DUE_SQL, ORDERED_SQL, WAITING_AT, Status
+from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, Row
 from ..validate import require_text
 from ..values import show
@@ -172,8 +172,8 @@ _AHEAD: Final = (
 BLOCKED_HEADS: Final = (
     f"SELECT h.id, h.ordering_key, h.status, h.kind, h.deliver_to, h.updated_at "
     "FROM dispatch_outbox h "
-    f"WHERE h.status IN ('{Status.DEAD_LETTER}', '{Status.EXPIRED}') "
-    "AND h.ordering_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
+    f"WHERE h.ordering_key IS NOT NULL AND h.{BLOCKING_SQL} "
+    "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
     f"AND k.{ORDERED_SQL} AND k.id < h.id) AND EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
@@ -181,7 +181,9 @@ BLOCKED_HEADS: Final = (
     "{key}ORDER BY h.id LIMIT ?"
 )
 """The heads of blocked keys: a ``dead_letter`` or ``expired`` row first in
-its key with a live row behind it (under the ``block`` policy)."""
+its key with a live row behind it (under the ``block`` policy). The first
+terms repeat the heads index's (schema version 6), so the read walks only
+keyed rows that ended dead or expired, never the live or unkeyed ones."""
 
 
 def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPolicy) -> Row | None:
