@@ -73,6 +73,10 @@ ORDERED_STATUSES: Final = (Status.PENDING, Status.DELIVERING, Status.DEAD_LETTER
 """Statuses in which a keyed row still counts for its key's order: live, or
 (under the ``block`` policy) holding the key (the ordering index)."""
 ORDERED_SQL: Final = status_in(ORDERED_STATUSES)
+BLOCKING_STATUSES: Final = (Status.DEAD_LETTER, Status.EXPIRED)
+"""Statuses in which the first row of a key blocks the rows behind it
+(under the ``block`` policy): the heads of blocked keys."""
+BLOCKING_SQL: Final = status_in(BLOCKING_STATUSES)
 WAITING_AT: Final = 1e15
 """The ``next_attempt_at`` of a keyed row waiting behind its key's head: past
 every due time (year 31,690,000), so no scan of the due index reaches it

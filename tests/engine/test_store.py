@@ -71,6 +71,9 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     live = indexes["ix_dispatch_outbox_ordering_live"]
     assert "(ordering_key, next_attempt_at)" in live
     assert "WHERE ordering_key IS NOT NULL AND status IN ('pending', 'delivering')" in live
+    heads = indexes["ix_dispatch_outbox_ordering_heads"]
+    assert "(id)" in heads
+    assert "WHERE ordering_key IS NOT NULL AND status IN ('dead_letter', 'expired')" in heads
     transitions = [c["name"] for c in raw.rows("PRAGMA table_info(status_transitions)")]
     assert transitions == [
         "id",

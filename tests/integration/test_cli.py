@@ -178,6 +178,8 @@ def test_ls_json_has_stable_keys_and_never_the_token(
                 "dedup_key",
                 "ack_required",
                 "awaiting_ack",
+                "ordering_key",
+                "waiting",
             ]
         )
     waiting = {row["id"]: row["awaiting_ack"] for row in document["dispatches"]}

@@ -192,7 +192,17 @@ def make_foreign(path: Path) -> None:
     conn.close()
 
 
-@pytest.mark.parametrize("command", [["ls"], ["stats"], ["show", "x"], ["history", "x"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ls"],
+        ["stats"],
+        ["show", "x"],
+        ["history", "x"],
+        ["ls", "--blocked"],
+        ["ls", "--ordering-key", "k"],
+    ],
+)
 def test_read_commands_on_another_applications_database_change_nothing(
     tmp_path: Path, command: list[str]
 ) -> None:
@@ -224,6 +234,8 @@ def test_read_commands_on_an_idle_outbox_create_no_files_and_change_no_byte(db_p
         ["show", dispatch_id],
         ["history", dispatch_id],
         ["ls", "--json"],
+        ["ls", "--blocked"],
+        ["ls", "--ordering-key", "order-1", "--json"],
     ):
         done = run_cli("--db", str(db_path), *command)
         assert done.returncode == 0, done.stderr

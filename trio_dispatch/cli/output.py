@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 EXIT_OK = 0
@@ -38,21 +38,31 @@ def _cut(text: str, width: int) -> str:
 
 
 def format_table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], *, flexible: int, wide: bool = False
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    *,
+    flexible: int,
+    wide: bool = False,
+    capped: Mapping[int, int] | None = None,
 ) -> str:
     """An aligned table. On a terminal, column ``flexible`` is cut to fit
-    its width unless ``wide``; written anywhere else (a pipe, a file) every
-    value is whole, since a script or a log has no width to fit."""
+    its width, and each column of ``capped`` to at most its width there,
+    unless ``wide``; written anywhere else (a pipe, a file) every value is
+    whole, since a script or a log has no width to fit."""
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     cut = not wide and sys.stdout.isatty()
+    limits = dict(capped or {})
     if cut:
+        for column, most in limits.items():
+            widths[column] = max(len(headers[column]), min(widths[column], most))
         total = shutil.get_terminal_size((120, 24)).columns
         fixed = sum(w for i, w in enumerate(widths) if i != flexible) + 2 * (len(headers) - 1)
         widths[flexible] = max(len(headers[flexible]), min(widths[flexible], total - fixed))
     lines = []
     for row in [list(headers), *rows]:
         cells = [
-            _cut(cell, widths[i]) if cut and i == flexible else cell for i, cell in enumerate(row)
+            _cut(cell, widths[i]) if cut and (i == flexible or i in limits) else cell
+            for i, cell in enumerate(row)
         ]
         lines.append("  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip())
     return "\n".join(lines)

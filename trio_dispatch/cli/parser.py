@@ -13,6 +13,7 @@ from .._version import __version__
 from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
 from ..lifecycle import STATUSES
 from ..outbox import DEFAULT_LIST_LIMIT
+from ..outbox.ordering import require_ordering_key
 from ..outbox.reads import MIN_ID_PREFIX
 from ..redact import mask_url, visible
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
@@ -54,6 +55,13 @@ class _Parser(argparse.ArgumentParser):
 
 ID_HELP: Final = (
     f"the dispatch id, or a prefix of at least {MIN_ID_PREFIX} characters that only it starts with"
+)
+
+
+WAITING_HELP: Final = (
+    "A keyed row waiting behind its ordering key's head has no next attempt time: "
+    'its NEXT shows "waiting"; in --json its next_attempt_at is the stored mark '
+    '(1e15) and "waiting" is true (false for every other row).'
 )
 
 
@@ -133,8 +141,24 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     ls = command("ls", "list dispatches, newest first")
+    ls.epilog = WAITING_HELP
+    show = command("show", "one dispatch, whole, payload pretty-printed")
+    show.epilog = WAITING_HELP
     ls.add_argument("--status", type=_status_arg, help="only this status (default: every status)")
     ls.add_argument("--kind", help="only this kind (default: every kind)")
+    ls.add_argument(
+        "--ordering-key",
+        type=_ordering_key_arg,
+        metavar="KEY",
+        help="only rows of this ordering key (default: every row, keyed or not)",
+    )
+    ls.add_argument(
+        "--blocked",
+        action="store_true",
+        help="the heads of blocked ordering keys instead (dead_letter or expired rows "
+        "first in a key with rows waiting behind them), oldest first; none when the "
+        "configuration's dispatch.ordering.on_dead_letter is skip",
+    )
     ls.add_argument(
         "--limit",
         type=_positive_int,
@@ -142,7 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"at most this many (default {DEFAULT_LIST_LIMIT})",
     )
     wide(ls)
-    show = command("show", "one dispatch, whole, payload pretty-printed")
     show.add_argument("id", help=ID_HELP)
     show.add_argument("--show-token", action="store_true", help="print the ack token")
     history = command("history", "a dispatch's status transitions, oldest first")
@@ -222,6 +245,15 @@ def _positive_int(text: str) -> int:
             f"invalid limit {visible(repr(text))}: must be an integer from 1 to {INT_MAX}"
         )
     return value
+
+
+def _ordering_key_arg(text: str) -> str:
+    try:
+        key = require_ordering_key(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+    assert key is not None
+    return key
 
 
 def _busy_timeout(text: str) -> float:

@@ -7,14 +7,22 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any, Final
 
 from ..lifecycle import DUE_STATUSES, Status
 from ..outbox import dispatch_stats, get_dispatch, list_dispatches, list_transitions
-from ..outbox.reads import awaiting_ack, last_reasons, status_label
+from ..outbox.ordering import is_waiting
+from ..outbox.reads import (
+    awaiting_ack,
+    last_reasons,
+    list_blocked_heads,
+    status_label,
+    waiting_behind,
+)
 from ..redact import visible
 from ..store.base import Store
 from ..times import format_time
-from .output import EXIT_OK, NotApplied, emit_json, format_table, public_row
+from .output import EXIT_OK, NotApplied, UsageError, emit_json, format_table, public_row
 
 _LS_KEYS = (
     "id",
@@ -30,30 +38,84 @@ _LS_KEYS = (
     "last_error",
     "dedup_key",
     "ack_required",
+    "ordering_key",
 )
+WAITING: Final = "waiting"
+"""What a keyed row waiting behind its key's head shows as its next attempt."""
+
+
+KEY_COLUMN_WIDTH: Final = 24
+"""On a terminal, ``ls`` cuts an ordering key to this many characters
+(``--wide``, a pipe or ``show`` print it whole)."""
+
+
+def _next_attempt(row: dict[str, Any], now: float) -> str:
+    if is_waiting(row):
+        return WAITING
+    return format_time(row["next_attempt_at"], now) if row["status"] in DUE_STATUSES else "-"
+
+
+async def _listed(db: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
+    if not args.blocked:
+        return await list_dispatches(
+            db,
+            status=args.status,
+            kind=args.kind,
+            ordering_key=args.ordering_key,
+            limit=args.limit,
+        )
+    if args.status is not None or args.kind is not None:
+        raise UsageError(
+            "--blocked lists the heads of blocked keys: give it without --status or --kind"
+        )
+    return await list_blocked_heads(
+        db, ordering=args.ordering, limit=args.limit, ordering_key=args.ordering_key
+    )
+
+
+def _nothing(args: argparse.Namespace) -> str:
+    if args.blocked:
+        if args.ordering == "skip":
+            return "no blocked keys (dispatch.ordering.on_dead_letter is skip: no key blocks)"
+        return "no blocked keys" + (
+            f" with ordering key {visible(args.ordering_key)}" if args.ordering_key else ""
+        )
+    filters = [
+        f"{name} {visible(value)}"
+        for name, value in (
+            ("status", args.status),
+            ("kind", args.kind),
+            ("ordering key", args.ordering_key),
+        )
+        if value is not None
+    ]
+    return "no dispatches" + (f" with {', '.join(filters)}" if filters else "")
 
 
 async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
-    rows = await list_dispatches(db, status=args.status, kind=args.kind, limit=args.limit)
+    rows = await _listed(db, args)
     reasons = await last_reasons(db, rows)
     if args.json:
         public = [public_row(r, show_token=False) for r in rows]
-        emit_json(
-            {
-                "dispatches": [
-                    {
-                        **{k: r[k] for k in _LS_KEYS},
-                        "awaiting_ack": awaiting_ack(r, reasons.get(r["id"])),
-                    }
-                    for r in public
-                ]
-            }
-        )
+        document: dict[str, Any] = {
+            "dispatches": [
+                {
+                    **{k: r[k] for k in _LS_KEYS},
+                    "awaiting_ack": awaiting_ack(r, reasons.get(r["id"])),
+                    "waiting": is_waiting(r),
+                }
+                for r in public
+            ]
+        }
+        if args.blocked:
+            document["on_dead_letter"] = args.ordering
+        emit_json(document)
         return EXIT_OK
     if not rows:
-        print("no dispatches" + (f" with status {args.status}" if args.status else ""))
+        print(_nothing(args))
         return EXIT_OK
     now = time.time()
+    keyed = any(r.get("ordering_key") is not None for r in rows)
     table = [
         [
             visible(r["id"]),
@@ -61,17 +123,21 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
             visible(r["deliver_to"]),
             visible(status_label(r, reasons.get(r["id"]))),
             f"{r['attempt']}/{r['max_attempts']}",
-            format_time(r["next_attempt_at"], now) if r["status"] in DUE_STATUSES else "-",
+            _next_attempt(r, now),
+            *([visible(r["ordering_key"] or "-")] if keyed else []),
             visible(r["last_error"] or ""),
         ]
         for r in rows
     ]
+    headers = ["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT"]
+    headers += ["KEY", "LAST_ERROR"] if keyed else ["LAST_ERROR"]
     print(
         format_table(
-            ["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT", "LAST_ERROR"],
+            headers,
             table,
-            flexible=6,
+            flexible=len(headers) - 1,
             wide=args.wide,
+            capped={6: KEY_COLUMN_WIDTH} if keyed else None,
         )
     )
     return EXIT_OK
@@ -84,20 +150,34 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     shown = public_row(row, show_token=args.show_token)
     reasons = await last_reasons(db, [row])
     waiting = awaiting_ack(row, reasons.get(row["id"]))
+    behind = await waiting_behind(db, row, args.ordering)
     if args.json:
-        emit_json({"dispatch": {**shown, "awaiting_ack": waiting}})
+        emit_json(
+            {
+                "dispatch": {
+                    **shown,
+                    "awaiting_ack": waiting,
+                    "waiting": is_waiting(row),
+                    "waiting_behind": behind,
+                }
+            }
+        )
         return EXIT_OK
     now = time.time()
     for key, value in shown.items():
         if key == "payload":
             continue
-        if key in ("next_attempt_at", "created_at", "updated_at", "expires_at"):
+        if key == "next_attempt_at" and is_waiting(row):
+            text = WAITING
+        elif key in ("next_attempt_at", "created_at", "updated_at", "expires_at"):
             text = format_time(None if value is None else float(value), now)
         elif key == "status" and waiting:
             text = f"{visible(value)} (awaiting ack)"
         else:
             text = "-" if value is None else visible(value)
         print(f"{key:<16}{text}")
+    if behind is not None:
+        print(f"{'waiting behind':<16}{visible(behind['id'])} ({visible(behind['status'])})")
     print("payload:")
     # JSON escapes C0 controls itself; the rest (C1, bidi, separators) is made
     # visible line by line ("\n" only: a string may hold U+2028).

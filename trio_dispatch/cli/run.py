@@ -175,7 +175,7 @@ def cmd_web(args: argparse.Namespace) -> int:
                 try:
                     url = await tg.start(
                         partial(serve_app, max_connections=config.http.max_connections),
-                        WebApp(db, token=config.http.token),
+                        WebApp(db, token=config.http.token, ordering=choice.ordering),
                         listen,
                     )
                 except ValueError as exc:

@@ -64,6 +64,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     migrating = args.command == "migrate"
     choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = STORE_COMMANDS[args.command]
+    args.ordering = choice.ordering
 
     async def run() -> int:
         async with open_store(

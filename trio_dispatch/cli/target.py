@@ -21,6 +21,7 @@ from ..config import (
     load_config,
     parse_config,
 )
+from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from ..redact import register_secrets, url_secrets, visible
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, parse_target, store_schema
 from .output import UsageError
@@ -43,6 +44,9 @@ class StoreChoice:
     durability: str = "full"
     max_body_bytes: int | None = None
     schema: str | None = None
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    """The configuration's ``dispatch.ordering.on_dead_letter`` (``block``
+    without one): which keys ``ls --blocked`` reports."""
 
 
 def resolve_store(
@@ -97,6 +101,7 @@ def resolve_store(
         durability=loaded.durability if loaded is not None else "full",
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
         schema=schema,
+        ordering=loaded.dispatch.on_dead_letter if loaded is not None else DEFAULT_ORDERING_POLICY,
     )
     if engine == "postgres":
         return choice

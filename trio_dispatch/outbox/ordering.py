@@ -33,10 +33,10 @@ attempts, the operators' writes and enqueue call in at four points:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
-from typing import Final, Literal
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, Final, Literal
 
-from ..lifecycle import DUE_SQL, ORDERED_SQL, WAITING_AT, Status
+from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, Row
 from ..validate import require_text
 from ..values import show
@@ -172,8 +172,8 @@ _AHEAD: Final = (
 BLOCKED_HEADS: Final = (
     f"SELECT h.id, h.ordering_key, h.status, h.kind, h.deliver_to, h.updated_at "
     "FROM dispatch_outbox h "
-    f"WHERE h.status IN ('{Status.DEAD_LETTER}', '{Status.EXPIRED}') "
-    "AND h.ordering_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
+    f"WHERE h.ordering_key IS NOT NULL AND h.{BLOCKING_SQL} "
+    "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
     f"AND k.{ORDERED_SQL} AND k.id < h.id) AND EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
@@ -181,7 +181,9 @@ BLOCKED_HEADS: Final = (
     "{key}ORDER BY h.id LIMIT ?"
 )
 """The heads of blocked keys: a ``dead_letter`` or ``expired`` row first in
-its key with a live row behind it (under the ``block`` policy)."""
+its key with a live row behind it (under the ``block`` policy). The first
+terms repeat the heads index's (schema version 6), so the read walks only
+keyed rows that ended dead or expired, never the live or unkeyed ones."""
 
 
 def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPolicy) -> Row | None:
@@ -191,6 +193,31 @@ def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPoli
         return None
     live = "" if policy == "block" else f" AND k.{DUE_SQL}"
     return conn.query_one(_AHEAD.format(live=live), (key, dispatch_id))
+
+
+BLOCKED_KEYS_CAP: Final = 1000
+"""Blocked keys are counted up to this many (metrics, the dashboard): at the
+cap, the real count is this or more."""
+
+
+def is_waiting(row: Mapping[str, Any]) -> bool:
+    """Whether ``row`` is a keyed row waiting behind its key's head: its
+    ``next_attempt_at`` (:data:`~trio_dispatch.lifecycle.WAITING_AT`) is a
+    mark, not a time, and is never shown as a date."""
+    return (
+        row.get("status") == Status.PENDING
+        and row.get("next_attempt_at") is not None
+        and float(row["next_attempt_at"]) >= WAITING_AT
+    )
+
+
+def count_blocked_keys(conn: Conn, cap: int = BLOCKED_KEYS_CAP) -> int:
+    """How many keys are blocked (see :data:`BLOCKED_HEADS`), counted up to
+    ``cap``."""
+    found = conn.query_one(
+        f"SELECT COUNT(*) AS n FROM ({BLOCKED_HEADS.format(key='')}) AS heads", (cap,)
+    )
+    return int(found["n"]) if found else 0
 
 
 def blocked_heads(conn: Conn, limit: int, key: str | None = None) -> list[Row]:

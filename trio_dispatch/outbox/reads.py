@@ -17,7 +17,17 @@ from ..store.base import Conn, Database, Row, Undecodable
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
-from .ordering import CLAIMABLE, OrderingPolicy
+from .ordering import (
+    BLOCKED_KEYS_CAP,
+    CLAIMABLE,
+    DEFAULT_ORDERING_POLICY,
+    OrderingPolicy,
+    ahead_of,
+    blocked_heads,
+    count_blocked_keys,
+    require_ordering_key,
+    require_policy,
+)
 from .scan import next_due
 
 DEFAULT_LIST_LIMIT: Final = 50
@@ -51,29 +61,43 @@ async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
     return decode(await db.read(partial(get_row, dispatch_id=dispatch_id)))
 
 
+def _filters(
+    status: str | None, kind: str | None, ordering_key: str | None
+) -> tuple[list[str], list[object]] | None:
+    """The ``?`` terms of a list's filters and their values; None when no
+    row can match (a NUL: the same answer on every engine)."""
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}")
+    if kind is not None:
+        require_text("kind", kind)
+        if not findable(kind):
+            return None
+    ordering_key = require_ordering_key(ordering_key)
+    clauses: list[str] = []
+    params: list[object] = []
+    for column, value in (("status", status), ("kind", kind), ("ordering_key", ordering_key)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    return clauses, params
+
+
 async def list_dispatches(
     db: Database,
     *,
     status: str | None = None,
     limit: int = DEFAULT_LIST_LIMIT,
     kind: str | None = None,
+    ordering_key: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows newest first, optionally of one ``status`` (one of the six) and
-    ``kind``, at most ``limit``."""
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}")
+    """Rows newest first, optionally of one ``status`` (one of the six),
+    ``kind`` and ``ordering_key`` (checked as enqueue checks it), at most
+    ``limit``."""
     limit = require_int("limit", limit, minimum=1)
-    if kind is not None:
-        require_text("kind", kind)
-        if not findable(kind):  # no row holds a NUL: the same answer on every engine
-            return []
-    clauses, params = [], []
-    if status is not None:
-        clauses.append("status = ?")
-        params.append(status)
-    if kind is not None:
-        clauses.append("kind = ?")
-        params.append(kind)
+    found = _filters(status, kind, ordering_key)
+    if found is None:
+        return []
+    clauses, params = found
     query = sql.list_newest(f"WHERE {' AND '.join(clauses)} " if clauses else "")
     rows = await db.read(lambda conn: conn.query(query, (*params, limit)))
     return [row for row in map(decode, rows) if row is not None]
@@ -137,15 +161,22 @@ bounded query: a scrape costs the same at a million finished rows)."""
 
 
 async def bounded_stats(
-    db: Database, *, now: float | None = None, cap: int = COUNT_CAP
+    db: Database,
+    *,
+    now: float | None = None,
+    cap: int = COUNT_CAP,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
 ) -> dict[str, Any]:
     """:func:`dispatch_stats` with bounded queries only: ``counts`` per
     status up to ``cap`` each, ``capped`` (the statuses that reached it:
-    their real count is higher), ``oldest_due_pending_age_seconds``, and
-    ``dead_letters_last_24h`` (also up to ``cap``). Every query reads a
-    partial index and stops at the cap, whatever the table holds."""
+    their real count is higher), ``oldest_due_pending_age_seconds``,
+    ``dead_letters_last_24h`` (also up to ``cap``), and ``blocked_keys``
+    (up to :data:`~.ordering.BLOCKED_KEYS_CAP`, ``blocked_keys_capped`` at
+    it; always 0 under the ``skip`` ``ordering`` policy, where no key
+    blocks). Every query reads a partial index and stops at its cap."""
     at = clock_from(now)()
     cap = require_int("cap", cap, minimum=1)
+    ordering = require_policy("ordering", ordering)
 
     def collect(conn: Conn) -> dict[str, Any]:
         counts: dict[str, int] = {}
@@ -156,7 +187,11 @@ async def bounded_stats(
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE_CAPPED, (at - 86400.0, cap))
         due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
         dead_letters = int(dead["n"]) if dead else 0
+        blocked = count_blocked_keys(conn, BLOCKED_KEYS_CAP) if ordering == "block" else 0
         return {
+            "blocked_keys": blocked,
+            "blocked_keys_cap": BLOCKED_KEYS_CAP,
+            "blocked_keys_capped": blocked >= BLOCKED_KEYS_CAP,
             "counts": counts,
             "capped": sorted(status for status, n in counts.items() if n >= cap),
             "cap": cap,
@@ -180,6 +215,7 @@ async def list_page(
     *,
     status: str | None = None,
     kind: str | None = None,
+    ordering_key: str | None = None,
     before: tuple[float, str] | None = None,
     limit: int = DEFAULT_LIST_LIMIT,
 ) -> list[dict[str, Any]]:
@@ -187,20 +223,14 @@ async def list_page(
     after ``before`` (the ``(created_at, id)`` of the last row of the
     previous page), at most ``limit``."""
     if before is None:
-        return await list_dispatches(db, status=status, kind=kind, limit=limit)
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"status must be one of {', '.join(sorted(STATUSES))}, got {show(status)}")
+        return await list_dispatches(
+            db, status=status, kind=kind, ordering_key=ordering_key, limit=limit
+        )
     limit = require_int("limit", limit, minimum=1)
-    clauses, params = [], []
-    if status is not None:
-        clauses.append("status = ?")
-        params.append(status)
-    if kind is not None:
-        require_text("kind", kind)
-        if not findable(kind):
-            return []
-        clauses.append("kind = ?")
-        params.append(kind)
+    found = _filters(status, kind, ordering_key)
+    if found is None:
+        return []
+    clauses, params = found
     created, last_id = before
     query = sql.list_page(" AND ".join(clauses))
     rows = await db.read(
@@ -280,6 +310,47 @@ async def status_labels(db: Database, rows: Sequence[Mapping[str, Any]]) -> list
     return [status_label(row, reasons.get(str(row["id"]))) for row in rows]
 
 
+# -- ordering keys for operators ------------------------------------------------
+
+
+async def waiting_behind(
+    db: Database, row: Mapping[str, Any], ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+) -> dict[str, str] | None:
+    """The ``{"id", "status"}`` of the row a live keyed ``row`` waits
+    behind under the ``ordering`` policy (its key's first row that still
+    counts), or None: unkeyed, finished, or first of its key."""
+    key = row.get("ordering_key")
+    if key is None or row["status"] not in (Status.PENDING, Status.DELIVERING):
+        return None
+    dispatch_id = str(row["id"])
+    found = await db.read(lambda conn: ahead_of(conn, str(key), dispatch_id, ordering))
+    return None if found is None else {"id": str(found["id"]), "status": str(found["status"])}
+
+
+async def list_blocked_heads(
+    db: Database,
+    *,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+    limit: int = DEFAULT_LIST_LIMIT,
+    ordering_key: str | None = None,
+) -> list[dict[str, Any]]:
+    """The whole rows of the heads of blocked keys (of ``ordering_key``
+    only, if given), in id order, at most ``limit``: none under the
+    ``skip`` policy, where a dead head lets the next row go."""
+    limit = require_int("limit", limit, minimum=1)
+    key = require_ordering_key(ordering_key)
+    if require_policy("ordering", ordering) == "skip":
+        return []
+
+    def collect(conn: Conn) -> list[Row]:
+        heads = blocked_heads(conn, limit, key)
+        rows = (get_row(conn, str(head["id"])) for head in heads)
+        return [row for row in rows if row is not None]
+
+    rows = await db.read(collect)
+    return [row for row in map(decode, rows) if row is not None]
+
+
 MIN_ID_PREFIX: Final = 8
 """The shortest id prefix an operator command resolves (UUIDv7 ids made
 in the same minute share their first 8 characters anyway)."""
@@ -330,6 +401,7 @@ __all__ = [
     "ids_with_prefix",
     "is_id_prefix",
     "last_reasons",
+    "list_blocked_heads",
     "list_dispatches",
     "list_page",
     "list_transitions",
@@ -337,4 +409,5 @@ __all__ = [
     "recent_failures",
     "status_label",
     "status_labels",
+    "waiting_behind",
 ]

@@ -27,6 +27,7 @@ import time
 from typing import Final
 
 from ..lifecycle import (
+    BLOCKING_SQL,
     DUE_SQL,
     FAILURES_SQL,
     FINISHED_SQL,
@@ -186,7 +187,23 @@ _V5: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5)
+HEADS_INDEX: Final = "ix_dispatch_outbox_ordering_heads"
+
+_V6: Final = (
+    # Keyed rows that ended dead_letter or expired, in id order: the
+    # candidates for the heads of blocked keys (SPEC 13), which the
+    # dashboard and /metrics count at every load and scrape. Without it the
+    # count walked the whole table by id: 15-34 ms at 100,000 rows (live
+    # keyed rows, unkeyed dead letters or one key's waiting rows), growing
+    # with the table; with it, 0.01-0.05 ms.
+    f"""
+    CREATE INDEX IF NOT EXISTS {HEADS_INDEX}
+        ON dispatch_outbox (id)
+        WHERE ordering_key IS NOT NULL AND {BLOCKING_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

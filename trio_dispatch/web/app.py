@@ -6,6 +6,10 @@ With a token, every request must carry it -- ``Authorization: Bearer
 <token>``, or HTTP Basic with the token as the password so a browser can
 log in -- compared in constant time.
 
+``/?ordering_key=K`` lists one ordering key's rows (a key enqueue would
+refuse is a 400 naming it); ``/blocked`` lists the heads of blocked keys
+under the policy of the worker, or the one given.
+
 ``/?refresh=N`` reloads the index page every ``N`` seconds
 (:data:`REFRESH_MIN`..:data:`REFRESH_MAX`, a meta refresh: the page still
 runs no script); any other value is a 400 naming it.
@@ -25,17 +29,25 @@ from urllib.parse import parse_qs, urlencode
 import anyio
 from anyio.abc import TaskGroup
 
+from ..outbox.ordering import (
+    DEFAULT_ORDERING_POLICY,
+    OrderingPolicy,
+    require_ordering_key,
+    require_policy,
+)
 from ..outbox.reads import (
     DEFAULT_LIST_LIMIT,
     bounded_stats,
     frequent_kinds,
     get_dispatch,
+    list_blocked_heads,
     list_page,
     list_transitions,
     next_due_at,
     recent_failures,
     status_label,
     status_labels,
+    waiting_behind,
 )
 from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
 from ..store.base import Database
@@ -54,6 +66,8 @@ Send = Callable[[Message], Awaitable[None]]
 STORE_CHECK_SECONDS: Final = 2.0
 """How long ``/healthz`` waits for the store to answer."""
 PAGE_SIZE: Final = DEFAULT_LIST_LIMIT
+BLOCKED_PAGE: Final = 100
+"""The blocked keys' page lists at most this many heads, oldest first."""
 REFRESH_MIN: Final = 2
 REFRESH_MAX: Final = 3600
 """Bounds of ``?refresh=N``, in seconds."""
@@ -100,9 +114,17 @@ class WebApp:
         token: str | None = None,
         store_label: str | None = None,
         clock: Callable[[], float] = time.time,
+        ordering: OrderingPolicy | None = None,
     ) -> None:
         self.db = db
         self.worker = worker
+        # Which keys count as blocked: the worker's policy, else the one given
+        # (the configuration's, for ``trio-dispatch web``), else the default.
+        if ordering is None:
+            ordering = worker.ordering_on_dead_letter if worker is not None else None
+        self.ordering: OrderingPolicy = require_policy(
+            "ordering", ordering or DEFAULT_ORDERING_POLICY
+        )
         self._token = None if token is None else token.encode()
         self.store_label = mask_url(store_label or str(getattr(db, "url", "store")))
         self.clock = clock
@@ -215,7 +237,7 @@ class WebApp:
         }
         html = b"text/html; charset=utf-8"
         if path == "/metrics":
-            stats = await bounded_stats(self.db)
+            stats = await bounded_stats(self.db, ordering=self.ordering)
             return 200, render(families(stats, self.worker, self.clock())), CONTENT_TYPE.encode()
         if path == "/healthz":
             status, document = await self.health()
@@ -226,6 +248,10 @@ class WebApp:
             except BadQuery as exc:
                 return 400, f"{exc}\n".encode(), b"text/plain; charset=utf-8"
             return 200, content.encode(), html
+        if path == "/blocked":
+            rows = await list_blocked_heads(self.db, ordering=self.ordering, limit=BLOCKED_PAGE)
+            body = pages.blocked(rows, self.ordering, BLOCKED_PAGE, self.clock())
+            return 200, pages.page("Blocked keys", body, self.store_label).encode(), html
         if path.startswith("/dispatch/"):
             dispatch_id = path.removeprefix("/dispatch/")
             status, content = await self._detail(dispatch_id)
@@ -291,6 +317,10 @@ class WebApp:
         refresh = refresh_seconds(query.get("refresh"))
         status = pages.known_status(query.get("status"))
         kind = query.get("kind") or None
+        try:
+            ordering_key = require_ordering_key(query.get("ordering_key") or None)
+        except ValueError as exc:
+            raise BadQuery(str(exc)) from None
         before: tuple[float, str] | None = None
         if "before" in query:
             created, _, last_id = query["before"].partition(",")
@@ -298,9 +328,14 @@ class WebApp:
                 before = (float(created), last_id)
             except ValueError:
                 before = None
-        stats = await bounded_stats(self.db, now=now)
+        stats = await bounded_stats(self.db, now=now, ordering=self.ordering)
         rows = await list_page(
-            self.db, status=status, kind=kind, before=before, limit=PAGE_SIZE + 1
+            self.db,
+            status=status,
+            kind=kind,
+            ordering_key=ordering_key,
+            before=before,
+            limit=PAGE_SIZE + 1,
         )
         next_page = None
         if len(rows) > PAGE_SIZE:
@@ -312,6 +347,7 @@ class WebApp:
                     for key, value in {
                         "status": status,
                         "kind": kind,
+                        "ordering_key": ordering_key,
                         "before": f"{float(last['created_at'])!r},{last['id']}",
                         "refresh": str(refresh) if refresh else None,
                     }.items()
@@ -334,6 +370,7 @@ class WebApp:
             for key, value in {
                 "status": status,
                 "kind": kind,
+                "ordering_key": ordering_key,
                 "before": query.get("before") if before is not None else None,
             }.items()
             if value
@@ -343,6 +380,7 @@ class WebApp:
             rows,
             status=status,
             kind=kind,
+            ordering_key=ordering_key,
             next_page=next_page,
             worker=worker,
             now=now,
@@ -362,10 +400,11 @@ class WebApp:
             row, history = None, []
         status = 200 if row is not None or history else 404
         # The newest transition says whether the row waits for an ack.
-        label = None
+        label = behind = None
         if row is not None:
             label = status_label(row, str(history[-1]["reason_code"]) if history else None)
-        body = pages.detail(row, dispatch_id, history, now, label)
+            behind = await waiting_behind(self.db, row, self.ordering)
+        body = pages.detail(row, dispatch_id, history, now, label, behind)
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
 

@@ -70,6 +70,15 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
             value=stats["dead_letters_last_24h"],
         )
     )
+    if "blocked_keys" in stats:
+        out.append(
+            GaugeMetricFamily(
+                "trio_dispatch_blocked_keys",
+                "Ordering keys whose head is dead_letter or expired with rows waiting behind it "
+                f"(counted up to {stats['blocked_keys_cap']}; 0 under on_dead_letter: skip).",
+                value=stats["blocked_keys"],
+            )
+        )
     if worker is None:
         return out
     deliveries = CounterMetricFamily(

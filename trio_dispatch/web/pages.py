@@ -20,6 +20,7 @@ from typing import Any, Final
 from urllib.parse import urlencode
 
 from ..lifecycle import STATUSES, Status
+from ..outbox.ordering import is_waiting
 from ..outbox.reads import AWAITING_ACK
 from ..redact import MASK, visible
 from ..times import relative_time
@@ -48,7 +49,7 @@ STYLE: Final = (
     ".card .n{font-size:22px;font-weight:600}"
     ".card .l{color:#5b6475;font-size:12px}"
     ".card a{color:inherit;text-decoration:none}"
-    ".dead_letter .n{color:#b42318}"
+    ".dead_letter .n,.blocked .n{color:#b42318}"
     ".pending .n{color:#175cd3}"
     ".delivering .n{color:#b54708}"
     "table{border-collapse:collapse;width:100%;table-layout:fixed;background:#fff;"
@@ -165,16 +166,18 @@ def overview(
     kind: str | None,
     next_page: str | None,
     worker: Mapping[str, Any] | None,
+    ordering_key: str | None = None,
     now: float,
     labels: Sequence[str] | None = None,
     failures: Sequence[Mapping[str, Any]] = (),
     refresh: int | None = None,
     here: Mapping[str, str] | None = None,
 ) -> str:
-    """Counts per status, oldest due age, dead letters of the last 24 h, the
-    recent failures, and one page of the list filtered by status and kind
-    (``labels``: each row's status label, "awaiting ack" included). With
-    ``here`` (the page's query), a link that turns auto-refresh on or off."""
+    """Counts per status, oldest due age, dead letters of the last 24 h,
+    blocked ordering keys, the recent failures, and one page of the list
+    filtered by status, kind and ordering key (``labels``: each row's status
+    label, "awaiting ack" included). With ``here`` (the page's query), a
+    link that turns auto-refresh on or off."""
     capped = set(stats["capped"])
     cards = []
     for name in STATUS_ORDER:
@@ -194,6 +197,13 @@ def overview(
         f"<div class=card><div class=n>{age(stats['oldest_due_pending_age_seconds'])}</div>"
         "<div class=l>oldest due, waiting</div></div>"
     )
+    if "blocked_keys" in stats:
+        blocked_n = int(stats["blocked_keys"])
+        blocked_shown = f"{blocked_n:,}+" if stats["blocked_keys_capped"] else f"{blocked_n:,}"
+        cards.append(
+            f'<div class="card blocked" id=blocked-keys><a href="/blocked">'
+            f"<div class=n>{blocked_shown}</div><div class=l>blocked keys</div></a></div>"
+        )
     worker_line = ""
     if worker is not None:
         worker_line = (
@@ -211,12 +221,15 @@ def overview(
         f"{kept}"
         f"<label>status <select name=status>{''.join(options)}</select></label>"
         f'<label>kind <input name=kind value="{text(kind or "")}" placeholder="any kind"></label>'
+        f'<label>ordering key <input name=ordering_key value="{text(ordering_key or "")}" '
+        'placeholder="any key"></label>'
         '<button type=submit>Filter</button> <a href="/">clear</a></form>'
     )
     heading = (
         "Dispatches"
         + (f": {text(status)}" if status else "")
         + (f", kind {text(kind)}" if kind else "")
+        + (f", ordering key {text(ordering_key)}" if ordering_key else "")
     )
     body = (
         f"{refresh_links(here or {}, refresh)}"
@@ -252,32 +265,90 @@ def _id_cell(dispatch_id: object) -> str:
     return f'<td class=mono title="{shown}"><a href="/dispatch/{shown}">{shown}</a></td>'
 
 
+def next_attempt(row: Mapping[str, Any], now: float) -> str:
+    """A row's next attempt: its time while live, "waiting" for a keyed row
+    waiting behind its key's head (its mark is not a time), else "-"."""
+    if is_waiting(row):
+        return "waiting"
+    live = row["status"] in (Status.PENDING, Status.DELIVERING)
+    return when(row["next_attempt_at"], now) if live else "-"
+
+
 def dispatch_table(
     rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
 ) -> str:
+    """One page of the list; a column of ordering keys when a row is keyed."""
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
+    keyed = any(row.get("ordering_key") is not None for row in rows)
+    widths = ["11.5em", "10%", "10%", "12%", "8em", "5.5em", "11.5em"]
+    names = ["created", "id", "kind", "deliver_to", "status", "attempt", "next attempt"]
+    if keyed:
+        widths.append("10%")
+        names.append("ordering key")
     head = (
-        columns("11.5em", "10%", "10%", "12%", "8em", "5.5em", "11.5em", "")
-        + "<tr><th>created</th><th>id</th><th>kind</th><th>deliver_to</th><th>status</th>"
-        "<th>attempt</th><th>next attempt</th><th>last error</th></tr>"
+        columns(*widths, "")
+        + "<tr>"
+        + "".join(f"<th>{name}</th>" for name in names)
+        + "<th>last error</th></tr>"
     )
     shown = labels if labels is not None else [str(row["status"]) for row in rows]
     lines = []
     for row, label in zip(rows, shown, strict=True):
-        live = row["status"] in (Status.PENDING, Status.DELIVERING)
-        next_at = when(row["next_attempt_at"], now) if live else "-"
+        key = row.get("ordering_key")
+        key_cell = "" if not keyed else cut(key) if key is not None else "<td>-</td>"
         lines.append(
             "<tr>"
             f"<td class=when>{when(row['created_at'], now)}</td>"
             f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
             f"<td>{int(row['attempt'])}/{int(row['max_attempts'])}</td>"
-            f"<td class=when>{next_at}</td>"
+            f"<td class=when>{next_attempt(row, now)}</td>"
+            f"{key_cell}"
             f"{cut(row.get('last_error') or '', classes='err')}"
             "</tr>"
         )
     return f"<table id=dispatches>{head}{''.join(lines)}</table>"
+
+
+def blocked(rows: Sequence[Mapping[str, Any]], ordering: str, limit: int, now: float) -> str:
+    """The heads of blocked ordering keys, oldest first (at most ``limit``):
+    each a ``dead_letter`` or ``expired`` row with rows of its key waiting
+    behind it until an operator retries or purges it."""
+    parts = ["<h1>Blocked keys</h1>"]
+    if ordering == "skip":
+        parts.append(
+            "<p class=muted>No key blocks: dispatch.ordering.on_dead_letter is skip, so "
+            "a dead head lets the next row of its key go.</p>"
+        )
+    elif not rows:
+        parts.append("<p class=muted>No blocked keys.</p>")
+    else:
+        parts.append(
+            f"<p class=muted>The first {limit:,} heads, oldest first: retry or purge a head "
+            "to let its key go on.</p>"
+            if len(rows) >= limit
+            else "<p class=muted>Retry or purge a head to let its key go on.</p>"
+        )
+        lines = [
+            "<tr>"
+            f"{cut(row['ordering_key'])}{_id_cell(row['id'])}"
+            f"<td>{badge(str(row['status']))}</td>{cut(row['kind'])}{cut(row['deliver_to'])}"
+            f"<td class=when>{when(row['updated_at'], now)}</td>"
+            f"{cut(row.get('last_error') or '', classes='err')}"
+            "</tr>"
+            for row in rows
+        ]
+        parts.append(
+            "<table id=blocked>"
+            + columns("14%", "10%", "8em", "10%", "12%", "11.5em", "")
+            + "<tr><th>ordering key</th><th>head</th><th>status</th><th>kind</th>"
+            "<th>deliver_to</th><th>since</th><th>last error</th></tr>"
+            + "".join(lines)
+            + "</table>"
+        )
+    parts.append('<p><a href="/">&larr; all dispatches</a></p>')
+    return "".join(parts)
 
 
 def failures_table(failures: Sequence[Mapping[str, Any]], now: float) -> str:
@@ -322,10 +393,12 @@ def detail(
     history: Iterable[Mapping[str, Any]],
     now: float,
     label: str | None = None,
+    behind: Mapping[str, str] | None = None,
 ) -> str:
     """A dispatch's fields, payload (ack token masked) and history, every
     value whole (long ones wrap); ``label``: its status label ("awaiting
-    ack" included), by default its status."""
+    ack" included), by default its status; ``behind``: the ``id`` and
+    ``status`` of the row it waits behind in its ordering key."""
     parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>"]
     if row is None:
         parts.append("<p class=muted>No such dispatch (purged or never enqueued).</p>")
@@ -339,20 +412,24 @@ def detail(
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
             ("attempt", f"{int(row['attempt'])} of {int(row['max_attempts'])}"),
-            (
-                "next attempt",
-                when(row["next_attempt_at"], now)
-                if row["status"] in ("pending", "delivering")
-                else "-",
-            ),
+            ("next attempt", next_attempt(row, now)),
             ("created", when(row["created_at"], now)),
             ("updated", when(row["updated_at"], now)),
             ("expires", when(row["expires_at"], now)),
             ("dedup key", text(row["dedup_key"] or "-")),
+            ("ordering key", text(row.get("ordering_key") or "-")),
             ("ack required", "yes" if row["ack_required"] else "no"),
             ("ack token", text(row["ack_token"] or "-")),
             ("last error", f"<span class=err>{text(row['last_error'] or '-')}</span>"),
         ]
+        if behind is not None:
+            fields.append(
+                (
+                    "waiting behind",
+                    f'<a class=mono id=behind href="/dispatch/{text(behind["id"])}">'
+                    f"{text(behind['id'])}</a> {badge(behind['status'])}",
+                )
+            )
         parts.append(
             "<dl>" + "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in fields) + "</dl>"
         )
