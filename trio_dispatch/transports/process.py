@@ -181,6 +181,26 @@ class _Lifeline:
     def pid(self) -> int | None:
         return None if self._popen is None else self._popen.pid
 
+    def close(self, timeout: float = 5.0) -> None:
+        """End the helper as this process's own end would: its pipe closes,
+        it SIGKILLs every group still registered and exits; then reap it (a
+        helper that has not exited after ``timeout`` seconds is killed)."""
+        with self._lock:
+            popen, self._popen, self._fd = self._popen, None, None
+            self._groups = set()
+        if popen is None:
+            return
+        assert popen.stdin is not None
+        try:
+            popen.stdin.close()
+        except OSError:
+            pass
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a stopped helper
+            popen.kill()
+            popen.wait()
+
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited pipe end (the parent's
         lifeline must still see EOF when the parent dies) without touching
@@ -202,7 +222,15 @@ class _Spawner:
         self.lifeline = _Lifeline()
         self.setpriv = _find_setpriv() if PDEATHSIG_LAUNCHER in ("auto", "setpriv") else None
         if PDEATHSIG_LAUNCHER == "setpriv" and self.setpriv is None:
+            self.thread.stop()
             raise RuntimeError("setpriv with --pdeathsig is not available here")
+
+    def close(self) -> None:
+        """Stop the spawner thread and end the lifeline helper (which kills
+        any transport group still registered). For a spawner that is being
+        replaced; a process that simply exits needs no call."""
+        self.thread.stop()
+        self.lifeline.close()
 
 
 _spawner: _Spawner | None = None
