@@ -272,3 +272,25 @@ async def test_a_closed_spawner_leaves_no_thread_helper_or_pipe_behind(
         # A group still registered dies with the lifeline, as at the process's end.
         await wait_for(lambda: process_gone(child) and process_gone(grandchild), timeout=15)
         tg.cancel_scope.cancel()
+
+
+def test_a_process_exiting_normally_reaps_its_lifeline_helper_and_closes_its_pipe(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "exit_after_one.py"
+    script.write_text(
+        "import atexit, trio\n"
+        "import trio_dispatch.transports.process as process\n"
+        "from trio_dispatch.transports import CommandTransport, Delivery\n"
+        "async def main():\n"
+        "    d = Delivery(dispatch_id='d' * 32, kind='k', deliver_to='x', attempt=1,"
+        " payload='{}')\n"
+        "    assert (await CommandTransport(['true'])(d)).ok\n"
+        "trio.run(main)\n"
+        "helper = process._spawner.lifeline._popen\n"
+        "atexit._run_exitfuncs()  # what a normal exit runs\n"
+        "print(helper.returncode is not None, helper.stdin.closed, process.lifeline_pid())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "None"]

@@ -31,6 +31,7 @@ without blocking the event loop, the exit awaited through a pidfd (Linux
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import logging
@@ -255,6 +256,19 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_at_exit() -> None:
+    # What the helper would do once the process is gone (EOF: kill the
+    # groups still registered, exit), done while we can still reap it and
+    # close our end of its pipe, instead of leaving both to interpreter
+    # teardown (a ResourceWarning where warnings are shown).
+    spawner = _spawner
+    if spawner is not None and spawner.pid == os.getpid():
+        spawner.close()
+
+
+atexit.register(_close_at_exit)
 
 
 def lifeline_pid() -> int | None:
