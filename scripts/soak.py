@@ -117,11 +117,11 @@ def role_dedup(db: str, out: str, keys: list[str]) -> None:
 
 
 def _spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, __file__, "--role", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "ab") if log else subprocess.DEVNULL,
-    )
+    argv = [sys.executable, __file__, "--role", *args]
+    if log is None:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log, "ab") as sink:  # the child holds its own copy; ours closes here
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sink)
 
 
 # -- helpers ---------------------------------------------------------------------

@@ -229,17 +229,17 @@ def test_a_sigkilled_producer_leaves_both_rows_or_neither(
     app: Any, engine: str, db_target: str, raw: RawDB, commit: bool
 ) -> None:
     root = str(Path(__file__).resolve().parents[2])
-    producer = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", PRODUCER, engine, db_target, root, "commit" if commit else "-"],
         stdout=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert producer.stdout is not None and producer.stdout.readline() == "written\n"
-        os.kill(producer.pid, signal.SIGKILL)
-        producer.wait(timeout=10)
-    finally:
-        producer.kill()
+    ) as producer:
+        try:
+            assert producer.stdout is not None and producer.stdout.readline() == "written\n"
+            os.kill(producer.pid, signal.SIGKILL)
+            producer.wait(timeout=10)
+        finally:
+            producer.kill()
     orders = raw.scalar("SELECT COUNT(*) FROM orders")
     assert raw.counts() == ((1, 1) if commit else (0, 0))
     assert orders == (1 if commit else 0)
@@ -505,7 +505,8 @@ def test_a_failing_enqueue_on_a_warm_connection_leaves_the_callers_transaction_u
 def test_enqueues_inside_the_callers_pipeline_return_the_ids_that_commit(
     engine: str, db_target: str, raw: RawDB, autocommit: bool
 ) -> None:
-    outbox.install_schema(connect(engine, db_target, autocommit=True))
+    with contextlib.closing(connect(engine, db_target, autocommit=True)) as setup:
+        outbox.install_schema(setup)
     conn = connect(engine, db_target, autocommit=autocommit)
     try:
         warm = outbox.enqueue_dispatch(conn, kind="k", deliver_to="warm")

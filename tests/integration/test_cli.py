@@ -426,29 +426,29 @@ def _on_a_terminal(*args: str, columns: int = 80) -> str:
     ``columns`` wide: what it printed there."""
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
-    process = subprocess.Popen(
+    chunks = []
+    with subprocess.Popen(
         [sys.executable, "-m", "trio_dispatch", *args],
         stdout=follower,
         stderr=subprocess.PIPE,
         env={**env, "COLUMNS": str(columns)},
-    )
-    os.close(follower)
-    chunks = []
-    try:
-        while True:
-            ready, _, _ = select.select([leader], [], [], 60)
-            if not ready:
-                break
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal's other end closed: the command ended
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(leader)
-        assert process.wait(timeout=60) == 0
+    ) as process:
+        os.close(follower)
+        try:
+            while True:
+                ready, _, _ = select.select([leader], [], [], 60)
+                if not ready:
+                    break
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the terminal's other end closed: the command ended
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            os.close(leader)
+            assert process.wait(timeout=60) == 0
     return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
@@ -565,20 +565,20 @@ def test_a_command_transport_without_a_template_is_warned_about(tmp_path: Path) 
     document = json.loads(cli("check-config", str(config), "--json").stdout)
     assert len(document["warnings"]) == 1 and "notify_template" in document["warnings"][0]
     # the worker logs it at start
-    worker = start_worker(config)
-    try:
-        assert worker.stderr is not None
-        deadline = time.monotonic() + 60
-        lines: list[str] = []
-        while time.monotonic() < deadline:
-            line = worker.stderr.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "worker started" in line:
-                break
-        warned = [line for line in lines if "notify_template is not set" in line]
-        assert warned and "WARNING" in warned[0], lines
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+    with start_worker(config) as worker:
+        try:
+            assert worker.stderr is not None
+            deadline = time.monotonic() + 60
+            lines: list[str] = []
+            while time.monotonic() < deadline:
+                line = worker.stderr.readline()
+                if not line:
+                    break
+                lines.append(line)
+                if "worker started" in line:
+                    break
+            warned = [line for line in lines if "notify_template is not set" in line]
+            assert warned and "WARNING" in warned[0], lines
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)

@@ -5,6 +5,7 @@ before the rule it guards was in place."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -14,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -139,18 +141,18 @@ async def test_the_worker_logs_its_postgres_store_with_the_password_masked(
         pass
     config = tmp_path / "w.yaml"
     config.write_text(json.dumps({"store": url, "worker": {"tick_seconds": 3600}}))
-    worker = start_worker(config)
-    try:
-        with anyio.fail_after(30):
-            line = ""
-            assert worker.stderr is not None
-            while "worker started" not in line:
-                line = await anyio.to_thread.run_sync(worker.stderr.readline)
-                assert line, "the worker ended before it started"
-        worker.send_signal(signal.SIGTERM)
-        rest = await anyio.to_thread.run_sync(lambda: worker.communicate(timeout=20)[1])
-    finally:
-        worker.kill()
+    with start_worker(config) as worker:
+        try:
+            with anyio.fail_after(30):
+                line = ""
+                assert worker.stderr is not None
+                while "worker started" not in line:
+                    line = await anyio.to_thread.run_sync(worker.stderr.readline)
+                    assert line, "the worker ended before it started"
+            worker.send_signal(signal.SIGTERM)
+            rest = await anyio.to_thread.run_sync(lambda: worker.communicate(timeout=20)[1])
+        finally:
+            worker.kill()
     no_secret(line, rest)
     assert MASKED in line
 
@@ -256,48 +258,48 @@ def test_the_web_command_creates_nothing_beside_an_idle_database_and_sees_new_wr
     before = file_state(db_path)
     env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
     argv = ["--db", str(db_path), "web", "--listen", "127.0.0.1:0"]
-    web = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "trio_dispatch", *argv],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-    )
-    try:
-        assert web.stderr is not None
-        line = ""
-        deadline = time.monotonic() + 60
-        while "dashboard (read-only) at " not in line and time.monotonic() < deadline:
-            line = web.stderr.readline()
-            assert line, f"the web command ended (exit {web.poll()})"
-        url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
-        for path in ("/", "/metrics", "/healthz", f"/dispatch/{first}"):
-            status, _ = _get(url + path)
-            assert status == 200, path
-        assert file_state(db_path) == before  # no -wal/-shm, not a byte changed
-        # a write by another process (this one) afterwards: seen at the next request
-        second = anyio.run(populate, str(db_path))
-        status, page = _get(url + "/")
-        assert status == 200 and second in page and first in page
-        # and while the writer still has the database open (its -wal/-shm exist)
-
-        async def write_and_look() -> tuple[str, str]:
-            async with open_store(str(db_path)) as db:
-                third = await enqueue_dispatch(db, kind="k", deliver_to="seat")
-                assert Path(f"{db_path}-shm").exists()
-                page = await anyio.to_thread.run_sync(lambda: _get(url + "/")[1])
-                return third, page
-
-        third, page = anyio.run(write_and_look)
-        assert third in page
-        status, page = _get(url + "/")
-        assert status == 200 and third in page
-    finally:
-        web.send_signal(signal.SIGINT)
+    ) as web:
         try:
-            web.wait(timeout=30)
+            assert web.stderr is not None
+            line = ""
+            deadline = time.monotonic() + 60
+            while "dashboard (read-only) at " not in line and time.monotonic() < deadline:
+                line = web.stderr.readline()
+                assert line, f"the web command ended (exit {web.poll()})"
+            url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
+            for path in ("/", "/metrics", "/healthz", f"/dispatch/{first}"):
+                status, _ = _get(url + path)
+                assert status == 200, path
+            assert file_state(db_path) == before  # no -wal/-shm, not a byte changed
+            # a write by another process (this one) afterwards: seen at the next request
+            second = anyio.run(populate, str(db_path))
+            status, page = _get(url + "/")
+            assert status == 200 and second in page and first in page
+            # and while the writer still has the database open (its -wal/-shm exist)
+
+            async def write_and_look() -> tuple[str, str]:
+                async with open_store(str(db_path)) as db:
+                    third = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+                    assert Path(f"{db_path}-shm").exists()
+                    page = await anyio.to_thread.run_sync(lambda: _get(url + "/")[1])
+                    return third, page
+
+            third, page = anyio.run(write_and_look)
+            assert third in page
+            status, page = _get(url + "/")
+            assert status == 200 and third in page
         finally:
-            web.kill()
+            web.send_signal(signal.SIGINT)
+            try:
+                web.wait(timeout=30)
+            finally:
+                web.kill()
     assert web.returncode == 0
     assert sorted(p.name for p in db_path.parent.iterdir()) == [db_path.name]
 
@@ -379,26 +381,28 @@ time.sleep(float(sys.argv[2]))
 """
 
 
-def hold_lock(db_path: Path, seconds: float) -> subprocess.Popen[str]:
-    holder = subprocess.Popen(
+@contextlib.contextmanager
+def hold_lock(db_path: Path, seconds: float) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the write lock while the block runs; killed
+    and reaped, its pipe closed, at the end."""
+    with subprocess.Popen(
         [sys.executable, "-c", HOLD_LOCK, str(db_path), str(seconds)],
         stdout=subprocess.PIPE,
         text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-    return holder
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            yield holder
+        finally:
+            holder.kill()
 
 
 def test_stats_behind_a_held_write_lock_answers_at_once(db_path: Path) -> None:
     anyio.run(populate, str(db_path))
-    holder = hold_lock(db_path, 30)
-    try:
+    with hold_lock(db_path, 30):
         started = time.monotonic()
         done = run_cli("--db", str(db_path), "stats", "--json")
         elapsed = time.monotonic() - started
-    finally:
-        holder.kill()
-        holder.wait()
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["total"] == 1
     assert elapsed < 5
@@ -418,14 +422,10 @@ def test_every_command_waits_busy_timeout_then_fails_in_one_line(
         where = ["--config", str(config)]
     else:  # --db names the store; $TRIO_DISPATCH_CONFIG still sets the wait
         where, env = ["--db", str(db_path)], {"TRIO_DISPATCH_CONFIG": str(config)}
-    holder = hold_lock(db_path, 30)
-    try:
+    with hold_lock(db_path, 30):
         started = time.monotonic()
         done = run_cli(*where, "purge", dispatch_id, env=env)
         elapsed = time.monotonic() - started
-    finally:
-        holder.kill()
-        holder.wait()
     assert_one_line_error(done, 2, "locked")
     assert 0.3 <= elapsed < 5
 

@@ -585,7 +585,7 @@ def running(
     """A real ``trio-dispatch`` process; yields the URL its log announces.
     ``preexec_fn`` runs in the child before it starts (e.g. to lower a limit)."""
     env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
-    process = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-m", "trio_dispatch", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -593,25 +593,25 @@ def running(
         env=env,
         cwd=tmp_path,
         preexec_fn=preexec_fn,
-    )
-    try:
-        assert process.stderr is not None
-        deadline = time.monotonic() + 30
-        url = None
-        while url is None and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line:
-                break
-            found = re.search(pattern, line)
-            url = found.group(1) if found else None
-        assert url is not None, f"no URL announced (exit {process.poll()})"
-        yield url, process
-    finally:
-        process.send_signal(signal.SIGINT)
+    ) as process:
         try:
-            process.wait(timeout=20)
+            assert process.stderr is not None
+            deadline = time.monotonic() + 30
+            url = None
+            while url is None and time.monotonic() < deadline:
+                line = process.stderr.readline()
+                if not line:
+                    break
+                found = re.search(pattern, line)
+                url = found.group(1) if found else None
+            assert url is not None, f"no URL announced (exit {process.poll()})"
+            yield url, process
         finally:
-            process.kill()
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=20)
+            finally:
+                process.kill()
 
 
 def test_the_worker_serves_metrics_and_health_next_to_its_deliveries(tmp_path: Path) -> None:

@@ -204,9 +204,11 @@ class Locked:
         assert self.child.wait(timeout=10) == 0
 
     def cleanup(self) -> None:
-        if self.child is not None and self.child.poll() is None:
-            self.child.kill()
-            self.child.wait()
+        if self.child is not None:
+            if self.child.poll() is None:
+                self.child.kill()
+            with self.child:  # closes its pipes and reaps it
+                pass
 
 
 # -- fixtures -------------------------------------------------------------------
@@ -549,28 +551,28 @@ async def test_an_enqueue_from_another_process_during_a_fault_fails_cleanly(
     raw = RawDB(db_path)
     async with open_store(db_path) as db:
         await enqueue_dispatch(db, kind="k", deliver_to="seat")
-        child = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-c", OTHER_PROCESS, str(db_path)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-        )
-        try:
-            assert child.stdout is not None and child.stdin is not None
-            assert await anyio.to_thread.run_sync(child.stdout.readline) == "open\n"
-            before = raw.counts()
-            await anyio.to_thread.run_sync(fault.prepare)
-            await anyio.to_thread.run_sync(fault.start)
-            child.stdin.write("go\n")
-            child.stdin.flush()
-            out, _ = await anyio.to_thread.run_sync(partial(child.communicate, timeout=30))
-            assert raw.counts() == before
-            await anyio.to_thread.run_sync(fault.clear)
-        finally:
-            fault.cleanup()
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        ) as child:
+            try:
+                assert child.stdout is not None and child.stdin is not None
+                assert await anyio.to_thread.run_sync(child.stdout.readline) == "open\n"
+                before = raw.counts()
+                await anyio.to_thread.run_sync(fault.prepare)
+                await anyio.to_thread.run_sync(fault.start)
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                out, _ = await anyio.to_thread.run_sync(partial(child.communicate, timeout=30))
+                assert raw.counts() == before
+                await anyio.to_thread.run_sync(fault.clear)
+            finally:
+                fault.cleanup()
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
         reports = {line.split("|")[0]: line.split("|")[1:] for line in out.splitlines()}
         assert reports["enqueue"] == ["sqlite3", "OperationalError", fault.error_text]
         # Opened during the fault, a read-only file refuses the first write

@@ -10,8 +10,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import trio_dispatch.transports.process as process
@@ -26,13 +28,16 @@ LAUNCHERS = ["setpriv", "preexec"]
 
 
 @pytest.fixture(params=LAUNCHERS)
-def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each way a child gets its parent-death signal, on a fresh spawner."""
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Each way a child gets its parent-death signal, on a fresh spawner,
+    closed after the test."""
     if request.param == "setpriv" and process._find_setpriv() is None:
         pytest.skip("setpriv --pdeathsig is not installed")
     monkeypatch.setattr(process, "PDEATHSIG_LAUNCHER", request.param)
     monkeypatch.setattr(process, "_spawner", None)
-    return str(request.param)
+    yield str(request.param)
+    if process._spawner is not None:
+        process._spawner.close()
 
 
 def start_worker_with(config: Path, launcher: str) -> subprocess.Popen[str]:
@@ -94,28 +99,28 @@ async def test_a_sigkilled_worker_takes_its_transport_child_and_grandchild_with_
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
     if launcher == "setpriv" and process._find_setpriv() is None:
         pytest.skip("setpriv --pdeathsig is not installed")
-    worker = start_worker_with(config, launcher)
-    try:
-        await wait_for(pids_file.exists, timeout=20)
-        child, grandchild = map(int, pids_file.read_text().split())
-        assert not process_gone(child) and not process_gone(grandchild)
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
-        killed_at = time.monotonic()
-        assert gone_within(child, 1.0), "the transport child outlived its SIGKILLed worker"
-        # The grandchild is the lifeline's to kill: another process, which
-        # must first be scheduled to see its pipe close (once it took over a
-        # second on a loaded 2-core CI machine, over 5 s beside a benchmark).
-        assert gone_within(grandchild, 15.0 - (time.monotonic() - killed_at)), (
-            "the transport's own child outlived the SIGKILLed worker"
-        )
-    finally:
-        worker.kill()
-        for pid in (child, grandchild) if pids_file.exists() else ():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    with start_worker_with(config, launcher) as worker:
+        try:
+            await wait_for(pids_file.exists, timeout=20)
+            child, grandchild = map(int, pids_file.read_text().split())
+            assert not process_gone(child) and not process_gone(grandchild)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+            killed_at = time.monotonic()
+            assert gone_within(child, 1.0), "the transport child outlived its SIGKILLed worker"
+            # The grandchild is the lifeline's to kill: another process, which
+            # must first be scheduled to see its pipe close (once it took over a
+            # second on a loaded 2-core CI machine, over 5 s beside a benchmark).
+            assert gone_within(grandchild, 15.0 - (time.monotonic() - killed_at)), (
+                "the transport's own child outlived the SIGKILLed worker"
+            )
+        finally:
+            worker.kill()
+            for pid in (child, grandchild) if pids_file.exists() else ():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert raw.row(dispatch_id)["status"] == "delivering"  # the lease brings it back
 
 
@@ -137,23 +142,23 @@ async def test_without_its_lifeline_the_parent_death_signal_still_kills_the_chil
     )
     async with open_store(db_path) as db:
         await enqueue_dispatch(db, kind="k", deliver_to="seat")
-    worker = start_worker_with(config, launcher)
     grandchild = 0
-    try:
-        await wait_for(pids_file.exists, timeout=20)
-        child, grandchild = map(int, pids_file.read_text().split())
-        [helper] = children_of(worker.pid, "_lifeline.py")
-        os.kill(helper, signal.SIGKILL)
-        await wait_for(lambda: process_gone(helper), timeout=5)
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
-        assert gone_within(child, 1.0), "the parent-death signal did not end the child"
-        time.sleep(0.3)
-        assert not process_gone(grandchild)  # as documented: the lifeline's part
-    finally:
-        worker.kill()
-        if grandchild:
-            os.kill(grandchild, signal.SIGKILL)
+    with start_worker_with(config, launcher) as worker:
+        try:
+            await wait_for(pids_file.exists, timeout=20)
+            child, grandchild = map(int, pids_file.read_text().split())
+            [helper] = children_of(worker.pid, "_lifeline.py")
+            os.kill(helper, signal.SIGKILL)
+            await wait_for(lambda: process_gone(helper), timeout=5)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+            assert gone_within(child, 1.0), "the parent-death signal did not end the child"
+            time.sleep(0.3)
+            assert not process_gone(grandchild)  # as documented: the lifeline's part
+        finally:
+            worker.kill()
+            if grandchild:
+                os.kill(grandchild, signal.SIGKILL)
 
 
 @pytest.mark.trio
@@ -239,3 +244,53 @@ async def test_both_launchers_keep_the_error_of_a_missing_or_unrunnable_command(
         delivery
     )
     assert argv0.error == "-c"  # the command sees its own argv, launcher or not
+
+
+@pytest.mark.anyio
+async def test_a_closed_spawner_leaves_no_thread_helper_or_pipe_behind(
+    tmp_path: Path, launcher: str
+) -> None:
+    import threading
+
+    script = tmp_path / "family.py"
+    script.write_text(FAMILY_SCRIPT)
+    pids_file = tmp_path / "pids"
+    transport = CommandTransport([sys.executable, str(script), str(pids_file)], timeout=30)
+    delivery = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(transport, delivery)
+        await wait_for(pids_file.exists, timeout=20)
+        child, grandchild = map(int, pids_file.read_text().split())
+        spawner = process._spawner
+        assert spawner is not None
+        helper = spawner.lifeline._popen
+        assert helper is not None and helper.stdin is not None
+        spawner.close()
+        assert helper.returncode is not None and helper.stdin.closed  # reaped, pipe closed
+        assert spawner.lifeline.pid is None
+        assert spawner.thread.ident not in {t.ident for t in threading.enumerate()}
+        # A group still registered dies with the lifeline, as at the process's end.
+        await wait_for(lambda: process_gone(child) and process_gone(grandchild), timeout=15)
+        tg.cancel_scope.cancel()
+
+
+def test_a_process_exiting_normally_reaps_its_lifeline_helper_and_closes_its_pipe(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "exit_after_one.py"
+    script.write_text(
+        "import atexit, trio\n"
+        "import trio_dispatch.transports.process as process\n"
+        "from trio_dispatch.transports import CommandTransport, Delivery\n"
+        "async def main():\n"
+        "    d = Delivery(dispatch_id='d' * 32, kind='k', deliver_to='x', attempt=1,"
+        " payload='{}')\n"
+        "    assert (await CommandTransport(['true'])(d)).ok\n"
+        "trio.run(main)\n"
+        "helper = process._spawner.lifeline._popen\n"
+        "atexit._run_exitfuncs()  # what a normal exit runs\n"
+        "print(helper.returncode is not None, helper.stdin.closed, process.lifeline_pid())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True", "None"]

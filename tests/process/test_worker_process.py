@@ -31,14 +31,14 @@ async def test_a_signal_stops_the_worker_and_releases_its_running_attempt(
     config = write_config(tmp_path, db_path, [sys.executable, str(script), str(pid_file)])
     async with open_store(db_path) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
-    worker = start_worker(config)
-    try:
-        await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
-        assert raw.row(dispatch_id)["status"] == "delivering"
-        worker.send_signal(signum)
-        _, stderr = await anyio.to_thread.run_sync(lambda: worker.communicate(timeout=15))
-    finally:
-        worker.kill()
+    with start_worker(config) as worker:
+        try:
+            await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
+            assert raw.row(dispatch_id)["status"] == "delivering"
+            worker.send_signal(signum)
+            _, stderr = await anyio.to_thread.run_sync(lambda: worker.communicate(timeout=15))
+        finally:
+            worker.kill()
     assert worker.returncode == 0, stderr
     assert f"{signum.name} received: stopping" in stderr
     row = raw.row(dispatch_id)
@@ -70,7 +70,7 @@ async def test_a_sigkilled_worker_loses_nothing_its_rows_come_back_after_the_lea
     async with open_store(db_path) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
     # timeout 0.5 s + a 1.5 s lease margin (5 s by default) -> lease 2 s
-    worker = subprocess.Popen(
+    with subprocess.Popen(
         [
             sys.executable,
             "-c",
@@ -83,13 +83,13 @@ async def test_a_sigkilled_worker_loses_nothing_its_rows_come_back_after_the_lea
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
-    finally:
-        worker.kill()
+    ) as worker:
+        try:
+            await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        finally:
+            worker.kill()
     claimed_at = float(raw.row(dispatch_id)["updated_at"])
     row = raw.row(dispatch_id)
     assert (row["status"], row["attempt"]) == ("delivering", 1)
@@ -128,13 +128,13 @@ async def test_a_sigkilled_cli_worker_loses_nothing_its_row_comes_back_after_the
     )
     async with open_store(db_path) as db:
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
-    worker = start_worker(config)  # timeout 0.5 s -> lease 5.5 s
-    try:
-        await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
-    finally:
-        worker.kill()
+    with start_worker(config) as worker:  # timeout 0.5 s -> lease 5.5 s
+        try:
+            await wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", timeout=20)
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        finally:
+            worker.kill()
     claimed_at = float(raw.row(dispatch_id)["updated_at"])
     assert raw.row(dispatch_id)["status"] == "delivering"
     sent: list[int] = []

@@ -31,6 +31,7 @@ without blocking the event loop, the exit awaited through a pidfd (Linux
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import logging
@@ -181,6 +182,26 @@ class _Lifeline:
     def pid(self) -> int | None:
         return None if self._popen is None else self._popen.pid
 
+    def close(self, timeout: float = 5.0) -> None:
+        """End the helper as this process's own end would: its pipe closes,
+        it SIGKILLs every group still registered and exits; then reap it (a
+        helper that has not exited after ``timeout`` seconds is killed)."""
+        with self._lock:
+            popen, self._popen, self._fd = self._popen, None, None
+            self._groups = set()
+        if popen is None:
+            return
+        assert popen.stdin is not None
+        try:
+            popen.stdin.close()
+        except OSError:
+            pass
+        try:
+            popen.wait(timeout)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a stopped helper
+            popen.kill()
+            popen.wait()
+
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited pipe end (the parent's
         lifeline must still see EOF when the parent dies) without touching
@@ -202,7 +223,15 @@ class _Spawner:
         self.lifeline = _Lifeline()
         self.setpriv = _find_setpriv() if PDEATHSIG_LAUNCHER in ("auto", "setpriv") else None
         if PDEATHSIG_LAUNCHER == "setpriv" and self.setpriv is None:
+            self.thread.stop()
             raise RuntimeError("setpriv with --pdeathsig is not available here")
+
+    def close(self) -> None:
+        """Stop the spawner thread and end the lifeline helper (which kills
+        any transport group still registered). For a spawner that is being
+        replaced; a process that simply exits needs no call."""
+        self.thread.stop()
+        self.lifeline.close()
 
 
 _spawner: _Spawner | None = None
@@ -227,6 +256,19 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _close_at_exit() -> None:
+    # What the helper would do once the process is gone (EOF: kill the
+    # groups still registered, exit), done while we can still reap it and
+    # close our end of its pipe, instead of leaving both to interpreter
+    # teardown (a ResourceWarning where warnings are shown).
+    spawner = _spawner
+    if spawner is not None and spawner.pid == os.getpid():
+        spawner.close()
+
+
+atexit.register(_close_at_exit)
 
 
 def lifeline_pid() -> int | None:
