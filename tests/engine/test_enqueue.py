@@ -201,6 +201,7 @@ def _race_keys(path: str, out: str, keys: list[str], start: Any) -> None:
     Path(out).write_text(json.dumps(anyio.run(main)))
 
 
+@pytest.mark.slow
 async def test_dedup_race_between_processes_resolves_to_the_winner(
     db_target: str, raw: RawDB, tmp_path: Path
 ) -> None:

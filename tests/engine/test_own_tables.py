@@ -93,6 +93,7 @@ INCOMPATIBLE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["trio"])  # what is checked is the database's
 @pytest.mark.parametrize("via", ["open_store", "install_schema", "migrate"])

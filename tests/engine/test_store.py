@@ -384,6 +384,7 @@ def _enqueue_in_child(path: str, tag: str, n: int) -> None:
     anyio.run(main)
 
 
+@pytest.mark.slow
 async def test_several_processes_write_one_file_without_losing_rows(
     db_path: Path, raw: RawDB
 ) -> None:

@@ -224,6 +224,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("commit", [False, True])
 def test_a_sigkilled_producer_leaves_both_rows_or_neither(
     app: Any, engine: str, db_target: str, raw: RawDB, commit: bool
@@ -273,6 +274,7 @@ WAITING_LOCKS = (
 )
 
 
+@pytest.mark.slow
 def test_a_same_key_race_gives_both_transactions_the_winner_and_aborts_neither(
     app: Any, engine: str, db_target: str, raw: RawDB
 ) -> None:

@@ -88,6 +88,7 @@ def test_db_flag_then_config_then_env_then_cwd_file(
     assert cli("-m", cwd=tmp_path).returncode == 2
 
 
+@pytest.mark.slow
 def test_python_dash_m_and_the_console_script_are_the_same_command(
     db_path: Path, populated: dict[str, str]
 ) -> None:
@@ -452,6 +453,7 @@ def _on_a_terminal(*args: str, columns: int = 80) -> str:
     return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
+@pytest.mark.slow
 def test_tables_are_cut_only_on_a_terminal_and_never_with_wide(
     db_path: Path, long_error: str
 ) -> None:
@@ -516,6 +518,7 @@ def test_a_unique_id_prefix_is_accepted_and_an_ambiguous_one_is_refused(
     assert raw.counts()[0] == 4  # nothing else changed
 
 
+@pytest.mark.slow
 def test_the_store_and_the_token_can_stay_out_of_argv(
     db_path: Path, raw: RawDB, populated: dict[str, str]
 ) -> None:

@@ -430,6 +430,7 @@ def test_every_command_waits_busy_timeout_then_fails_in_one_line(
     assert 0.3 <= elapsed < 5
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.postgres_only
 async def test_postgres_read_commands_create_nothing_and_name_migrate(

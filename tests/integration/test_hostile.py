@@ -695,6 +695,7 @@ async def big_store(db_target: str) -> AsyncIterator[Store]:
         yield db
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("body", BIG_BODIES.values(), ids=BIG_BODIES.keys())
 async def test_a_one_mebibyte_body_is_stored_and_round_trips_exactly(
@@ -940,6 +941,7 @@ def shell_text(draw: st.DrawFn, canary: Path, *, newlines: bool) -> str:
 # Each example spawns one real transport process; the property still runs
 # the suite's 1,000 examples per backend (the argv/stdin contract alone is
 # also covered by test_render_argv_substitutes_only_whole_token_elements).
+@pytest.mark.slow
 @given(data=st.data(), payload_in_argv=st.booleans())
 def test_routes_and_bodies_full_of_shell_syntax_reach_the_transport_verbatim(
     bridge: Bridge, tmp_path: Path, data: st.DataObject, payload_in_argv: bool

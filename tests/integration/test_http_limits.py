@@ -87,6 +87,7 @@ def count_open(socks: list[socket.socket], cap: int) -> int:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_connection_flood_keeps_at_most_max_connections_open_and_deliveries_go_on(
     store: SQLiteStore, raw: RawDB
@@ -169,6 +170,7 @@ async def test_a_request_without_the_token_gets_401_and_its_connection_closed(
     assert authorized.status_code == 200 and "connection" not in authorized.headers
 
 
+@pytest.mark.slow
 def test_a_flood_on_a_worker_with_few_descriptors_leaves_its_deliveries_working(
     tmp_path: Path,
 ) -> None:

@@ -136,6 +136,7 @@ async def test_never_more_than_the_cap_run_for_one_destination(
     assert peak == {"d0": 2, "d1": 2, "d2": 2}
 
 
+@pytest.mark.slow
 async def test_a_hung_destination_holds_only_its_cap_and_the_others_keep_going(
     store: SQLiteStore, raw: RawDB
 ) -> None:

@@ -690,6 +690,7 @@ def browser(tmp_path: Path, *, width: int = 1280, height: int = 900) -> Any:
     return webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
 
 
+@pytest.mark.slow
 def test_an_operator_finds_a_dead_letter_in_a_real_browser(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
@@ -742,6 +743,7 @@ def test_an_operator_finds_a_dead_letter_in_a_real_browser(tmp_path: Path) -> No
     assert (tmp_path / "overview.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_long_values_keep_every_table_within_a_1024px_window(tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 

@@ -616,6 +616,7 @@ def start_worker_process(config: Path, log_file: Path) -> subprocess.Popen[bytes
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 @pytest.mark.parametrize("fault_case", ["read-only", "disk full"], indirect=True)
 async def test_the_worker_process_logs_a_fault_keeps_running_and_resumes(

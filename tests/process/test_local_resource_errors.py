@@ -75,6 +75,7 @@ def assert_released_not_counted(raw: RawDB, dispatch_id: str) -> None:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_spawn_short_of_descriptors_releases_the_row_without_counting_the_attempt(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
@@ -132,6 +133,7 @@ async def test_a_single_pass_short_of_descriptors_releases_the_row_and_stops(
     assert raw.row(first)["attempt"] == raw.row(second)["attempt"] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only
 def test_a_worker_process_short_of_descriptors_releases_and_delivers_once_they_return(
     tmp_path: Path,

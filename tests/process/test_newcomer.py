@@ -159,6 +159,7 @@ async def test_a_relative_template_path_is_taken_from_the_config_folder(tmp_path
     assert raw.row(dispatch_id)["status"] == "delivered", raw.row(dispatch_id)["last_error"]
 
 
+@pytest.mark.slow
 def test_check_config_warns_when_the_program_or_script_does_not_exist(tmp_path: Path) -> None:
     folder = tmp_path / "service"
     missing_script = _write_config(folder, '[python3, bin/gone.py, "--", "{deliver_to}"]')

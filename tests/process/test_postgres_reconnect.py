@@ -445,6 +445,7 @@ def private_server() -> Iterator[PrivateServer]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 async def test_producers_and_a_worker_go_on_after_a_server_restart(
     private_server: PrivateServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -83,6 +83,7 @@ def gone_within(pid: int, seconds: float) -> bool:
     return process_gone(pid)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.sqlite_only
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -124,6 +125,7 @@ async def test_a_sigkilled_worker_takes_its_transport_child_and_grandchild_with_
     assert raw.row(dispatch_id)["status"] == "delivering"  # the lease brings it back
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.sqlite_only
 @pytest.mark.parametrize("launcher", LAUNCHERS)

@@ -31,6 +31,7 @@ def _first_line(block: str) -> str:
     return next(line for line in block.splitlines() if line.strip())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(_python_blocks())), ids=lambda i: f"block{i}")
 def test_every_readme_python_block_runs_as_pasted_twice_in_an_empty_folder(
     tmp_path: Path, index: int
@@ -87,6 +88,7 @@ def test_readme_commands_exist_and_ci_runs_the_test_command() -> None:
     assert "./scripts/test" in (root / ".ci" / "run").read_text()
 
 
+@pytest.mark.slow
 def test_readme_own_connection_examples_commit_the_order_and_its_dispatch_together(
     tmp_path: Path,
 ) -> None:

@@ -32,6 +32,7 @@ def _soak() -> ModuleType:
 soak = _soak()
 
 
+@pytest.mark.slow
 def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -> None:
     n, kills = size(300, 150), size(6, 4)
     figures = soak.crash_soak(tmp_path, n=n, kills=kills)
@@ -43,6 +44,7 @@ def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -
     assert figures["ok"], figures
 
 
+@pytest.mark.slow
 def test_several_workers_share_one_file_without_a_double_send(tmp_path: Path) -> None:
     n = size(1500, 600)
     figures = soak.several_workers(tmp_path, n=n, workers=4, fail_rate=0.1)
@@ -53,6 +55,7 @@ def test_several_workers_share_one_file_without_a_double_send(tmp_path: Path) ->
     assert figures["ok"], figures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", [size(8, 4)])
 def test_dedup_race_across_processes_gives_every_caller_the_winner(
     tmp_path: Path, processes: int
@@ -64,6 +67,7 @@ def test_dedup_race_across_processes_gives_every_caller_the_winner(
     assert figures["ok"], figures
 
 
+@pytest.mark.slow
 @pytest.mark.postgres_only
 def test_several_workers_share_one_postgresql_database_without_a_double_send(
     tmp_path: Path, db_target: str
