@@ -276,6 +276,7 @@ def hold_write_lock(engine: str, raw: RawDB) -> Iterator[None]:
         locker.rollback()
 
 
+@pytest.mark.slow
 async def test_health_is_503_when_the_store_does_not_answer(
     engine: str, db_target: str, raw: RawDB
 ) -> None:

@@ -280,6 +280,7 @@ async def test_a_silent_server_is_cut_at_the_timeout_and_retried(
     assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
 
 
+@pytest.mark.slow
 async def test_the_status_line_decides_and_a_slow_or_endless_body_is_cut_at_the_timeout(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:

@@ -287,6 +287,7 @@ async def test_a_slow_transport_does_not_delay_other_deliveries(
 # -- timeouts and faults ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
     store: SQLiteStore, raw: RawDB, tmp_path: Path
@@ -593,6 +594,7 @@ async def test_a_graceful_stop_leaves_no_row_delivering(store: SQLiteStore, raw:
     assert by_status.get("delivered", 0) + by_status.get("pending", 0) == 60
 
 
+@pytest.mark.slow
 @pytest.mark.trio
 @pytest.mark.sqlite_only  # the writer held by a caller transaction is the point
 async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lease(

@@ -21,6 +21,7 @@ from ..helpers import GRANDCHILD_SCRIPT, process_gone, start_worker, wait_for, w
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_a_signal_stops_the_worker_and_releases_its_running_attempt(
     db_path: Path, raw: RawDB, tmp_path: Path, signum: signal.Signals
@@ -61,6 +62,7 @@ trio.run(main)
 """
 
 
+@pytest.mark.slow
 async def test_a_sigkilled_worker_loses_nothing_its_rows_come_back_after_the_lease(
     db_path: Path, raw: RawDB, tmp_path: Path
 ) -> None:
@@ -115,6 +117,7 @@ async def test_a_sigkilled_worker_loses_nothing_its_rows_come_back_after_the_lea
     assert "lease expired" in str(recovery["reason_summary"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_sigkilled_cli_worker_loses_nothing_its_row_comes_back_after_the_default_lease(
     db_path: Path, raw: RawDB, tmp_path: Path
