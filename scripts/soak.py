@@ -116,9 +116,11 @@ def role_dedup(db: str, out: str, keys: list[str]) -> None:
     Path(out).write_text(json.dumps(anyio.run(main, backend="trio")))
 
 
-def _spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+def _spawn(*args: str, log: Path | None = None, script: str = __file__) -> subprocess.Popen[bytes]:
+    """A role of ``script`` (this file, or another driver built on it) as a
+    child process, its stderr appended to ``log``."""
     return subprocess.Popen(
-        [sys.executable, __file__, "--role", *args],
+        [sys.executable, script, "--role", *args],
         stdout=subprocess.DEVNULL,
         stderr=open(log, "ab") if log else subprocess.DEVNULL,
     )
