@@ -31,6 +31,10 @@ Sections (``--section``; default: all of them, in this order):
   per-destination caps, on SQLite and PostgreSQL, with 200,000 due rows of a
   destination at its cap ahead of the others, beside the same scan with that
   backlog empty.
+- ``ordering``: ordering keys on SQLite and PostgreSQL: 10,000 keys x 5 rows
+  beside the same rows unkeyed; unkeyed deliveries and one claim beside a
+  blocked key's 100,000-row backlog, and without it; one hot key beside the
+  no-op transport at concurrency 1.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

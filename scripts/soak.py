@@ -116,8 +116,10 @@ def role_dedup(db: str, out: str, keys: list[str]) -> None:
     Path(out).write_text(json.dumps(anyio.run(main, backend="trio")))
 
 
-def _spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, __file__, "--role", *args]
+def _spawn(*args: str, log: Path | None = None, script: str = __file__) -> subprocess.Popen[bytes]:
+    """A role of ``script`` (this file, or another driver built on it) as a
+    child process, its stderr appended to ``log``."""
+    argv = [sys.executable, script, "--role", *args]
     if log is None:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(log, "ab") as sink:  # the child holds its own copy; ours closes here

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from . import capped, core, huey_section, postgres, sync_section, table, tx, webhook
+from . import capped, core, huey_section, ordering, postgres, sync_section, table, tx, webhook
 from .harness import Bench, Outcome
 
 Section = Callable[[Bench], Outcome]
@@ -26,4 +26,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "sync": sync_section.run_sync,
     "webhook": webhook.run_webhook,
     "capped": capped.run_capped,
+    "ordering": ordering.run_ordering,
 }
