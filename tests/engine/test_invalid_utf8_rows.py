@@ -124,6 +124,7 @@ async def test_reads_and_the_dashboard_show_a_row_not_valid_utf8(
     assert health.status_code == 200
 
 
+@pytest.mark.slow
 def test_the_worker_with_http_listen_starts_and_moves_past_a_row_not_valid_utf8(
     tmp_path: Path, anyio_backend: str
 ) -> None:

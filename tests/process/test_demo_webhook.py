@@ -48,6 +48,7 @@ def settled(rows: dict[str, dict[str, object]], stdout: str) -> bool:
     return delivered and gone and failed
 
 
+@pytest.mark.slow
 def test_the_webhook_demo_delivers_signed_posts_and_stops_on_sigint(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     shutil.copy(ROOT / "config.example.yaml", config)

@@ -494,6 +494,7 @@ async def run_fault_scenario(fault: Fault, db_path: Path, caplog: pytest.LogCapt
 # -- in-process worker, both backends ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault_case", ["read-only"], indirect=True)
 async def test_a_read_only_database_is_logged_survived_and_resumed_after(
     fault_case: tuple[Fault, Path], caplog: pytest.LogCaptureFixture
@@ -501,6 +502,7 @@ async def test_a_read_only_database_is_logged_survived_and_resumed_after(
     await run_fault_scenario(*fault_case, caplog)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault_case", ["disk full"], indirect=True)
 async def test_a_full_disk_is_logged_survived_and_resumed_after(
     fault_case: tuple[Fault, Path], caplog: pytest.LogCaptureFixture

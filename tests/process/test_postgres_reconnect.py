@@ -353,6 +353,7 @@ async def run_through_outage(
     return traffic
 
 
+@pytest.mark.slow
 async def test_producers_and_a_worker_go_on_after_their_backends_are_terminated(
     db_target: str, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -163,6 +163,7 @@ async def test_without_its_lifeline_the_parent_death_signal_still_kills_the_chil
                 os.kill(grandchild, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.trio
 async def test_a_transport_child_outlives_the_idle_timeout_of_pool_threads(
     tmp_path: Path, launcher: str, monkeypatch: pytest.MonkeyPatch
