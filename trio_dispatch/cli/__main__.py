@@ -1,3 +1,5 @@
+"""`python -m trio_dispatch.cli`: the `trio-dispatch` command."""
+
 from . import main
 
 raise SystemExit(main())
