@@ -175,12 +175,21 @@ def still_claimable(conn: Conn, ids: Collection[str], policy: OrderingPolicy) ->
     """Which of ``ids`` the claim rule allows now (a fresh statement)."""
     if not ids:
         return set()
-    marks = ", ".join("?" * len(ids))
-    found = conn.query(
-        f"SELECT id FROM dispatch_outbox WHERE id IN ({marks}) AND {CLAIMABLE[policy]}",
-        tuple(ids),
-    )
+    if conn.dialect.arrays:  # one statement text, prepared once
+        found = conn.query(_STILL_ARRAY[policy], (list(ids),))
+    else:
+        marks = ", ".join("?" * len(ids))
+        found = conn.query(
+            f"SELECT id FROM dispatch_outbox WHERE id IN ({marks}) AND {CLAIMABLE[policy]}",
+            tuple(ids),
+        )
     return {str(row["id"]) for row in found}
+
+
+_STILL_ARRAY: Final = {
+    policy: f"SELECT id FROM dispatch_outbox WHERE id = ANY(?::text[]) AND {rule}"
+    for policy, rule in CLAIMABLE.items()
+}
 
 
 # -- what operators see ------------------------------------------------------------
