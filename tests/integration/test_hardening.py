@@ -251,6 +251,7 @@ def _get(url: str) -> tuple[int, str]:
     return response.status_code, response.text
 
 
+@pytest.mark.slow
 def test_the_web_command_creates_nothing_beside_an_idle_database_and_sees_new_writes(
     db_path: Path,
 ) -> None:

@@ -202,6 +202,7 @@ async def _empty_store(path: Path) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_on_a_terminal_a_long_key_is_cut_and_the_table_fits(
     db_path: Path, keyed: dict[str, str]
 ) -> None:

@@ -633,6 +633,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_the_web_command_serves_a_store_without_writing_to_it(
     tmp_path: Path, anyio_backend: str
 ) -> None:

@@ -49,6 +49,7 @@ def test_every_readme_python_block_runs_as_pasted_twice_in_an_empty_folder(
         assert second.stdout == first.stdout != ""
 
 
+@pytest.mark.slow
 def test_readme_library_example_delivers_through_a_real_command(tmp_path: Path) -> None:
     example = next(block for block in _python_blocks() if "deliver_due_dispatches" in block)
     assert '"--", "{deliver_to}"' in example  # the separator the Security section asks for
