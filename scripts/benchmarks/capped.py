@@ -12,7 +12,6 @@ side by side, the scans taking turns. Also the idle path's read
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 import time
 import uuid
@@ -25,6 +24,7 @@ from trio_dispatch.store import Store
 
 from .harness import Bench, Figure, Outcome, ratio_at_most
 from .pgserver import postgres_database
+from .workloads import load_rows
 
 BACKLOG: Final = 200_000
 """Due rows of the capped destination (``--quick``: the same; building
@@ -38,9 +38,16 @@ LIMIT: Final = 64
 """The scan's limit (a worker's free slots, up to its batch size)."""
 CAPPED: Final = "hung"
 
-_INSERT: Final = (
-    "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
-    "next_attempt_at, created_at, updated_at) VALUES (?, 'bench', ?, '{}', 'pending', 0, ?, ?, ?)"
+_COLUMNS: Final = (
+    "id",
+    "kind",
+    "deliver_to",
+    "payload",
+    "status",
+    "attempt",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
 )
 
 
@@ -65,29 +72,15 @@ async def build(target: str, backlog: int) -> None:
     them (PostgreSQL's autovacuum would, SQLite's never does by itself)."""
     async with open_store(target):
         pass
-    rows = _rows(backlog, time.time())
-    if target.startswith("postgres"):
-        import psycopg
-
-        with psycopg.connect(target, autocommit=True) as conn:
-            with (
-                conn.cursor() as cursor,
-                cursor.copy(
-                    "COPY dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
-                    "next_attempt_at, created_at, updated_at) FROM STDIN"
-                ) as copy,
-            ):
-                for row_id, to, due, created, updated in rows:
-                    copy.write_row((row_id, "bench", to, "{}", "pending", 0, due, created, updated))
-            conn.execute("VACUUM ANALYZE dispatch_outbox")
-        return
-    conn = sqlite3.connect(target, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        conn.executemany(_INSERT, rows)
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    load_rows(
+        target,
+        _COLUMNS,
+        (
+            (row_id, "bench", to, "{}", "pending", 0, due, created, updated)
+            for row_id, to, due, created, updated in _rows(backlog, time.time())
+        ),
+        analyze=False,
+    )
 
 
 def _caps(*full: str) -> DestinationCaps:

@@ -16,7 +16,6 @@ PostgreSQL in one run.
 
 from __future__ import annotations
 
-import sqlite3
 import statistics
 import time
 import uuid
@@ -32,6 +31,7 @@ from trio_dispatch.store import Store
 
 from .harness import Bench, Figure, Outcome, at_least, ratio_at_most
 from .pgserver import fresh_postgres, postgres_database
+from .workloads import load_rows
 
 KEYS: Final = 10_000
 KEYS_QUICK: Final = 2_000
@@ -48,10 +48,18 @@ HOT: Final = 5_000
 HOT_QUICK: Final = 2_000
 BLOCKED: Final = "blocked-key"
 
-_INSERT: Final = (
-    "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, max_attempts, "
-    "next_attempt_at, created_at, updated_at, ordering_key) "
-    "VALUES (?, 'bench', 'seat', '{}', ?, ?, 5, ?, ?, ?, ?)"
+_COLUMNS: Final = (
+    "id",
+    "kind",
+    "deliver_to",
+    "payload",
+    "status",
+    "attempt",
+    "max_attempts",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    "ordering_key",
 )
 
 
@@ -85,45 +93,17 @@ def _backlog_rows(backlog: int, now: float) -> list[tuple[Any, ...]]:
 def build_backlog(target: str, backlog: int) -> None:
     """Put the blocked key and its ``backlog`` into the (made) outbox, with
     the engine's own driver; statistics gathered."""
-    rows = _backlog_rows(backlog, time.time())
-    if target.startswith("postgres"):
-        import psycopg
-
-        with psycopg.connect(target, autocommit=True) as conn:
-            with (
-                conn.cursor() as cursor,
-                cursor.copy(
-                    "COPY dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
-                    "max_attempts, next_attempt_at, created_at, updated_at, ordering_key) "
-                    "FROM STDIN"
-                ) as copy,
-            ):
-                for row_id, status, attempt, due, created, updated, key in rows:
-                    copy.write_row(
-                        (
-                            row_id,
-                            "bench",
-                            "seat",
-                            "{}",
-                            status,
-                            attempt,
-                            5,
-                            due,
-                            created,
-                            updated,
-                            key,
-                        )
-                    )
-            conn.execute("VACUUM ANALYZE dispatch_outbox")
-        return
-    conn = sqlite3.connect(target, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
-        conn.executemany(_INSERT, rows)
-        conn.execute("COMMIT")
-        conn.execute("ANALYZE")
-    finally:
-        conn.close()
+    load_rows(
+        target,
+        _COLUMNS,
+        (
+            (row_id, "bench", "seat", "{}", status, attempt, 5, due, created, updated, key)
+            for row_id, status, attempt, due, created, updated, key in _backlog_rows(
+                backlog, time.time()
+            )
+        ),
+        analyze=True,
+    )
 
 
 async def deliveries(target: str, n: int, concurrency: int) -> float:

@@ -10,7 +10,7 @@ import itertools
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -194,3 +194,35 @@ def flush_file(path: Path) -> None:
 async def make_schema(path: Path | str) -> None:
     async with open_store(path):
         pass
+
+
+def load_rows(
+    target: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, analyze: bool
+) -> None:
+    """Write ``rows`` (values of ``columns``) straight into ``dispatch_outbox``
+    with the engine's own driver (COPY on PostgreSQL, then VACUUM ANALYZE;
+    one transaction on SQLite, then ANALYZE if ``analyze``: SQLite never
+    gathers statistics by itself)."""
+    names = ", ".join(columns)
+    if target.startswith("postgres"):
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as conn:
+            with (
+                conn.cursor() as cursor,
+                cursor.copy(f"COPY dispatch_outbox ({names}) FROM STDIN") as copy,
+            ):
+                for row in rows:
+                    copy.write_row(row)
+            conn.execute("VACUUM ANALYZE dispatch_outbox")
+        return
+    marks = ", ".join("?" * len(columns))
+    conn = sqlite3.connect(target, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.executemany(f"INSERT INTO dispatch_outbox ({names}) VALUES ({marks})", rows)
+        conn.execute("COMMIT")
+        if analyze:
+            conn.execute("ANALYZE")
+    finally:
+        conn.close()
