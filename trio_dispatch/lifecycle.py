@@ -69,14 +69,14 @@ def status_in(statuses: Iterable[Status]) -> str:
 
 
 DUE_SQL: Final = status_in(DUE_STATUSES)
-ORDERED_STATUSES: Final = (Status.PENDING, Status.DELIVERING, Status.DEAD_LETTER, Status.EXPIRED)
-"""Statuses in which a keyed row still counts for its key's order: live, or
-(under the ``block`` policy) holding the key (the ordering index)."""
-ORDERED_SQL: Final = status_in(ORDERED_STATUSES)
 BLOCKING_STATUSES: Final = (Status.DEAD_LETTER, Status.EXPIRED)
 """Statuses in which the first row of a key blocks the rows behind it
 (under the ``block`` policy): the heads of blocked keys."""
 BLOCKING_SQL: Final = status_in(BLOCKING_STATUSES)
+ORDERED_STATUSES: Final = (*DUE_STATUSES, *BLOCKING_STATUSES)
+"""Statuses in which a keyed row still counts for its key's order: live, or
+(under the ``block`` policy) holding the key (the ordering index)."""
+ORDERED_SQL: Final = status_in(ORDERED_STATUSES)
 WAITING_AT: Final = 1e15
 """The ``next_attempt_at`` of a keyed row waiting behind its key's head: past
 every due time (year 31,690,000), so no scan of the due index reaches it
