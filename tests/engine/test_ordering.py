@@ -240,3 +240,23 @@ async def test_workers_deliver_each_key_in_order_never_two_at_once(
     assert overlaps == []
     assert delivered == expected
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'") == 30
+
+
+async def test_a_worker_beside_a_blocked_key_sleeps_instead_of_scanning_again_and_again(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async def refuse(delivery: Delivery) -> bool:
+        return False
+
+    head, behind = await keyed(store, "k", 2, max_attempts=1)
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=refuse, tick_seconds=3600, listen=False)
+        await tg.start(worker.run)
+        await wait_for(lambda: raw.row(head)["status"] == "dead_letter")
+        scans = worker.statistics().scans
+        worker.wake()  # a scan now: it finds the row behind the dead head held back
+        await wait_for(lambda: worker.statistics().scans > scans)
+        await anyio.sleep(0.5)  # a window in which a spinning worker would scan hundreds of times
+        assert worker.statistics().scans - scans <= 2
+        tg.cancel_scope.cancel()
+    assert (raw.row(behind)["status"], raw.row(behind)["attempt"]) == ("pending", 0)

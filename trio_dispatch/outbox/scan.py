@@ -206,6 +206,12 @@ def next_due(conn: Conn, skip: Collection[str] = (), rule: str = "") -> float | 
             if not skip
             else _window(conn, NO_LIMIT, 1, columns, frozenset(skip), lambda d: 1, rule)
         )
-        rows = _heads(conn, NO_LIMIT, frozenset(skip)) if found is None else found
-        due = float(rows[0]["next_attempt_at"]) if rows else None
+        if found is None:
+            # As select_due: the destination index, with the rule applied to
+            # the earliest destinations' rows (a head the rule holds back
+            # must not read as due, or the worker would scan without pause).
+            found = _by_destination(
+                conn, NO_LIMIT, WINDOW_EXTRA, columns, frozenset(skip), lambda d: 1, rule
+            )
+        due = float(found[0]["next_attempt_at"]) if found else None
     return None if due is None or due >= WAITING_AT else due
