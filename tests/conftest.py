@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from trio_dispatch import open_store
+from trio_dispatch import open_store, redact
 from trio_dispatch.store import SQLiteStore
 
 from . import hypothesis_profiles  # noqa: F401  (registers and loads the profile)
@@ -26,7 +26,13 @@ from . import hypothesis_profiles  # noqa: F401  (registers and loads the profil
 POSTGRES_ADMIN_URL = os.environ.get(
     "TRIO_DISPATCH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-TABLES = ("dispatch_outbox", "status_transitions", "sessions", "schedule_runs")
+TABLES = (
+    "dispatch_outbox",
+    "status_transitions",
+    "sessions",
+    "schedule_runs",
+    "dispatch_schedules",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -42,6 +48,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         elif metafunc.definition.get_closest_marker("postgres_only"):
             engines = ["postgres"]
         metafunc.parametrize("engine", engines, indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def _secrets_of_this_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no registered secrets: the registry is per
+    process, and one test's short secret (``?token=abc``) would otherwise
+    mask pieces of another test's dispatch ids in its log lines."""
+    monkeypatch.setattr(redact, "_known", set())
 
 
 @pytest.fixture(params=["trio", "asyncio"])

@@ -26,6 +26,7 @@ import yaml
 from .errors import ConfigError as ConfigError
 from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .redact import mask_url
+from .schedules.spec import Schedule, schedules_from_config
 from .settings import SETTING_CHECKS, WorkerSettings
 from .store.base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
@@ -157,6 +158,8 @@ class Config:
     log_level: str
     path: Path | None
     """The absolute path of the file this came from; None if built in memory."""
+    schedules: tuple[Schedule, ...] = ()
+    """The ``schedules:`` section (SPEC section 14)."""
     schema: str | None = None
     """PostgreSQL: the schema that holds the outbox's tables (``schema``, or
     the ``search_path`` the store URL's ``options`` set); None: the server's
@@ -189,6 +192,7 @@ class Config:
         dispatch = self.dispatch
         return {
             "settings": self.worker_settings(),
+            "schedules": self.schedules,
             **dispatch.plugin.worker_arguments(dispatch.options, self.context()),
         }
 
@@ -344,6 +348,7 @@ _SCHEMA: Final[_Schema] = {
         "max_connections": _Rule(parse_max_connections, DEFAULT_MAX_CONNECTIONS),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
+    "schedules": _Rule(schedules_from_config, None),
 }
 
 
@@ -452,6 +457,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         worker=WorkerConfig(**values["worker"]),
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],
+        schedules=values["schedules"],
         path=path,
         schema=schema,
     )

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 SIGNAL_SCHEMA_VERSION: Final = 1
@@ -80,7 +81,7 @@ def _jsonable(value: Any) -> Any:
 _DISPATCH_SIGNAL_CLASS: Final = _class_path(DispatchSignal)
 _ENVELOPE_HEAD: Final = (
     '{{"id": "{id}", "created_at": {created_at!r}, '
-    f'"metadata": {{{{"lion_class": {json.dumps(_DISPATCH_SIGNAL_CLASS)}}}}}, '
+    f'"metadata": {{{{"lion_class": {json.dumps(_DISPATCH_SIGNAL_CLASS)}{{metadata}}}}}}, '
     '"data": null, "emitter_role": null, '
     f'"schema_version": {SIGNAL_SCHEMA_VERSION}, '
     '"dispatch_id": {dispatch_id}, "kind": {kind}, "deliver_to": {deliver_to}, '
@@ -181,12 +182,20 @@ def uuid_text(raw: bytes) -> str:
 
 
 def dispatch_envelope_json(
-    *, dispatch_id: str, kind: str, deliver_to: str, ack_token: str | None, body_json: str
+    *,
+    dispatch_id: str,
+    kind: str,
+    deliver_to: str,
+    ack_token: str | None,
+    body_json: str,
+    metadata: Mapping[str, Any] | None = None,
 ) -> str:
     """The JSON text of a fresh ``DispatchSignal`` (attempt 0) whose body is
     the already-serialised ``body_json``: the same text as
     ``json.dumps(DispatchSignal(...).to_dict(mode="json"), ensure_ascii=False)``,
-    built without serialising the body a second time (the enqueue hot path)."""
+    built without serialising the body a second time (the enqueue hot path).
+    ``metadata`` (JSON values) joins ``lion_class`` in the envelope's
+    metadata: a schedule's tick, a trace context."""
     quote = _quote
     head = _ENVELOPE_HEAD.format(
         id=uuid_text(uuid7_bytes()),
@@ -195,6 +204,13 @@ def dispatch_envelope_json(
         kind=quote(kind),
         deliver_to=quote(deliver_to),
         ack_token="null" if ack_token is None else quote(ack_token),
+        metadata=""
+        if not metadata
+        else "".join(
+            f", {quote(str(key))}: {json.dumps(value, ensure_ascii=False)}"
+            for key, value in metadata.items()
+            if key != "lion_class"
+        ),
     )
     return f"{head}{body_json}}}"
 

@@ -22,6 +22,7 @@ from trio_dispatch.config import (
     parse_config,
     resolve_notify_template,
 )
+from trio_dispatch.schedules.spec import ENQUEUE_FIELDS
 from trio_dispatch.transports.plugins import transport_plugins
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"
@@ -98,6 +99,11 @@ def test_example_file_documents_every_key() -> None:
     shared = {f.name for f in fields(DispatchConfig)} - {"transports", "on_dead_letter"}
     shared.add("ordering")
     assert raw["dispatch"]["ordering"] == {"on_dead_letter": "block"}
+    schedules_text = EXAMPLE.read_text(encoding="utf-8").split("schedules:", 1)[1]
+    for key in ("cron", "every", "timezone", "kind", "deliver_to", "body", "missed"):
+        assert f"{key}:" in schedules_text or f"or {key}" in schedules_text, key
+    for key in ("catch_up_seconds", "jitter_seconds", *ENQUEUE_FIELDS):
+        assert f"{key}:" in schedules_text, key
     own = {key for plugin in plugins if plugin.section is None for key in plugin.options}
     sections = {plugin.section for plugin in plugins if plugin.section is not None}
     assert set(raw["dispatch"]) == shared | own | sections

@@ -82,11 +82,14 @@ ENQUEUE_DEFAULTS: Final[Mapping[str, object]] = {
 
 
 def prepare(
-    args: Mapping[str, object], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    args: Mapping[str, object],
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    metadata: Mapping[str, Any] | None = None,
 ) -> NewDispatch:
     """Validate one enqueue's arguments (an :class:`EnqueueArgs`) and build
-    its row (id, token and serialised envelope), all before any transaction.
-    An unknown or missing argument raises ``TypeError`` naming it."""
+    its row (id, token and serialised envelope, with ``metadata`` in the
+    envelope's metadata), all before any transaction. An unknown or
+    missing argument raises ``TypeError`` naming it."""
     unknown = set(args) - ENQUEUE_KEYS
     if unknown:
         raise TypeError(f"unknown enqueue argument {show(sorted(map(str, unknown))[0])}")
@@ -119,6 +122,7 @@ def prepare(
             deliver_to=route,
             ack_token=token,
             body_json=body_json,
+            metadata=metadata,
         ),
         dedup_key=key,
         max_attempts=bound,

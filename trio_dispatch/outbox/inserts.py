@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import StoreError
-from ..lifecycle import ACTOR_ENQUEUE, Reason, Source, Status
+from ..lifecycle import Reason, Status
 from ..store.base import Conn
 from . import sql
 from .ordering import lock_keys
@@ -25,10 +25,10 @@ def _enqueued(new: NewDispatch, now: float) -> Change:
         Status.PENDING,
         Reason.ENQUEUED,
         f"enqueued kind={new.kind}",
-        Source.SYSTEM,
-        ACTOR_ENQUEUE,
+        new.source,
+        new.actor,
         now,
-        "{}",
+        new.note,
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Final, NamedTuple
 
 from ..attempt import Delivery
 from ..lifecycle import (
+    ACTOR_ENQUEUE,
     ENTITY_TYPE,
     PURGED,
     REASON_CODES,
@@ -58,6 +59,12 @@ class NewDispatch:
     schedule_run_id: str | None
     expires_at: float | None
     ordering_key: str | None = None
+    source: Source = Source.SYSTEM
+    """Who enqueued it, for its first transition: ``system``, or ``scheduler``
+    for a schedule's tick."""
+    actor: str = ACTOR_ENQUEUE
+    note: str = "{}"
+    """The first transition's metadata (JSON text)."""
 
     @property
     def plain(self) -> bool:

@@ -12,7 +12,9 @@ history's failed attempts (the dashboard's recent failures). Version 4
 adds a partial index of the due rows by destination, so a claim that
 leaves out destinations at their cap finds the others' rows without
 reading the capped ones. Version 5 adds the ``ordering_key`` column and
-its two partial indexes (SPEC section 13).
+its two partial indexes (SPEC section 13); version 6 the index of blocked
+keys' heads. Version 7 gives ``schedule_runs`` its job (SPEC section 14): the
+tick columns, their unique index, and the ``dispatch_schedules`` state table.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -203,7 +205,49 @@ _V6: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6)
+SCHEDULES_TABLE: Final = "dispatch_schedules"
+SCHEDULE_TICK_INDEX: Final = "ux_schedule_runs_tick"
+
+_V7: Final = (
+    # Schedules (SPEC section 14). A tick fires by inserting its run, unique
+    # on (schedule, scheduled_for), with its dispatch in one transaction;
+    # manual runs ("schedules run NAME") are not ticks and stay out of the
+    # unique index. Runs a service wrote itself keep NULL in these columns.
+    "ALTER TABLE schedule_runs ADD COLUMN schedule TEXT NULL",
+    "ALTER TABLE schedule_runs ADD COLUMN scheduled_for FLOAT NULL",
+    "ALTER TABLE schedule_runs ADD COLUMN origin TEXT NULL",
+    f"""
+    CREATE UNIQUE INDEX IF NOT EXISTS {SCHEDULE_TICK_INDEX}
+        ON schedule_runs (schedule, scheduled_for)
+        WHERE origin IN ('tick', 'backfilled')
+    """,
+    # Each schedule's newest run (listing, pruning).
+    """
+    CREATE INDEX IF NOT EXISTS ix_schedule_runs_schedule
+        ON schedule_runs (schedule, created_at)
+        WHERE schedule IS NOT NULL
+    """,
+    # Whether a dispatch still refers to a run (pruning of runs).
+    """
+    CREATE INDEX IF NOT EXISTS ix_dispatch_outbox_schedule_run
+        ON dispatch_outbox (schedule_run_id)
+        WHERE schedule_run_id IS NOT NULL
+    """,
+    # Each schedule's runtime state, shared by every worker: when a worker
+    # first saw it (its history starts there), whether an operator paused
+    # it, and the newest tick handled (fired or passed over by ``missed``).
+    f"""
+    CREATE TABLE IF NOT EXISTS {SCHEDULES_TABLE} (
+        name           TEXT PRIMARY KEY,
+        first_seen_at  FLOAT NOT NULL,
+        paused         INTEGER NOT NULL DEFAULT 0,
+        last_tick      FLOAT NULL,
+        updated_at     FLOAT NULL
+    )
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
@@ -231,6 +275,7 @@ OWN_TABLES: Final = (
     "status_transitions",
     "sessions",
     "schedule_runs",
+    SCHEDULES_TABLE,
     SCHEMA_VERSION_TABLE,
 )
 """Every table the outbox creates."""

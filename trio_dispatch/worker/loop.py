@@ -55,6 +55,7 @@ from ..outbox import (
 )
 from ..outbox.caps import DestinationCaps
 from ..redact import scrubbed_logger
+from ..schedules import Schedule, Scheduler
 from ..settings import (
     WorkerSettings,
 )
@@ -107,7 +108,9 @@ class DispatchWorker:
     event-loop clock), ``lease_margin_seconds`` what a lease adds to the
     timeout. ``command_cwd`` is the directory ``notify_template`` runs in
     (None: the worker's own; :meth:`from_config` passes the configuration
-    file's folder).
+    file's folder). ``schedules`` (:class:`~trio_dispatch.schedules.Schedule`)
+    fire their ticks from a service beside the claim loop, one dispatch per
+    tick however many workers run them (SPEC section 14).
 
     Trio::
 
@@ -130,6 +133,7 @@ class DispatchWorker:
         actor: str = ACTOR_DELIVERY,
         logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.time,
+        schedules: Sequence[Schedule] = (),
         **setting_values: Any,
     ) -> None:
         require_store(db, "DispatchWorker")
@@ -187,6 +191,10 @@ class DispatchWorker:
         self._scan_errors = 0
         self._lease_recoveries = 0
         self._last_scan_at: float | None = None
+        self.scheduler = Scheduler(db, schedules, clock=clock, log=self.log) if schedules else None
+        """Fires the ``schedules``' ticks (SPEC section 14); None without any."""
+        if self.scheduler is not None:
+            self.add_service("schedules", self.scheduler.run)
 
     @classmethod
     def from_config(cls, db: Store, config: _Configured, **overrides: Any) -> DispatchWorker:

@@ -1,0 +1,137 @@
+"""The worker's schedules service: fire each tick once, with no leader.
+
+Every worker with schedules runs this beside its claim loop. It sleeps
+until the next tick is due (a heap of fire times: no per-second scan of
+every schedule), reads the state of the schedules due, plans their ticks
+(:func:`~.spec.plan`) and fires them in one transaction per few dozen
+schedules (:func:`~.runs.fire`); a worker that loses the race writes
+nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
+schedule resumed elsewhere fires its missed ticks without a restart.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Final
+
+import anyio
+
+from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
+from .runs import Fired, State, fire, iso, see, states
+from .spec import Schedule, plan
+
+REFRESH_SECONDS: Final = 10.0
+"""How often the paused flags of every schedule are read again."""
+RETRY_SECONDS: Final = 1.0
+"""After a failed read or write, how long before trying again."""
+FIRE_CHUNK: Final = 50
+"""Schedules fired per transaction when many are due at once."""
+
+
+class Scheduler:
+    """Fires the ticks of ``schedules`` into ``db`` (one per tick across
+    every worker); :meth:`run` until cancelled. ``fired`` counts this
+    process's runs by ``(schedule, origin)``; ``next_fire`` holds each
+    schedule's next fire time (None while paused)."""
+
+    def __init__(
+        self,
+        db: Store,
+        schedules: Sequence[Schedule],
+        *,
+        clock: Callable[[], float],
+        log: logging.Logger,
+        on_fired: Callable[[], None] = lambda: None,
+    ) -> None:
+        names = [schedule.name for schedule in schedules]
+        duplicate = next((name for name in names if names.count(name) > 1), None)
+        if duplicate is not None:
+            raise ValueError(f"schedule name {duplicate!r} is used twice")
+        self.db = db
+        self.schedules = {schedule.name: schedule for schedule in schedules}
+        self.clock = clock
+        self.log = log
+        self.on_fired = on_fired
+        self.fired: Counter[tuple[str, str]] = Counter()
+        self.next_fire: dict[str, float | None] = dict.fromkeys(names)
+        self._heap: list[tuple[float, str]] = []
+        self._paused: set[str] = set()
+
+    async def run(self) -> None:
+        """Fire ticks until cancelled; a store error is logged and retried."""
+        while True:
+            try:
+                await self._serve()
+            except Exception:
+                self.log.exception("schedules: reading or firing failed; retrying")
+                await anyio.sleep(RETRY_SECONDS)
+
+    async def _serve(self) -> None:
+        names = list(self.schedules)
+        await self.db.write(partial(see, names=names, now=self.clock()))
+        self._heap = [(0.0, name) for name in names]  # plan every schedule now
+        heapq.heapify(self._heap)
+        refresh_at = 0.0
+        while True:
+            now = self.clock()
+            if now >= refresh_at:
+                await self._refresh()
+                refresh_at = now + REFRESH_SECONDS
+            due: list[str] = []
+            while self._heap and self._heap[0][0] <= now:
+                due.append(heapq.heappop(self._heap)[1])
+            for start in range(0, len(due), FIRE_CHUNK):
+                await self._fire(due[start : start + FIRE_CHUNK])
+            wake = min(refresh_at, self._heap[0][0] if self._heap else math.inf)
+            await anyio.sleep(max(0.0, wake - self.clock()))
+
+    async def _refresh(self) -> None:
+        """Read every paused flag; a schedule resumed since is planned now."""
+        known = await self.db.read(partial(states, names=None))
+        paused = {name for name in self.schedules if name in known and known[name].paused}
+        for name in self._paused - paused:
+            heapq.heappush(self._heap, (0.0, name))
+        for name in paused:
+            self.next_fire[name] = None
+        self._paused = paused
+
+    async def _fire(self, names: list[str]) -> None:
+        found: dict[str, State] = await self.db.read(partial(states, names=names))
+        now = self.clock()
+        work = []
+        for name in names:
+            state = found.get(name)
+            schedule = self.schedules[name]
+            if state is None:  # pruned by hand: seen again, from now
+                await self.db.write(partial(see, names=[name], now=now))
+                state = State(name, now, False, None)
+            if state.paused:
+                self._paused.add(name)
+                self.next_fire[name] = None
+                continue
+            decided = plan(schedule, state.cursor, now)
+            if decided.fire or decided.handled is not None:
+                work.append((schedule, decided.fire, decided.handled))
+            self.next_fire[name] = None if math.isinf(decided.wake_at) else decided.wake_at
+            heapq.heappush(self._heap, (decided.wake_at, name))
+        if not work:
+            return
+        limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        runs: list[Fired] = await self.db.write(partial(fire, work=work, now=now, max_body=limit))
+        for run in runs:
+            self.fired[(run.schedule, run.origin)] += 1
+            self.log.info(
+                "schedule %s fired: scheduled_for=%s origin=%s dispatch %s",
+                run.schedule,
+                iso(run.scheduled_for),
+                run.origin,
+                run.dispatch_id,
+            )
+        if runs:
+            self.db.notify_enqueued()
+            self.on_fired()

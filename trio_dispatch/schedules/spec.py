@@ -1,0 +1,293 @@
+"""What a schedule is (SPEC section 14): its fields, checked once, and its
+ticks in time.
+
+A :class:`Schedule` is built by the library (``Schedule(name=..., ...)``)
+or from the configuration file's ``schedules:`` section
+(:func:`schedules_from_config`); both run the same checks, and an error
+names the field (``schedules.nightly.cron: ...``). Cron expressions are
+parsed and evaluated by ``cronsim`` (Debian cron's semantics, DST included:
+a wall time a spring-forward skips fires once at the change, a repeated
+hour fires once); ``every`` ticks are aligned to the Unix epoch. Times are
+Unix seconds (UTC) throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ..outbox.ordering import require_ordering_key
+from ..validate import (
+    require_body,
+    require_bool,
+    require_int,
+    require_kind,
+    require_number,
+    require_route,
+    require_text,
+)
+from ..values import show
+
+MissedPolicy = Literal["skip", "latest", "all"]
+MISSED_POLICIES: Final[tuple[MissedPolicy, ...]] = ("skip", "latest", "all")
+DEFAULT_CATCH_UP_SECONDS: Final = 3600.0
+ON_TIME_SECONDS: Final = 60.0
+"""A tick fired within this many seconds of its fire time is on time; a tick
+older than that, or followed by a newer due tick, was missed (no worker ran,
+or the schedule was paused) and follows the schedule's ``missed`` policy."""
+MAX_TICKS_PER_PLAN: Final = 10_000
+"""Most ticks one look at a schedule considers (``every: 1s`` with a day of
+catch-up would be 86,400): the newest are kept."""
+_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+_EVERY: Final = re.compile(r"(\d+)\s*(s|m|h|d)")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+ENQUEUE_FIELDS: Final = ("max_attempts", "ack_required", "ordering_key", "expires_after_seconds")
+"""The enqueue arguments a schedule may set for each of its dispatches."""
+
+
+def _every_seconds(label: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{label} must be a duration such as 30s, 5m or 1h, got {show(value)}")
+    if isinstance(value, int):
+        seconds = value
+    elif isinstance(value, str) and (match := _EVERY.fullmatch(value.strip())):
+        seconds = int(match[1]) * _UNITS[match[2]]
+    else:
+        raise ValueError(f"{label} must be a duration such as 30s, 5m or 1h, got {show(value)}")
+    if not 1 <= seconds <= 366 * 86400:
+        raise ValueError(f"{label} must be between 1s and 366d, got {show(value)}")
+    return seconds
+
+
+def _cron(label: str, value: object) -> str:
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        raise ValueError(
+            f"{label}: cron schedules need the cronsim package: "
+            "pip install 'trio_dispatch[schedules]'"
+        ) from None
+    text = require_text(label, value).strip()
+    if len(text.split()) != 5:
+        raise ValueError(
+            f"{label} must have five fields (minute hour day month weekday), got {show(value)}"
+        )
+    try:
+        CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
+    except CronSimError as exc:
+        raise ValueError(f"{label} is not a valid cron expression ({exc}): {show(value)}") from None
+    return text
+
+
+def _zone(label: str, value: object) -> ZoneInfo:
+    name = require_text(label, value)
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"{label} is not a known IANA time zone: {show(value)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """One periodic dispatch: ``cron`` (five fields, evaluated in
+    ``timezone``) or ``every`` (``"30s"``, ``"5m"``, ``"1h"``, ``"1d"`` or
+    seconds, aligned to the Unix epoch), and what each tick enqueues.
+    Every field is checked when the object is built; a bad one raises
+    ``TypeError``/``ValueError`` naming it."""
+
+    name: str
+    kind: str
+    deliver_to: str
+    cron: str | None = None
+    every: str | int | None = None
+    timezone: str = "UTC"
+    body: Mapping[str, Any] | None = None
+    missed: MissedPolicy = "latest"
+    catch_up_seconds: float = DEFAULT_CATCH_UP_SECONDS
+    jitter_seconds: float = 0.0
+    max_attempts: int | None = None
+    ack_required: bool = False
+    ordering_key: str | None = None
+    expires_after_seconds: float | None = None
+    """Each dispatch expires this long after its tick (None: never)."""
+    where: str = dataclasses.field(default="", repr=False, compare=False)
+    """How errors name this schedule (``schedules.NAME.`` from the file)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ValueError(
+                f"{self.where or 'schedule '}name must be 1-128 letters, digits, "
+                f"'_', '.', ':' or '-', starting with a letter or digit, got {show(self.name)}"
+            )
+        at = self.where or f"schedule {self.name!r}: "
+        if (self.cron is None) == (self.every is None):
+            raise ValueError(f"{at}set exactly one of cron or every")
+        seconds = None if self.every is None else _every_seconds(f"{at}every", self.every)
+        cron = None if self.cron is None else _cron(f"{at}cron", self.cron)
+        zone = _zone(f"{at}timezone", self.timezone)
+        try:  # these checks name the bare field
+            require_kind(self.kind)
+            require_route(self.deliver_to)
+            if self.body is not None:
+                if not isinstance(self.body, Mapping):
+                    raise TypeError(f"body must be a mapping, got {type(self.body).__name__}")
+                require_body(dict(self.body))
+            if self.ordering_key is not None:
+                require_ordering_key(self.ordering_key)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{at}{exc}") from None
+        if self.missed not in MISSED_POLICIES:
+            raise ValueError(
+                f"{at}missed must be one of {', '.join(MISSED_POLICIES)}, got {show(self.missed)}"
+            )
+        catch_up = require_number(f"{at}catch_up_seconds", self.catch_up_seconds, minimum=0.0)
+        jitter = require_number(f"{at}jitter_seconds", self.jitter_seconds, minimum=0.0)
+        if self.max_attempts is not None:
+            require_int(f"{at}max_attempts", self.max_attempts, minimum=1)
+        require_bool(f"{at}ack_required", self.ack_required)
+        if self.expires_after_seconds is not None:
+            require_number(f"{at}expires_after_seconds", self.expires_after_seconds, minimum=0.0)
+        object.__setattr__(self, "cron", cron)
+        object.__setattr__(self, "catch_up_seconds", catch_up)
+        object.__setattr__(self, "jitter_seconds", jitter)
+        object.__setattr__(self, "_seconds", seconds)
+        object.__setattr__(self, "_zone", zone)
+
+    @property
+    def interval_seconds(self) -> int | None:
+        """``every`` in seconds; None for a cron schedule."""
+        seconds: int | None = self.__dict__["_seconds"]
+        return seconds
+
+    @property
+    def cadence(self) -> str:
+        """How the schedule is written: ``cron 30 2 * * *`` or ``every 5m``."""
+        return f"cron {self.cron}" if self.cron is not None else f"every {self.every}"
+
+    def next_tick(self, after: float) -> float:
+        """The first tick strictly after ``after`` (Unix seconds); ``inf``
+        when the cron expression matches nothing in the next 50 years."""
+        seconds = self.interval_seconds
+        if seconds is not None:
+            return float((math.floor(after / seconds) + 1) * seconds)
+        from cronsim import CronSim
+
+        start = datetime.fromtimestamp(math.floor(after), self.__dict__["_zone"])
+        try:
+            # A repeated hour yields wall times whose instants lie behind
+            # ``after``; they are passed over (each instant fires once).
+            for count, moment in enumerate(CronSim(str(self.cron), start)):
+                stamp = moment.timestamp()
+                if stamp > after:
+                    return stamp
+                if count > MAX_TICKS_PER_PLAN:
+                    break
+        except StopIteration:  # pragma: no cover - cronsim's 50-year horizon
+            pass
+        return math.inf
+
+    def jitter_for(self, tick: float) -> float:
+        """The seconds after ``tick`` at which it fires: a spread of up to
+        ``jitter_seconds`` that every worker computes alike (a hash of the
+        name and the tick), so they all aim at the same instant."""
+        if not self.jitter_seconds:
+            return 0.0
+        digest = hashlib.blake2b(f"{self.name}\0{tick!r}".encode(), digest_size=8).digest()
+        return self.jitter_seconds * int.from_bytes(digest, "big") / 2**64
+
+    def fire_time(self, tick: float) -> float:
+        """When ``tick`` is due: the tick plus its jitter."""
+        return tick + self.jitter_for(tick)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one look at a schedule decided."""
+
+    fire: tuple[tuple[float, bool], ...]
+    """Ticks to fire now, oldest first, each with whether it is backfilled."""
+    handled: float | None
+    """The newest due tick (fired or passed over): the schedule's new cursor."""
+    wake_at: float
+    """When the next tick is due."""
+
+
+def plan(schedule: Schedule, cursor: float, now: float) -> Plan:
+    """Which ticks after ``cursor`` (the newest tick handled, else when the
+    schedule was first seen) fire at ``now`` under the ``missed`` policy:
+    the newest due tick fires if it is on time (:data:`ON_TIME_SECONDS`);
+    the missed ones fire as ``skip`` (none), ``latest`` (the newest inside
+    ``catch_up_seconds``, unless an on-time tick fires) or ``all`` (each
+    inside ``catch_up_seconds``, oldest first) say, flagged backfilled."""
+    horizon = now - max(schedule.catch_up_seconds, ON_TIME_SECONDS) - schedule.jitter_seconds
+    tick = schedule.next_tick(max(cursor, horizon))
+    due: list[float] = []
+    while schedule.fire_time(tick) <= now:
+        due.append(tick)
+        if len(due) > MAX_TICKS_PER_PLAN:
+            del due[0]
+        tick = schedule.next_tick(tick)
+    wake_at = schedule.fire_time(tick)
+    if not due:
+        return Plan((), None, wake_at)
+    on_time = due[-1] if now - schedule.fire_time(due[-1]) <= ON_TIME_SECONDS else None
+    oldest = now - schedule.catch_up_seconds
+    missed = [t for t in (due[:-1] if on_time is not None else due) if t >= oldest]
+    if schedule.missed == "skip":
+        chosen: list[float] = []
+    elif schedule.missed == "latest":
+        chosen = missed[-1:] if on_time is None else []
+    else:
+        chosen = missed
+    fire = [(t, True) for t in chosen] + ([(on_time, False)] if on_time is not None else [])
+    return Plan(tuple(fire), due[-1], wake_at)
+
+
+_FILE_KEYS: Final = (
+    "cron",
+    "every",
+    "timezone",
+    "kind",
+    "deliver_to",
+    "body",
+    "missed",
+    "catch_up_seconds",
+    "jitter_seconds",
+    *ENQUEUE_FIELDS,
+)
+
+
+def schedules_from_config(key: str, value: object) -> tuple[Schedule, ...]:
+    """The ``schedules:`` section of the configuration file (name ->
+    fields); a problem raises ``TypeError``/``ValueError`` naming the
+    dotted key."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{key} must be a mapping of schedule names, got {type(value).__name__}")
+    found: list[Schedule] = []
+    for name, fields in value.items():
+        where = f"{key}.{name}"
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ValueError(
+                f"{key}: schedule name must be 1-128 letters, digits, '_', '.', ':' or '-', "
+                f"starting with a letter or digit, got {show(name)}"
+            )
+        if not isinstance(fields, Mapping):
+            raise TypeError(f"{where} must be a mapping, got {type(fields).__name__}")
+        for field in fields:
+            if field not in _FILE_KEYS:
+                raise ValueError(
+                    f"unknown key {f'{where}.{field}'!r} (allowed: {', '.join(_FILE_KEYS)})"
+                )
+        for required in ("kind", "deliver_to"):
+            if required not in fields:
+                raise ValueError(f"{where}.{required} is required")
+        found.append(Schedule(name=name, where=f"{where}.", **fields))
+    return tuple(found)
