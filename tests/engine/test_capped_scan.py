@@ -268,7 +268,8 @@ async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_row
     async with open_store(db_path) as db:
         claims, _ = await claim_due(db, now=NOW, limit=1, caps=capped("hung"))
     assert [claim.dispatch_id for claim in claims] == ["ok-0"]
-    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == SCHEMA_VERSION == len(MIGRATIONS)
+    version = raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema")
+    assert version == SCHEMA_VERSION == len(MIGRATIONS)
     index = raw.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (DESTINATION_INDEX,))
     assert "(deliver_to, next_attempt_at, created_at)" in index
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 101

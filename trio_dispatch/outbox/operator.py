@@ -209,6 +209,8 @@ async def prune_dispatches(
     terminal statuses and may not name a live one: pending and delivering
     rows are never pruned. Deletes run in short transactions of at most
     :data:`PRUNE_CHUNK` rows, so other writers are never blocked for long.
+    Then the schedule runs no dispatch refers to any more go too, except
+    each schedule's newest run.
     """
     clock = clock_from(now)
     if older_than is not None:
@@ -253,7 +255,16 @@ async def prune_dispatches(
         removed = await db.write(prune_chunk)
         total += removed
         if removed < PRUNE_CHUNK:
-            return total
+            break
+    while await db.write(_prune_runs) >= PRUNE_CHUNK:
+        pass
+    return total
+
+
+def _prune_runs(conn: Conn) -> int:
+    # A schedule's runs that no dispatch refers to any more, except its
+    # newest (SPEC section 14); runs a service wrote itself are not ours.
+    return conn.execute(sql.PRUNE_SCHEDULE_RUNS, (PRUNE_CHUNK,))
 
 
 __all__ = [

@@ -78,6 +78,17 @@ SELECT_TRANSITIONS: Final = (
 )
 SESSION_EXISTS: Final = "SELECT 1 AS found FROM sessions WHERE id = ?"
 SCHEDULE_RUN_EXISTS: Final = "SELECT 1 AS found FROM schedule_runs WHERE id = ?"
+PRUNE_SCHEDULE_RUNS: Final = """
+    DELETE FROM schedule_runs WHERE id IN (
+        SELECT r.id FROM schedule_runs r
+        WHERE r.schedule IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM dispatch_outbox d WHERE d.schedule_run_id = r.id)
+          AND r.created_at
+              < (SELECT MAX(n.created_at) FROM schedule_runs n WHERE n.schedule = r.schedule)
+        LIMIT ?
+    )
+"""
+"""A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
 def list_newest(where: str) -> str:

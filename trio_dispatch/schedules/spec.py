@@ -226,7 +226,8 @@ def plan(schedule: Schedule, cursor: float, now: float) -> Plan:
     ``catch_up_seconds``, unless an on-time tick fires) or ``all`` (each
     inside ``catch_up_seconds``, oldest first) say, flagged backfilled."""
     horizon = now - max(schedule.catch_up_seconds, ON_TIME_SECONDS) - schedule.jitter_seconds
-    tick = schedule.next_tick(max(cursor, horizon))
+    # A tick exactly at the window's edge is inside it.
+    tick = schedule.next_tick(cursor if cursor >= horizon else horizon - 0.001)
     due: list[float] = []
     while schedule.fire_time(tick) <= now:
         due.append(tick)

@@ -1,0 +1,240 @@
+"""Schedules on a real store (SPEC 14), both engines and both backends: one
+dispatch per tick however many schedulers race, missed ticks by policy,
+pause and resume, manual runs, the envelope and history, pruning."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from functools import partial
+from typing import Any
+
+import anyio
+import pytest
+
+from trio_dispatch import DispatchWorker, deliver_due_dispatches, prune_dispatches
+from trio_dispatch.attempt import Delivery, TransportResult
+from trio_dispatch.schedules import Schedule, Scheduler
+from trio_dispatch.schedules.runs import fire, fire_manual, iso, see, set_paused, states
+from trio_dispatch.schedules.spec import plan
+from trio_dispatch.store import SQLiteStore
+
+from ..conftest import RawDB
+from ..helpers import wait_for
+
+pytestmark = pytest.mark.anyio
+log = logging.getLogger("tests.schedules")
+HOUR = 3600.0
+
+
+def every(name: str = "s", period: str = "1s", **fields: Any) -> Schedule:
+    return Schedule(name=name, every=period, kind="tick", deliver_to="d", **fields)
+
+
+def runs(raw: RawDB) -> list[dict[str, Any]]:
+    return raw.rows(
+        "SELECT r.schedule, r.scheduled_for, r.origin, d.id AS dispatch_id, d.payload "
+        "FROM schedule_runs r LEFT JOIN dispatch_outbox d ON d.schedule_run_id = r.id "
+        "ORDER BY r.scheduled_for"
+    )
+
+
+def metadata(row: dict[str, Any]) -> dict[str, Any]:
+    payload = row["payload"]
+    return (
+        dict(json.loads(payload)["metadata"]) if isinstance(payload, str) else payload["metadata"]
+    )
+
+
+async def run_for(seconds: float, *schedulers: Scheduler) -> None:
+    async with anyio.create_task_group() as tg:
+        for scheduler in schedulers:
+            tg.start_soon(scheduler.run)
+        await anyio.sleep(seconds)
+        tg.cancel_scope.cancel()
+
+
+async def test_three_schedulers_on_one_store_fire_each_tick_once(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    schedules = [every("a"), every("b", "2s")]
+    racing = [Scheduler(store, schedules, clock=time.time, log=log) for _ in range(3)]
+    await run_for(3.5, *racing)
+    found = runs(raw)
+    per_tick = Counter((row["schedule"], row["scheduled_for"]) for row in found)
+    assert per_tick and set(per_tick.values()) == {1}
+    assert all(row["dispatch_id"] is not None and row["origin"] == "tick" for row in found)
+    a_ticks = sorted(t for name, t in per_tick if name == "a")
+    assert len(a_ticks) >= 3 and a_ticks == [a_ticks[0] + n for n in range(len(a_ticks))]
+    fired = sum((s.fired for s in racing), Counter())
+    assert sum(fired.values()) == len(found) == raw.scalar("SELECT COUNT(*) FROM dispatch_outbox")
+
+
+async def test_a_worker_that_loses_the_race_writes_nothing(store: SQLiteStore, raw: RawDB) -> None:
+    s = every("a", "1h", missed="all", catch_up_seconds=10 * HOUR)
+    now = time.time()
+    await store.write(partial(see, names=["a"], now=now - 3 * HOUR))
+    decided = plan(s, now - 3 * HOUR, now)
+    assert len(decided.fire) == 3
+    work = [(s, decided.fire, decided.handled)]
+    first = await store.write(partial(fire, work=work, now=now))
+    second = await store.write(partial(fire, work=work, now=now))
+    assert len(first) == 3 and second == []
+    assert raw.scalar("SELECT COUNT(*) FROM schedule_runs") == 3
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 3
+    assert raw.scalar("SELECT COUNT(*) FROM status_transitions") == 3
+
+
+async def test_the_tick_index_refuses_a_second_run_of_one_tick(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    insert = (
+        "INSERT INTO schedule_runs (id, created_at, schedule, scheduled_for, origin) "
+        "VALUES (?, 0, 'a', 60, ?)"
+    )
+    raw.execute(insert, ("r1", "tick"))
+    with pytest.raises(Exception, match=r"(?i)unique"):
+        raw.execute(insert, ("r2", "backfilled"))
+    raw.execute(insert, ("r3", "manual"))  # a manual run is not a tick
+
+
+@pytest.mark.parametrize(
+    "missed, expected",
+    [("skip", []), ("latest", [3]), ("all", [2, 3])],
+)
+async def test_ticks_missed_while_no_worker_ran_follow_missed(
+    store: SQLiteStore, raw: RawDB, missed: str, expected: list[int]
+) -> None:
+    now = time.time()
+    last = now - now % HOUR  # the newest whole hour: missed too (over a minute ago, or now)
+    if now - last <= 60:
+        last -= HOUR
+    # Seen 4 hours before the newest tick; ticks since: last-3h .. last.
+    await store.write(partial(see, names=["s"], now=last - 4 * HOUR + 1))
+    s = every("s", "1h", missed=missed, catch_up_seconds=now - last + 1.5 * HOUR)
+    scheduler = Scheduler(store, [s], clock=time.time, log=log)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await wait_for(lambda: raw.scalar("SELECT last_tick FROM dispatch_schedules") == last)
+        tg.cancel_scope.cancel()
+    found = runs(raw)
+    ticks = {last - 3 * HOUR + n * HOUR: n for n in range(4)}
+    assert [ticks[row["scheduled_for"]] for row in found] == expected
+    for row in found:
+        assert row["origin"] == "backfilled"
+        assert metadata(row)["backfilled"] is True
+        assert metadata(row)["scheduled_for"] == iso(row["scheduled_for"])
+    assert sum(scheduler.fired.values()) == len(expected)
+    assert scheduler.next_fire["s"] == last + HOUR
+
+
+async def test_a_paused_schedule_fires_nothing_and_resumed_catches_up_by_missed(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    s = every("s", "1s", missed="latest", catch_up_seconds=60)
+    assert await store.write(partial(set_paused, name="s", paused=True, now=time.time()))
+    assert not await store.write(partial(set_paused, name="s", paused=True, now=time.time()))
+    scheduler = Scheduler(store, [s], clock=time.time, log=log)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await anyio.sleep(2.2)
+        assert runs(raw) == [] and scheduler.next_fire["s"] is None
+        tg.cancel_scope.cancel()
+    # Resumed while no worker runs: the ticks missed since follow "latest".
+    assert await store.write(partial(set_paused, name="s", paused=False, now=time.time()))
+    state = (await store.read(partial(states, names=["s"])))["s"]
+    assert not state.paused and state.last_tick is None
+    await anyio.sleep(1.1)  # the newest missed tick is over a second old
+    scheduler = Scheduler(store, [s], clock=time.time, log=log)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await wait_for(lambda: len(runs(raw)) >= 1)
+        tg.cancel_scope.cancel()
+    first = runs(raw)[0]
+    assert first["scheduled_for"] > state.first_seen_at
+
+
+async def test_a_manual_run_fires_now_flagged_and_leaves_the_ticks_alone(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    s = Schedule(
+        name="nightly",
+        cron="30 2 * * *",
+        timezone="Europe/Berlin",
+        kind="report",
+        deliver_to="reports",
+        body={"format": "pdf"},
+        max_attempts=3,
+        ordering_key="reports",
+    )
+    now = time.time()
+    run = await store.write(partial(fire_manual, schedule=s, now=now))
+    row = raw.rows("SELECT * FROM dispatch_outbox")[0]
+    assert row["id"] == run.dispatch_id and row["schedule_run_id"] == run.run_id
+    assert (row["kind"], row["deliver_to"], row["max_attempts"], row["ordering_key"]) == (
+        "report",
+        "reports",
+        3,
+        "reports",
+    )
+    envelope = json.loads(row["payload"]) if isinstance(row["payload"], str) else row["payload"]
+    assert envelope["body"] == {"format": "pdf"}
+    assert envelope["metadata"]["manual"] is True and envelope["metadata"]["schedule"] == "nightly"
+    history = raw.rows("SELECT source, actor, reason_code FROM status_transitions")
+    assert history == [
+        {
+            "source": "scheduler",
+            "actor": "schedule:nightly",
+            "reason_code": "dispatch.pending.enqueued",
+        }
+    ]
+    assert raw.scalar("SELECT origin FROM schedule_runs") == "manual"
+    assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
+
+
+async def test_a_worker_with_schedules_delivers_each_tick_with_its_metadata(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    seen: list[Delivery] = []
+
+    async def send(delivery: Delivery) -> TransportResult:
+        seen.append(delivery)
+        return TransportResult.success()
+
+    worker = DispatchWorker(store, transport=send, schedules=[every("beat")], tick_seconds=3600)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: len(seen) >= 2)
+        tg.cancel_scope.cancel()
+    for delivery in seen:
+        envelope = json.loads(delivery.payload)
+        assert envelope["kind"] == "tick"
+        meta = envelope["metadata"]
+        assert meta["schedule"] == "beat" and meta["backfilled"] is False
+        assert meta["scheduled_for"].endswith("Z")
+    assert worker.scheduler is not None and worker.scheduler.fired[("beat", "tick")] >= 2
+
+
+async def test_pruning_keeps_runs_a_dispatch_refers_to_and_each_schedules_newest(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    a, b = every("a"), every("b")
+    now = time.time()
+    for offset in (3, 2, 1):
+        await store.write(partial(fire_manual, schedule=a, now=now - offset))
+    await store.write(partial(fire_manual, schedule=b, now=now - 1))
+
+    async def ok(delivery: Delivery) -> TransportResult:
+        return TransportResult.success()
+
+    await deliver_due_dispatches(store, transport=ok, now=now)
+    kept = await store.write(partial(fire_manual, schedule=a, now=now - 0.5))  # still pending
+    assert await prune_dispatches(store, older_than=0, now=now + 1) == 4
+    left = raw.rows("SELECT schedule, created_at FROM schedule_runs ORDER BY created_at")
+    assert [(row["schedule"], row["created_at"]) for row in left] == [
+        ("b", now - 1),
+        ("a", now - 0.5),
+    ]
+    assert raw.scalar("SELECT schedule_run_id FROM dispatch_outbox") == kept.run_id
