@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
     )
     from .outbox.enqueue import EnqueueArgs
     from .revival import enqueue_revival_heartbeat
+    from .schedules import Schedule
     from .signal import SIGNAL_SCHEMA_VERSION, DispatchSignal, Signal
     from .store import open_store
     from .transports import NOTIFY_TIMEOUT_SECONDS, Delivery, TransportResult, asyncio_transport
@@ -62,6 +63,7 @@ __all__ = [
     "EnqueueArgs",
     "EnqueueResult",
     "InvalidTransition",
+    "Schedule",
     "SchemaError",
     "Signal",
     "StoreError",
@@ -118,6 +120,7 @@ _LAZY: dict[str, str] = {
     "purge_dispatch": ".outbox",
     "resolve_notify_template": ".config",
     "retry_dispatch": ".outbox",
+    "Schedule": ".schedules",
     "SchemaError": ".errors",
     "Signal": ".signal",
     "SIGNAL_SCHEMA_VERSION": ".signal",
