@@ -85,6 +85,9 @@ class Scheduler:
             due: list[str] = []
             while self._heap and self._heap[0][0] <= now:
                 due.append(heapq.heappop(self._heap)[1])
+            # By name: every worker locks the state rows it fires in one
+            # order, so two transactions never wait for each other in a ring.
+            due.sort()
             for start in range(0, len(due), FIRE_CHUNK):
                 await self._fire(due[start : start + FIRE_CHUNK])
             wake = min(refresh_at, self._heap[0][0] if self._heap else math.inf)
