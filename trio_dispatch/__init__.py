@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
     from .config import resolve_notify_template
     from .errors import (
         AckRefused,
+        ActionRefused,
         ConfigError,
         ConnectionLostError,
         DispatchError,
@@ -53,6 +54,7 @@ __all__ = [
     "NOTIFY_TIMEOUT_SECONDS",
     "SIGNAL_SCHEMA_VERSION",
     "AckRefused",
+    "ActionRefused",
     "ConfigError",
     "ConnectionLostError",
     "Delivery",
@@ -94,6 +96,7 @@ __all__ = [
 _LAZY: dict[str, str] = {
     "ack_dispatch": ".outbox",
     "AckRefused": ".errors",
+    "ActionRefused": ".errors",
     "asyncio_transport": ".transports",
     "backoff_seconds": ".backoff",
     "ConfigError": ".errors",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __all__ = [
     "AckRefused",
+    "ActionRefused",
     "ConfigError",
     "ConnectionLostError",
     "DispatchError",
@@ -55,6 +56,11 @@ class InvalidTransition(DispatchError, ValueError):
 class AckRefused(DispatchError, ValueError):
     """An acknowledgement the row cannot take: it asked for none, has no
     token, or the token does not match. The message never holds a token."""
+
+
+class ActionRefused(DispatchError, ValueError):
+    """An operator action the matched rows have no edge for (a bulk retry
+    of ``delivered`` rows, say): nothing was changed."""
 
 
 class ConfigError(DispatchError, ValueError):

@@ -47,6 +47,7 @@ def test_each_modules_all_names_exist_and_it_states_its_concern(module: str) -> 
 def test_every_error_has_the_one_root_and_keeps_its_builtin() -> None:
     builtin = {
         "AckRefused": ValueError,
+        "ActionRefused": ValueError,
         "ConfigError": ValueError,
         "ConnectionLostError": RuntimeError,
         "DispatchNotFound": LookupError,

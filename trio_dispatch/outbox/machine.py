@@ -17,7 +17,7 @@ worker recovered can never overwrite the newer attempt (SPEC B4).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from ..attempt import TransportResult
@@ -308,11 +308,15 @@ def cas_status(
     now: float,
     assignments: str = "",
     params: Sequence[Any] = (),
+    metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Move ``row`` to ``to_status`` if it still has the status it was read
-    with, and record the transition. False (nothing written) on a conflict.
+    with, and record the transition (with ``metadata``, e.g. the client
+    address of a dashboard action). False (nothing written) on a conflict.
     A keyed row that leaves the live set makes the next row of its key due."""
-    change = Change(row["id"], row["status"], to_status, reason, summary, source, actor, now)
+    change = Change(
+        row["id"], row["status"], to_status, reason, summary, source, actor, now, metadata
+    )
     history = transition_rows([change])
     key = row.get("ordering_key")
     lock_keys(conn, [key])
@@ -326,9 +330,18 @@ def cas_status(
     return bool(changed)
 
 
-def delete(conn: Conn, row: Row, reason: Reason, summary: str, actor: str, now: float) -> bool:
+def delete(
+    conn: Conn,
+    row: Row,
+    reason: Reason,
+    summary: str,
+    actor: str,
+    now: float,
+    metadata: Mapping[str, Any] | None = None,
+) -> bool:
     """Remove a row (purge or retention) if it still has the status it was
-    read with, recording who and when: its history is kept (SPEC B9)."""
+    read with, recording who and when (and ``metadata``): its history is
+    kept (SPEC B9)."""
     change = Change(
         row["id"],
         row["status"],
@@ -338,7 +351,7 @@ def delete(conn: Conn, row: Row, reason: Reason, summary: str, actor: str, now: 
         Source.OPERATOR,
         actor,
         now,
-        {"attempt": row["attempt"], "kind": row["kind"]},
+        {"attempt": row["attempt"], "kind": row["kind"], **(metadata or {})},
     )
     history = transition_rows([change])
     key = row.get("ordering_key")

@@ -10,7 +10,7 @@ import enum
 import hmac
 from collections.abc import Iterable, Mapping
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 from ..errors import AckRefused, DispatchNotFound
 from ..lifecycle import (
@@ -21,7 +21,7 @@ from ..lifecycle import (
     Status,
     check_edge,
 )
-from ..store.base import Conn, Database
+from ..store.base import Conn, Database, Row
 from ..validate import clock_from, findable, require_bool, require_dispatch_id, require_number
 from ..values import show
 from . import sql
@@ -103,6 +103,7 @@ async def retry_dispatch(
     now: float | None = None,
     actor: str = "retry_dispatch",
     expires_at: float | _Keep | None = _Keep.KEEP,
+    metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Operator retry of a ``dead_letter`` or ``expired`` dispatch: back to
     ``pending`` with ``attempt = 0``, due now, ``last_error`` cleared.
@@ -112,6 +113,7 @@ async def retry_dispatch(
     ``expires_at`` (a time, or None for no expiry) replaces the row's expiry;
     by default it is kept, so retrying an expired row whose deadline is
     still past sends it nowhere: the next scan expires it again.
+    ``metadata`` goes into the transition (who asked, from where).
     """
     dispatch_id = require_dispatch_id(dispatch_id)
     if not findable(dispatch_id):
@@ -131,34 +133,54 @@ async def retry_dispatch(
         )
 
     def retry(conn: Conn) -> bool:
-        at = clock()
-        assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
-        params: list[float | None] = [at]
-        if expires_at is not _Keep.KEEP:
-            assignments += ", expires_at = ?"
-            params.append(expires_at)
-        return cas_status(
-            conn,
-            row,
-            Status.PENDING,
-            Reason.OPERATOR_RETRY,
-            f"operator retry from {row['status']} after attempt {row['attempt']}",
-            source=Source.OPERATOR,
-            actor=actor,
-            now=at,
-            assignments=assignments,
-            params=params,
-        )
+        return retry_row(conn, row, clock(), actor, expires_at, metadata)
 
     return await db.write(retry)
 
 
+def retry_row(
+    conn: Conn,
+    row: Row,
+    now: float,
+    actor: str,
+    expires_at: float | _Keep | None = _Keep.KEEP,
+    metadata: Mapping[str, Any] | None = None,
+) -> bool:
+    """Operator retry of one ``dead_letter``/``expired`` row read with
+    ``status``, ``attempt`` and ``ordering_key``: back to ``pending``, due
+    now, inside the caller's transaction. False if it changed meanwhile."""
+    assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
+    params: list[float | None] = [now]
+    if expires_at is not _Keep.KEEP:
+        assignments += ", expires_at = ?"
+        params.append(expires_at)
+    return cas_status(
+        conn,
+        row,
+        Status.PENDING,
+        Reason.OPERATOR_RETRY,
+        f"operator retry from {row['status']} after attempt {row['attempt']}",
+        source=Source.OPERATOR,
+        actor=actor,
+        now=now,
+        assignments=assignments,
+        params=params,
+        metadata=metadata,
+    )
+
+
 async def purge_dispatch(
-    db: Database, dispatch_id: str, *, now: float | None = None, actor: str = "purge_dispatch"
+    db: Database,
+    dispatch_id: str,
+    *,
+    now: float | None = None,
+    actor: str = "purge_dispatch",
+    metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Delete one dispatch in any status and record a
-    ``dispatch.purged.operator`` transition in the same transaction. Returns
-    whether a row was deleted. Its transition history is kept."""
+    ``dispatch.purged.operator`` transition (with ``metadata``) in the same
+    transaction. Returns whether a row was deleted. Its transition history
+    is kept."""
     dispatch_id = require_dispatch_id(dispatch_id)
     if not findable(dispatch_id):
         return False
@@ -169,7 +191,13 @@ async def purge_dispatch(
         if row is None:
             return False
         return delete(
-            conn, row, Reason.PURGED_OPERATOR, f"purged from {row['status']}", actor, clock()
+            conn,
+            row,
+            Reason.PURGED_OPERATOR,
+            f"purged from {row['status']}",
+            actor,
+            clock(),
+            metadata,
         )
 
     return await db.write(purge)
