@@ -142,7 +142,10 @@ class HttpConfig:
     listen: Listen | None = None
     """Where the worker serves /metrics, /healthz and the dashboard; None: nowhere."""
     token: str | None = None
-    """The bearer token every request must carry (required beyond loopback)."""
+    """The viewer's token every request must carry (required beyond loopback)."""
+    operator_token: str | None = None
+    """The operator's token: with it, the dashboard can retry and purge
+    (SPEC section 15); without it, the web view is read-only."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Connections the server keeps open at once; more are closed as they arrive."""
 
@@ -345,6 +348,7 @@ _SCHEMA: Final[_Schema] = {
     "http": {
         "listen": _Rule(_check_listen, None),
         "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
+        "operator_token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
         "max_connections": _Rule(parse_max_connections, DEFAULT_MAX_CONNECTIONS),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
@@ -421,6 +425,11 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
                 check_binding(http.listen, http.token, "http.listen")
             except ValueError as exc:
                 problems.append(str(exc))
+        if http.operator_token is not None and http.operator_token == http.token:
+            problems.append(
+                "http.operator_token must differ from http.token (the viewer's token): "
+                "one token cannot prove two roles"
+            )
     dispatch = values.get("dispatch")
     context = PluginContext(None if path is None else path.parent, _secret_variables(data))
     transports: dict[str, Any] = {}
