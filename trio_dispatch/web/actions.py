@@ -1,0 +1,352 @@
+"""Acting from the dashboard (SPEC section 15): log in and out, retry and
+purge one row, and bulk retry or purge by filter after a confirmation.
+
+Every action is a POST, checked on the server: an operator's role (else
+403), and for a browser session the CSRF token and the same ``Origin``
+(:func:`~.auth.forgery`). It runs the operators' own functions and
+transitions (source ``operator``, actor ``web``, the client's address in
+the transition's metadata) and logs one line, never a token. Answers are
+HTML, or JSON for ``Accept: application/json``; one that does not apply is
+404 or 409 with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any, Final
+from urllib.parse import parse_qs, urlencode
+
+from ..errors import ActionRefused
+from ..lifecycle import InvalidTransition
+from ..outbox.bulk import BULK_LIMIT, apply_bulk, bulk_filter, count_matching
+from ..outbox.operator import purge_dispatch, retry_dispatch
+from ..outbox.reads import get_dispatch
+from ..redact import scrubbed_logger, visible
+from ..store.base import Database
+from . import pages
+from .auth import Auth, Identity, Role, forgery, header, own_origin
+
+MAX_FORM_BYTES: Final = 16 * 1024
+"""A form body larger than this is refused unread (413)."""
+ACTOR: Final = "web"
+_ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|purge)")
+_BULK: Final = re.compile(r"/actions/(retry|purge)")
+HTML: Final = b"text/html; charset=utf-8"
+JSON: Final = b"application/json"
+
+log = scrubbed_logger("trio_dispatch.web")
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One answer: status, body, content type and extra headers."""
+
+    status: int
+    body: bytes
+    content_type: bytes = HTML
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+class FormTooLarge(ValueError):
+    """A request body over :data:`MAX_FORM_BYTES`."""
+
+
+async def read_form(scope: Mapping[str, Any], receive: Receive) -> dict[str, str]:
+    """The query string's and the urlencoded body's fields (body wins)."""
+    fields = {
+        key: values[-1]
+        for key, values in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()
+    }
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > MAX_FORM_BYTES:
+            raise FormTooLarge(f"the form is larger than {MAX_FORM_BYTES} bytes")
+        if not message.get("more_body"):
+            break
+    for key, values in parse_qs(body.decode("utf-8", "replace")).items():
+        fields[key] = values[-1]
+    return fields
+
+
+def wants_json(scope: Mapping[str, Any]) -> bool:
+    accept = header(scope, b"accept") or b""
+    return b"application/json" in accept.lower()
+
+
+def client(scope: Mapping[str, Any]) -> str:
+    """The client's address as the server saw it."""
+    found = scope.get("client")
+    return str(found[0]) if found else "unknown"
+
+
+def hidden(name: str, value: str) -> str:
+    return f'<input type=hidden name="{pages.text(name)}" value="{pages.text(value)}">'
+
+
+def action_form(
+    path: str, label: str, identity: Identity | None, fields: Mapping[str, str] | None = None
+) -> str:
+    """A POST button for ``path``, with the session's CSRF token; empty
+    unless the request's identity may act from a browser."""
+    if identity is None or identity.role < Role.OPERATOR or identity.session is None:
+        return ""
+    inputs = "".join(hidden(k, v) for k, v in (fields or {}).items() if v)
+    return (
+        f'<form method=post action="{pages.text(path)}" class=action>'
+        f"{hidden('csrf', identity.session.csrf)}{inputs}"
+        f"<button type=submit>{pages.text(label)}</button></form>"
+    )
+
+
+class Actions:
+    """The POST routes and the pages that lead to them."""
+
+    def __init__(self, db: Database, auth: Auth, store_label: str) -> None:
+        self.db = db
+        self.auth = auth
+        self.store_label = store_label
+
+    def _page(
+        self,
+        title: str,
+        body: str,
+        status: int = 200,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
+    ) -> Reply:
+        return Reply(status, pages.page(title, body, self.store_label).encode(), HTML, headers)
+
+    def _answer(
+        self,
+        scope: Mapping[str, Any],
+        status: int,
+        document: Mapping[str, Any],
+        message: str,
+        back: str = "/",
+    ) -> Reply:
+        if wants_json(scope):
+            return Reply(status, json.dumps(document).encode() + b"\n", JSON)
+        body = f'<p>{pages.text(message)}</p><p><a href="{pages.text(back)}">back</a></p>'
+        return self._page("Done" if status < 400 else "Not applied", body, status)
+
+    def login_page(self, error: str = "", status: int = 200) -> Reply:
+        note = f"<p class=error>{pages.text(error)}</p>" if error else ""
+        body = (
+            f"<h1>Log in</h1>{note}<form method=post action=/login class=login>"
+            "<label>Token <input type=password name=token autocomplete=current-password "
+            "required></label> <button type=submit>Log in</button></form>"
+        )
+        return self._page("Log in", body, status)
+
+    async def login(self, scope: Mapping[str, Any], form: Mapping[str, str]) -> Reply:
+        origin = header(scope, b"origin")
+        if origin is None or origin.decode("latin-1").lower() != own_origin(scope):
+            return self.login_page("the request's Origin is not this dashboard", 403)
+        session = self.auth.login(form.get("token", ""))
+        if session is None:
+            log.warning("web: a login from %s was refused (wrong token)", client(scope))
+            return self.login_page("that token proves no role", 401)
+        log.info("web: %s logged in from %s", session.role, client(scope))
+        secure = scope.get("scheme") == "https"
+        return Reply(
+            303,
+            b"",
+            HTML,
+            ((b"location", b"/"), (b"set-cookie", Auth.set_cookie(session, secure))),
+        )
+
+    def logout(
+        self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
+    ) -> Reply:
+        refused = forgery(identity, scope, form.get("csrf"))
+        if refused is not None or identity.session is None:
+            return self._answer(scope, 403, {"error": refused}, refused or "not logged in")
+        self.auth.logout(identity.session)
+        secure = scope.get("scheme") == "https"
+        return Reply(
+            303,
+            b"",
+            HTML,
+            ((b"location", b"/login"), (b"set-cookie", Auth.set_cookie(None, secure))),
+        )
+
+    def _refusal(
+        self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
+    ) -> Reply | None:
+        if identity.role < Role.OPERATOR:
+            return self._answer(
+                scope, 403, {"error": "only an operator may act"}, "only an operator may act"
+            )
+        refused = forgery(identity, scope, form.get("csrf"))
+        if refused is not None:
+            return self._answer(scope, 403, {"error": refused}, refused)
+        return None
+
+    async def one(
+        self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str], path: str
+    ) -> Reply | None:
+        """``POST /dispatches/{id}/retry|purge``; None if ``path`` is not one."""
+        match = _ONE.fullmatch(path)
+        if match is None:
+            return None
+        refused = self._refusal(scope, identity, form)
+        if refused is not None:
+            return refused
+        dispatch_id, action = match[1], match[2]
+        where = {"client": client(scope), "via": identity.via}
+        back = f"/dispatch/{dispatch_id}"
+        try:
+            if action == "retry":
+                applied = await retry_dispatch(self.db, dispatch_id, actor=ACTOR, metadata=where)
+            else:
+                applied = await purge_dispatch(self.db, dispatch_id, actor=ACTOR, metadata=where)
+        except InvalidTransition as exc:
+            log.info(
+                "web: %s of %s from %s refused: %s",
+                action,
+                visible(dispatch_id),
+                where["client"],
+                exc,
+            )
+            return self._answer(
+                scope, 409, {"id": dispatch_id, "applied": False, "error": str(exc)}, str(exc), back
+            )
+        except ValueError as exc:  # not an id
+            return self._answer(scope, 400, {"error": str(exc)}, str(exc))
+        log.info(
+            "web: %s of dispatch %s by %s (%s) from %s: %s",
+            action,
+            visible(dispatch_id),
+            identity.role,
+            identity.via,
+            where["client"],
+            "applied" if applied else "not applied",
+        )
+        if not applied:
+            row = await get_dispatch(self.db, dispatch_id) if action == "retry" else None
+            if row is None:
+                message = f"no dispatch {dispatch_id}"
+                return self._answer(
+                    scope, 404, {"id": dispatch_id, "applied": False, "error": message}, message
+                )
+            message = f"dispatch {dispatch_id} changed meanwhile; it is {row['status']} now"
+            return self._answer(
+                scope, 409, {"id": dispatch_id, "applied": False, "error": message}, message, back
+            )
+        row = await get_dispatch(self.db, dispatch_id)
+        status = None if row is None else row["status"]
+        verb = "retried" if action == "retry" else "purged"
+        return self._answer(
+            scope,
+            200,
+            {"id": dispatch_id, "action": action, "applied": True, "status": status},
+            f"dispatch {dispatch_id} {verb}",
+            back if action == "retry" else "/",
+        )
+
+    async def confirm(
+        self, scope: Mapping[str, Any], identity: Identity, path: str, query: Mapping[str, str]
+    ) -> Reply | None:
+        """``GET /actions/retry|purge?status=...``: how many rows the action
+        would change, and the form that applies it; None if not that path."""
+        match = _BULK.fullmatch(path)
+        if match is None:
+            return None
+        if identity.role < Role.OPERATOR:
+            return self._answer(
+                scope, 403, {"error": "only an operator may act"}, "only an operator may act"
+            )
+        try:
+            action, chosen = bulk_filter(
+                match[1],
+                query.get("status"),
+                query.get("kind") or None,
+                query.get("ordering_key") or None,
+            )
+        except (ActionRefused, ValueError) as exc:
+            return self._answer(
+                scope, 409 if isinstance(exc, ActionRefused) else 400, {"error": str(exc)}, str(exc)
+            )
+        count = await count_matching(self.db, chosen, BULK_LIMIT)
+        fields = {
+            "status": str(chosen.status),
+            "kind": chosen.kind or "",
+            "ordering_key": chosen.ordering_key or "",
+        }
+        if wants_json(scope):
+            return Reply(
+                200,
+                json.dumps(
+                    {"action": action, "matching": count, "limit": BULK_LIMIT, **fields}
+                ).encode()
+                + b"\n",
+                JSON,
+            )
+        what = ", ".join(f"{k} {v}" for k, v in fields.items() if v)
+        listing = urlencode({k: v for k, v in fields.items() if v})
+        cap = f" (the first {BULK_LIMIT:,} of more)" if count >= BULK_LIMIT else ""
+        button = action_form(path, f"{action.capitalize()} {count:,} rows", identity, fields)
+        if not button:
+            button = (
+                "<p>Log in with the operator token (<a href=/login>/login</a>) "
+                "to act from a browser.</p>"
+            )
+        body = (
+            f"<h1>{pages.text(action.capitalize())} {count:,} rows?</h1>"
+            f"<p>Rows with {pages.text(what)}: {count:,}{cap}.</p>"
+            f"{button if count else '<p>Nothing matches.</p>'}"
+            f'<p><a href="/?{pages.text(listing)}">cancel</a></p>'
+        )
+        return self._page(f"{action.capitalize()} rows", body)
+
+    async def bulk(
+        self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str], path: str
+    ) -> Reply | None:
+        """``POST /actions/retry|purge``; None if ``path`` is not one."""
+        match = _BULK.fullmatch(path)
+        if match is None:
+            return None
+        refused = self._refusal(scope, identity, form)
+        if refused is not None:
+            return refused
+        try:
+            action, chosen = bulk_filter(
+                match[1],
+                form.get("status"),
+                form.get("kind") or None,
+                form.get("ordering_key") or None,
+            )
+        except (ActionRefused, ValueError) as exc:
+            return self._answer(
+                scope, 409 if isinstance(exc, ActionRefused) else 400, {"error": str(exc)}, str(exc)
+            )
+        where = {"client": client(scope), "via": identity.via, "bulk": True}
+        result = await apply_bulk(self.db, action, chosen, actor=ACTOR, metadata=where)
+        log.info(
+            "web: bulk %s of %s rows (status %s, kind %s, ordering_key %s) by %s (%s) from %s: "
+            "%d applied, %d skipped",
+            action,
+            result.matched,
+            chosen.status,
+            visible(chosen.kind),
+            visible(chosen.ordering_key),
+            identity.role,
+            identity.via,
+            where["client"],
+            result.applied,
+            result.skipped,
+        )
+        verb = "retried" if action == "retry" else "purged"
+        return self._answer(
+            scope,
+            200,
+            result.to_dict(),
+            f"{result.applied:,} of {result.matched:,} rows {verb}"
+            + (f"; {result.skipped:,} had changed meanwhile" if result.skipped else ""),
+        )
