@@ -72,7 +72,12 @@ async def serve(
                     from ..web.app import WebApp
                     from ..web.server import serve_app
 
-                    app = WebApp(db, worker=worker, token=config.http.token)
+                    app = WebApp(
+                        db,
+                        worker=worker,
+                        token=config.http.token,
+                        operator_token=config.http.operator_token,
+                    )
                     try:
                         url = await tg.start(
                             partial(serve_app, max_connections=config.http.max_connections),
@@ -142,8 +147,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_web(args: argparse.Namespace) -> int:
-    """The dashboard, /metrics and /healthz alone, on a store opened
-    read-only, until SIGINT or SIGTERM."""
+    """The dashboard, /metrics and /healthz alone, until SIGINT or SIGTERM:
+    on a store opened read-only, or -- with ``http.operator_token`` -- for
+    writing (never creating or migrating), so an operator can act."""
     config = load_cli_config(args.config) if args.config or not args.db else parse_config(None)
     listen = _http_listen(args.listen, config, "--listen")
     if listen is None:
@@ -158,6 +164,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         from ..web.app import WebApp
         from ..web.server import serve_app
 
+        acting = config.http.operator_token is not None
         async with (
             # snapshot: every request reads on a connection of its own, so an
             # idle database gets no -wal/-shm files and a later commit by
@@ -165,8 +172,9 @@ def cmd_web(args: argparse.Namespace) -> int:
             open_store(
                 choice.target,
                 busy_timeout=choice.busy_timeout,
-                read_only=True,
-                snapshot=True,
+                read_only=not acting,
+                snapshot=not acting,
+                migrate=False,
                 schema=choice.schema,
             ) as db,
             anyio.create_task_group() as tg,
@@ -175,12 +183,18 @@ def cmd_web(args: argparse.Namespace) -> int:
                 try:
                     url = await tg.start(
                         partial(serve_app, max_connections=config.http.max_connections),
-                        WebApp(db, token=config.http.token, ordering=choice.ordering),
+                        WebApp(
+                            db,
+                            token=config.http.token,
+                            operator_token=config.http.operator_token,
+                            ordering=choice.ordering,
+                        ),
                         listen,
                     )
                 except ValueError as exc:
                     raise UsageError(str(exc)) from None
-                log.info("dashboard (read-only) at %s/ for %s", url, db.url)
+                mode = "operators may act" if acting else "read-only"
+                log.info("dashboard (%s) at %s/ for %s", mode, url, db.url)
                 async for signum in signals:
                     log.info("%s received: stopping", signal.Signals(signum).name)
                     tg.cancel_scope.cancel()

@@ -1,10 +1,12 @@
 """The ASGI application behind ``/metrics``, ``/healthz`` and the dashboard
-(SPEC section 11). Read-only: it only ever reads the store, with bounded
-queries, and answers GET and HEAD.
+(SPEC sections 11 and 15). It reads the store with bounded queries and
+answers GET and HEAD; with an operator token it also takes the POSTs of
+:mod:`.actions` (retry and purge, one row or by filter).
 
-With a token, every request must carry it -- ``Authorization: Bearer
-<token>``, or HTTP Basic with the token as the password so a browser can
-log in -- compared in constant time.
+Roles come from :mod:`.auth`: with a viewer token every request must prove
+a role -- ``Authorization: Bearer <token>``, HTTP Basic with the token as
+the password, or the session cookie of ``/login`` -- compared in constant
+time; a viewer's or anonymous POST is a 403 and changes nothing.
 
 ``/?ordering_key=K`` lists one ordering key's rows (a key enqueue would
 refuse is a 400 naming it); ``/blocked`` lists the heads of blocked keys
@@ -17,9 +19,6 @@ runs no script); any other value is a 400 naming it.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -29,6 +28,7 @@ from urllib.parse import parse_qs, urlencode
 import anyio
 from anyio.abc import TaskGroup
 
+from ..outbox.operator import RETRYABLE
 from ..outbox.ordering import (
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
@@ -53,6 +53,8 @@ from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
 from ..store.base import Database
 from ..values import show
 from . import pages
+from .actions import Actions, FormTooLarge, Reply, action_form, read_form
+from .auth import Auth, Identity, Role
 from .metrics import CONTENT_TYPE, families, render
 
 if TYPE_CHECKING:
@@ -104,7 +106,9 @@ def refresh_seconds(value: str | None) -> int | None:
 
 
 class WebApp:
-    """Serve ``db`` (and, given one, a running ``worker``'s state)."""
+    """Serve ``db`` (and, given one, a running ``worker``'s state).
+    ``token`` is the viewer's token, ``operator_token`` the operator's:
+    without it nothing can act."""
 
     def __init__(
         self,
@@ -115,6 +119,7 @@ class WebApp:
         store_label: str | None = None,
         clock: Callable[[], float] = time.time,
         ordering: OrderingPolicy | None = None,
+        operator_token: str | None = None,
     ) -> None:
         self.db = db
         self.worker = worker
@@ -125,9 +130,11 @@ class WebApp:
         self.ordering: OrderingPolicy = require_policy(
             "ordering", ordering or DEFAULT_ORDERING_POLICY
         )
-        self._token = None if token is None else token.encode()
         self.store_label = mask_url(store_label or str(getattr(db, "url", "store")))
         self.clock = clock
+        self.auth = Auth(token, operator_token, clock)
+        self.actions = Actions(db, self.auth, self.store_label) if operator_token else None
+        """The POST routes; None without an operator token (read-only)."""
         self.started_at = clock()
         self._probes: TaskGroup | None = None
         self._probe: _Probe | None = None
@@ -152,7 +159,8 @@ class WebApp:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        if not self._authorized(scope):
+        identity = self.auth.identify(scope)
+        if identity is None and not (self.actions is not None and scope["path"] == "/login"):
             await self._respond(
                 send,
                 401,
@@ -167,17 +175,26 @@ class WebApp:
                 ),
             )
             return
+        if method == "POST" and self.actions is not None:
+            await self._post(scope, receive, send, identity)
+            return
         if method not in ("GET", "HEAD"):
+            allowed = b"GET, HEAD, POST" if self.actions is not None else b"GET, HEAD"
             await self._respond(
                 send,
                 405,
-                b"read-only: GET and HEAD only\n",
+                b"GET, HEAD or POST only\n" if self.actions else b"read-only: GET and HEAD only\n",
                 b"text/plain; charset=utf-8",
-                extra=((b"allow", b"GET, HEAD"),),
+                extra=((b"allow", allowed),),
             )
             return
         try:
-            status, body, content_type = await self._route(scope)
+            if identity is None:  # only the login page answers without a role
+                reply = self.actions.login_page() if self.actions else None
+                assert reply is not None
+                status, body, content_type = reply.status, reply.body, reply.content_type
+            else:
+                status, body, content_type = await self._route(scope, identity)
         except Exception:
             log.exception("dashboard request failed: %s", visible(scope.get("path", "")))
             status, body, content_type = 500, b"internal error\n", b"text/plain; charset=utf-8"
@@ -185,23 +202,33 @@ class WebApp:
         # leaves the body out.
         await self._respond(send, status, body, content_type)
 
-    def _authorized(self, scope: Scope) -> bool:
-        if self._token is None:
-            return True
-        presented = b""
-        for name, value in scope.get("headers", ()):
-            if name.lower() != b"authorization":
-                continue
-            kind, _, credential = value.strip().partition(b" ")
-            if kind.lower() == b"bearer":
-                presented = credential.strip()
-            elif kind.lower() == b"basic":
-                try:
-                    decoded = base64.b64decode(credential.strip(), validate=True)
-                except (binascii.Error, ValueError):
-                    decoded = b""
-                presented = decoded.partition(b":")[2]
-        return hmac.compare_digest(presented, self._token)
+    async def _post(
+        self, scope: Scope, receive: Receive, send: Send, identity: Identity | None
+    ) -> None:
+        """A POST: log in (no role needed), else an action of :mod:`.actions`."""
+        assert self.actions is not None
+        path: str = scope["path"]
+        try:
+            form = await read_form(scope, receive)
+        except FormTooLarge as exc:
+            await self._respond(send, 413, f"{exc}\n".encode(), b"text/plain; charset=utf-8")
+            return
+        try:
+            if path == "/login":
+                reply = await self.actions.login(scope, form)
+            elif identity is None:
+                reply = Reply(401, b"a bearer token is required\n", b"text/plain; charset=utf-8")
+            elif path == "/logout":
+                reply = self.actions.logout(scope, identity, form)
+            else:
+                found = await self.actions.one(scope, identity, form, path)
+                if found is None:
+                    found = await self.actions.bulk(scope, identity, form, path)
+                reply = found or Reply(404, b"no such action\n", b"text/plain; charset=utf-8")
+        except Exception:
+            log.exception("dashboard action failed: %s", visible(path))
+            reply = Reply(500, b"internal error\n", b"text/plain; charset=utf-8")
+        await self._respond(send, reply.status, reply.body, reply.content_type, extra=reply.headers)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -229,7 +256,7 @@ class WebApp:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _route(self, scope: Scope) -> tuple[int, bytes, bytes]:
+    async def _route(self, scope: Scope, identity: Identity) -> tuple[int, bytes, bytes]:
         path: str = scope["path"]
         query = {
             key: values[-1]
@@ -244,17 +271,24 @@ class WebApp:
             return status, json.dumps(document).encode() + b"\n", b"application/json"
         if path == "/":
             try:
-                content = await self._overview(query)
+                content = await self._overview(query, identity)
             except BadQuery as exc:
                 return 400, f"{exc}\n".encode(), b"text/plain; charset=utf-8"
             return 200, content.encode(), html
+        if self.actions is not None:
+            if path == "/login":
+                reply = self.actions.login_page()
+                return reply.status, reply.body, reply.content_type
+            confirm = await self.actions.confirm(scope, identity, path, query)
+            if confirm is not None:
+                return confirm.status, confirm.body, confirm.content_type
         if path == "/blocked":
             rows = await list_blocked_heads(self.db, ordering=self.ordering, limit=BLOCKED_PAGE)
             body = pages.blocked(rows, self.ordering, BLOCKED_PAGE, self.clock())
             return 200, pages.page("Blocked keys", body, self.store_label).encode(), html
         if path.startswith("/dispatch/"):
             dispatch_id = path.removeprefix("/dispatch/")
-            status, content = await self._detail(dispatch_id)
+            status, content = await self._detail(dispatch_id, identity)
             return status, content.encode(), html
         return 404, pages.page("Not found", pages.not_found(path), self.store_label).encode(), html
 
@@ -312,7 +346,7 @@ class WebApp:
             await probe.done.wait()
         return probe.outcome(self.clock())
 
-    async def _overview(self, query: dict[str, str]) -> str:
+    async def _overview(self, query: dict[str, str], identity: Identity) -> str:
         now = self.clock()
         refresh = refresh_seconds(query.get("refresh"))
         status = pages.known_status(query.get("status"))
@@ -389,9 +423,43 @@ class WebApp:
             refresh=refresh,
             here=here,
         )
+        body = await self._toolbar(identity, status, kind, ordering_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
 
-    async def _detail(self, dispatch_id: str) -> tuple[int, str]:
+    async def _toolbar(
+        self, identity: Identity, status: str | None, kind: str | None, ordering_key: str | None
+    ) -> str:
+        """For an operator: the bulk actions of the listed filter, a blocked
+        key's head with its retry and purge, and the session's logout."""
+        if self.actions is None or identity.role < Role.OPERATOR:
+            return ""
+        parts: list[str] = []
+        if identity.session is not None:
+            parts.append(action_form("/logout", "Log out", identity))
+        if ordering_key is not None:
+            heads = await list_blocked_heads(
+                self.db, ordering=self.ordering, limit=1, ordering_key=ordering_key
+            )
+            for head in heads:
+                head_id = str(head["id"])
+                parts.append(
+                    f'<p class=blocked>Key blocked by its head <a href="/dispatch/{head_id}">'
+                    f"{pages.text(head_id)}</a> ({pages.text(head['status'])}).</p>"
+                    + self._row_actions(head_id, str(head["status"]), identity)
+                )
+        if status is not None:
+            fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
+            query = urlencode({k: v for k, v in fields.items() if v})
+            links = [
+                f'<a href="/actions/{action}?{pages.text(query)}">{label} all {pages.text(status)}'
+                f"{' of this filter' if kind or ordering_key else ''}...</a>"
+                for action, label in (("retry", "Retry"), ("purge", "Purge"))
+                if action == "purge" or status in RETRYABLE
+            ]
+            parts.append(f"<p class=actions>{' · '.join(links)}</p>")
+        return f"<section class=operator>{''.join(parts)}</section>" if parts else ""
+
+    async def _detail(self, dispatch_id: str, identity: Identity) -> tuple[int, str]:
         now = self.clock()
         try:
             row = await get_dispatch(self.db, dispatch_id)
@@ -405,7 +473,23 @@ class WebApp:
             label = status_label(row, str(history[-1]["reason_code"]) if history else None)
             behind = await waiting_behind(self.db, row, self.ordering)
         body = pages.detail(row, dispatch_id, history, now, label, behind)
+        if row is not None:
+            body = self._row_actions(str(row["id"]), str(row["status"]), identity) + body
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
+
+    def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:
+        """Retry (a dead letter or expired row) and purge buttons for an
+        operator's browser session; a note for others who could act."""
+        if self.actions is None or identity.role < Role.OPERATOR:
+            return ""
+        forms = "".join(
+            action_form(f"/dispatches/{dispatch_id}/{action}", label, identity)
+            for action, label in (("retry", "Retry"), ("purge", "Purge"))
+            if action == "purge" or status in RETRYABLE
+        )
+        if not forms:
+            return "<p class=note>Log in (<a href=/login>/login</a>) to act from here.</p>"
+        return f"<div class=actions>{forms}</div>"
 
 
 class _Probe:
