@@ -431,11 +431,11 @@ class WebApp:
     ) -> str:
         """For an operator: the bulk actions of the listed filter, a blocked
         key's head with its retry and purge, and the session's logout."""
-        if self.actions is None or identity.role < Role.OPERATOR:
+        if self.actions is None:
             return ""
-        parts: list[str] = []
-        if identity.session is not None:
-            parts.append(action_form("/logout", "Log out", identity))
+        parts = [action_form("/logout", "Log out", identity)]
+        if identity.role < Role.OPERATOR:
+            return f"<section class=operator>{parts[0]}</section>" if parts[0] else ""
         if ordering_key is not None:
             heads = await list_blocked_heads(
                 self.db, ordering=self.ordering, limit=1, ordering_key=ordering_key
@@ -457,7 +457,8 @@ class WebApp:
                 if action == "purge" or status in RETRYABLE
             ]
             parts.append(f"<p class=actions>{' · '.join(links)}</p>")
-        return f"<section class=operator>{''.join(parts)}</section>" if parts else ""
+        joined = "".join(parts)
+        return f"<section class=operator>{joined}</section>" if joined else ""
 
     async def _detail(self, dispatch_id: str, identity: Identity) -> tuple[int, str]:
         now = self.clock()

@@ -1,0 +1,236 @@
+"""Acting from the dashboard (SPEC 15) over real sockets and real stores,
+both engines and both backends: every route under each role, the login
+session's forgery checks, bulk actions, 404/409 with reasons, the audit
+trail and the logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from trio_dispatch.store import SQLiteStore
+from trio_dispatch.web import WebApp
+
+from ..conftest import RawDB
+from .test_web import populate, serving
+
+pytestmark = pytest.mark.anyio
+
+VIEWER = "viewer-token-0123456789"
+OPERATOR = "operator-token-0123456789"
+BEARER = {"none": {}, "viewer": {"authorization": f"Bearer {VIEWER}"}}
+BEARER["operator"] = {"authorization": f"Bearer {OPERATOR}"}
+
+
+def state(raw: RawDB) -> list[Any]:
+    """Everything an action could change."""
+    rows = raw.rows("SELECT id, status, attempt, updated_at FROM dispatch_outbox ORDER BY id")
+    history = raw.rows("SELECT COUNT(*) AS n FROM status_transitions")
+    return [rows, history]
+
+
+def routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
+    dead, done = ids["dead_letter"], ids["delivered"]
+    return [
+        ("GET", "/", {}),
+        ("GET", "/blocked", {}),
+        ("GET", f"/dispatch/{dead}", {}),
+        ("GET", "/metrics", {}),
+        ("GET", "/actions/retry?status=dead_letter", {}),
+        ("POST", f"/dispatches/{dead}/retry", {}),
+        ("POST", f"/dispatches/{done}/purge", {}),
+        ("POST", "/actions/retry", {"status": "dead_letter"}),
+        ("POST", "/actions/purge", {"status": "delivered"}),
+    ]
+
+
+EXPECTED = {
+    # role -> status of each route above, in order
+    "none": [401, 401, 401, 401, 401, 401, 401, 401, 401],
+    "viewer": [200, 200, 200, 200, 403, 403, 403, 403, 403],
+    "operator": [200, 200, 200, 200, 200, 200, 200, 200, 200],
+}
+
+
+@pytest.mark.parametrize("role", ["none", "viewer", "operator"])
+async def test_every_route_under_each_role_and_only_an_operator_changes_anything(
+    store: SQLiteStore, raw: RawDB, role: str
+) -> None:
+    ids = await populate(store, raw)
+    app = WebApp(store, token=VIEWER, operator_token=OPERATOR)
+    got = []
+    async with serving(app) as client:
+        for method, path, form in routes(ids):
+            before = state(raw)
+            answer = await client.request(method, path, data=form or None, headers=BEARER[role])
+            got.append(answer.status_code)
+            if method == "POST" and role != "operator":
+                assert state(raw) == before, (role, path)
+                assert answer.status_code in (401, 403)
+    assert got == EXPECTED[role]
+
+
+async def test_without_an_operator_token_the_view_is_read_only_for_everyone(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await populate(store, raw)
+    before = state(raw)
+    async with serving(WebApp(store, token=VIEWER)) as client:
+        for role in ("viewer", "none"):
+            answer = await client.post(
+                f"/dispatches/{ids['dead_letter']}/retry", headers=BEARER[role]
+            )
+            assert answer.status_code == (405 if role == "viewer" else 401)
+        # An operator token that is not configured proves nothing.
+        answer = await client.post("/actions/purge?status=delivered", headers=BEARER["operator"])
+        assert answer.status_code == 401
+        page = await client.get(f"/dispatch/{ids['dead_letter']}", headers=BEARER["viewer"])
+        assert "<form method=post" not in page.text
+        assert (await client.get("/login", headers=BEARER["viewer"])).status_code == 404
+    assert state(raw) == before
+
+
+async def login(client: httpx.AsyncClient, token: str = OPERATOR) -> str:
+    origin = str(client.base_url).rstrip("/")
+    answer = await client.post("/login", data={"token": token}, headers={"origin": origin})
+    assert answer.status_code == 303, answer.text
+    cookie = answer.headers["set-cookie"]
+    for part in ("HttpOnly", "SameSite=Strict", "Path=/"):
+        assert part in cookie
+    page = await client.get("/")
+    assert page.status_code == 200 and "Log out" in page.text
+    found = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    assert len(found) > 30
+    return found
+
+
+async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origin(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await populate(store, raw)
+    path = f"/dispatches/{ids['dead_letter']}/retry"
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        csrf = await login(client)
+        origin = str(client.base_url).rstrip("/")
+        before = state(raw)
+        for form, headers in [
+            ({}, {"origin": origin}),  # no CSRF token
+            ({"csrf": "x" * len(csrf)}, {"origin": origin}),  # a wrong one
+            ({"csrf": csrf}, {"origin": "http://evil.example"}),  # a foreign Origin
+            ({"csrf": csrf}, {}),  # no Origin
+        ]:
+            answer = await client.post(path, data=form, headers=headers)
+            assert answer.status_code == 403, (form, headers)
+            assert state(raw) == before
+        answer = await client.post(path, data={"csrf": csrf}, headers={"origin": origin})
+        assert answer.status_code == 200, answer.text
+        assert raw.row(ids["dead_letter"])["status"] == "pending"
+        history = raw.rows(
+            "SELECT source, actor, metadata FROM status_transitions WHERE entity_id = ? "
+            "ORDER BY id DESC",
+            (ids["dead_letter"],),
+        )[0]
+        meta = history["metadata"]
+        meta = meta if isinstance(meta, dict) else json.loads(meta)
+        assert (history["source"], history["actor"]) == ("operator", "web")
+        assert meta["client"] == "127.0.0.1" and meta["via"] == "cookie"
+        # Logged out, the cookie proves nothing.
+        await client.post("/logout", data={"csrf": csrf}, headers={"origin": origin})
+        assert (await client.get("/")).status_code == 401
+    # A viewer's session reads, and its POSTs are refused.
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        csrf = await login(client, VIEWER)
+        page = await client.get(f"/dispatch/{ids['expired']}")
+        assert page.status_code == 200
+        assert f"/dispatches/{ids['expired']}/retry" not in page.text
+        answer = await client.post(
+            f"/dispatches/{ids['expired']}/retry",
+            data={"csrf": csrf},
+            headers={"origin": str(client.base_url).rstrip("/")},
+        )
+        assert answer.status_code == 403 and raw.row(ids["expired"])["status"] == "expired"
+
+
+async def test_a_login_needs_a_token_that_proves_a_role_and_this_origin(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        origin = str(client.base_url).rstrip("/")
+        form = (await client.get("/login")).text
+        assert "type=password name=token" in form
+        wrong = await client.post("/login", data={"token": "x" * 20}, headers={"origin": origin})
+        assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+        foreign = await client.post(
+            "/login", data={"token": OPERATOR}, headers={"origin": "http://evil.example"}
+        )
+        assert foreign.status_code == 403 and "set-cookie" not in foreign.headers
+
+
+async def test_actions_answer_404_and_409_with_the_reason_and_json_when_asked(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await populate(store, raw)
+    headers = {**BEARER["operator"], "accept": "application/json"}
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        missing = await client.post("/dispatches/" + "0" * 32 + "/retry", headers=headers)
+        assert missing.status_code == 404 and "no dispatch" in missing.json()["error"]
+        gone = await client.post("/dispatches/" + "0" * 32 + "/purge", headers=headers)
+        assert gone.status_code == 404
+        wrong = await client.post(f"/dispatches/{ids['delivered']}/retry", headers=headers)
+        assert wrong.status_code == 409 and "dead_letter or expired" in wrong.json()["error"]
+        refused = await client.post("/actions/retry", data={"status": "acked"}, headers=headers)
+        assert refused.status_code == 409 and "not allowed" in refused.json()["error"]
+        bad = await client.post("/actions/purge", data={"status": "lost"}, headers=headers)
+        assert bad.status_code == 400 and "status must be one of" in bad.json()["error"]
+        done = await client.post(f"/dispatches/{ids['dead_letter']}/retry", headers=headers)
+        assert done.json() == {
+            "id": ids["dead_letter"],
+            "action": "retry",
+            "applied": True,
+            "status": "pending",
+        }
+        html = await client.post(f"/dispatches/{ids['expired']}/purge", headers=BEARER["operator"])
+        assert html.headers["content-type"].startswith("text/html")
+        assert "purged" in html.text
+        assert html.headers["content-security-policy"].startswith("default-src 'none'")
+        assert html.headers["x-content-type-options"] == "nosniff"
+        assert raw.rows("SELECT id FROM dispatch_outbox WHERE id = ?", (ids["expired"],)) == []
+
+
+async def test_a_bulk_action_confirms_its_count_then_applies_exactly_the_filtered_rows(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch.web")
+    ids = await populate(store, raw)
+    headers = BEARER["operator"]
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        confirm = await client.get(
+            "/actions/purge?status=delivered&kind=<b>x</b>",
+            headers={**headers, "accept": "application/json"},
+        )
+        assert confirm.json()["matching"] == 0
+        page = await client.get(
+            "/actions/purge?status=delivered&kind=%3Cb%3Ex%3C%2Fb%3E", headers=headers
+        )
+        assert "&lt;b&gt;x&lt;/b&gt;" in page.text and "<b>x</b>" not in page.text
+        count = await client.get("/actions/purge?status=delivered", headers=headers)
+        assert "Purge 1 rows?" in count.text
+        before = {
+            row["id"]: row["status"] for row in raw.rows("SELECT id, status FROM dispatch_outbox")
+        }
+        answer = await client.post(
+            "/actions/purge",
+            data={"status": "delivered"},
+            headers={**headers, "accept": "application/json"},
+        )
+        assert answer.json() == {"action": "purge", "matched": 1, "applied": 1, "skipped": 0}
+    after = {row["id"]: row["status"] for row in raw.rows("SELECT id, status FROM dispatch_outbox")}
+    assert set(before) - set(after) == {ids["delivered"]}
+    assert all(after[key] == before[key] for key in after)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web: bulk")]
+    assert lines and "purge of 1 rows" in lines[0] and "by operator (bearer)" in lines[0]
+    assert not any(OPERATOR in r.getMessage() or VIEWER in r.getMessage() for r in caplog.records)
