@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="count, delete nothing")
     command("stats", "counts per status, oldest due pending, recent dead letters")
     command("migrate", "create the outbox schema, or bring it forward to this version")
+    _schedules(command("schedules", SCHEDULES_HELP))
     check = command("check-config", "validate a configuration file, reporting every problem")
     check.add_argument(
         "file",
@@ -233,6 +234,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     web.set_defaults(handler=cmd_web)
     return parser
+
+
+SCHEDULES_HELP: Final = (
+    "the configuration's schedules: cadence, timezone, paused, last and next fire "
+    "(read-only); or pause, resume or run one"
+)
+
+
+def _schedules(schedules: argparse.ArgumentParser) -> None:
+    """``schedules`` lists; ``schedules pause|resume|run NAME`` acts on one.
+    The listing's options are taken after an action too (SUPPRESS: an
+    option left out keeps what was given before the action)."""
+    schedules.add_argument(
+        "--wide",
+        action="store_true",
+        help="never cut a column to the terminal's width (output that is not a "
+        "terminal is never cut)",
+    )
+    schedules.set_defaults(action=None)
+    actions = schedules.add_subparsers(
+        dest="action", metavar="ACTION", required=False, parser_class=_Parser
+    )
+    for name, help in (
+        ("pause", "pause a schedule: no worker fires its ticks until it is resumed"),
+        ("resume", "resume a paused schedule; its missed ticks follow its missed: policy"),
+        ("run", "fire one extra run now (flagged manual, not a tick); print its dispatch id"),
+    ):
+        action = actions.add_parser(name, help=help, description=help)
+        action.add_argument("name", metavar="NAME", help="the schedule's name in the configuration")
+        action.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+        )
+        _global_options(action, after_command=True)
 
 
 def _positive_int(text: str) -> int:

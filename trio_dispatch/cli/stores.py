@@ -17,10 +17,11 @@ from ..store.base import Store
 from .operate import cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
 from .output import UsageError
 from .read import cmd_history, cmd_ls, cmd_show, cmd_stats
+from .schedules import check_schedules_args, cmd_schedules, is_read
 from .target import resolve_store
 
 READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
-"""Commands that open the store read-only."""
+"""Commands that open the store read-only (and ``schedules`` with no action)."""
 ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "purge"})
 """Commands that name one dispatch (its id, or a unique prefix of it)."""
 
@@ -57,6 +58,7 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
     "prune": cmd_prune,
     "stats": cmd_stats,
     "migrate": cmd_migrate,
+    "schedules": cmd_schedules,
 }
 
 
@@ -65,14 +67,18 @@ def cmd_store(args: argparse.Namespace) -> int:
     choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = STORE_COMMANDS[args.command]
     args.ordering = choice.ordering
+    reading = args.command in READ_COMMANDS
+    if args.command == "schedules":
+        check_schedules_args(args, choice)
+        reading = is_read(args)
 
     async def run() -> int:
         async with open_store(
             choice.target,
             busy_timeout=choice.busy_timeout,
-            read_only=args.command in READ_COMMANDS,
+            read_only=reading,
             migrate=migrating,
-            snapshot=args.command in READ_COMMANDS,
+            snapshot=reading,
             schema=choice.schema,
         ) as db:
             if args.command in ID_COMMANDS:

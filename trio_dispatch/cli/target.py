@@ -23,6 +23,7 @@ from ..config import (
 )
 from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from ..redact import register_secrets, url_secrets, visible
+from ..schedules.spec import Schedule
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, parse_target, store_schema
 from .output import UsageError
 
@@ -47,6 +48,9 @@ class StoreChoice:
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
     """The configuration's ``dispatch.ordering.on_dead_letter`` (``block``
     without one): which keys ``ls --blocked`` reports."""
+    schedules: tuple[Schedule, ...] = ()
+    """The configuration's ``schedules:`` (none with ``--db`` and no
+    configuration found): what ``schedules`` lists and acts on."""
 
 
 def resolve_store(
@@ -102,6 +106,7 @@ def resolve_store(
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
         schema=schema,
         ordering=loaded.dispatch.on_dead_letter if loaded is not None else DEFAULT_ORDERING_POLICY,
+        schedules=loaded.schedules if loaded is not None else (),
     )
     if engine == "postgres":
         return choice

@@ -1,0 +1,138 @@
+"""``schedules``: the configured schedules as the store knows them, and the
+operator's three acts on one (SPEC section 14).
+
+``schedules`` lists each schedule of the configuration (its cadence,
+timezone, paused flag, newest run and next fire) on a store opened
+read-only, like the other read commands: it never creates, migrates or
+changes anything. ``schedules pause NAME`` and ``schedules resume NAME``
+set the flag every worker reads from the store (a worker notices within
+its refresh period; resumed, the missed ticks follow the schedule's
+``missed``); ``schedules run NAME`` fires one extra run now, flagged
+manual, and prints its dispatch id. A name the configuration does not
+hold is exit 1 with one line naming it and the configured names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from functools import partial
+from typing import Any
+
+from ..redact import visible
+from ..schedules.runs import Fired, fire_manual, listing, set_paused
+from ..schedules.spec import Schedule
+from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
+from ..times import format_time
+from .output import EXIT_OK, NotApplied, emit_json, format_table
+from .target import StoreChoice
+
+ACTIONS = ("pause", "resume", "run")
+"""What ``schedules ACTION NAME`` may do; without an action it lists."""
+
+
+def schedule_named(schedules: tuple[Schedule, ...], name: str) -> Schedule:
+    """The configured schedule called ``name``; :class:`NotApplied` (exit 1)
+    naming it and every configured name when there is none."""
+    for schedule in schedules:
+        if schedule.name == name:
+            return schedule
+    configured = ", ".join(visible(s.name) for s in schedules) or "none"
+    raise NotApplied(
+        f"no schedule named {visible(repr(name))} in the configuration (configured: {configured})"
+    )
+
+
+def is_read(args: argparse.Namespace) -> bool:
+    """Whether this ``schedules`` command only reads (the listing)."""
+    return getattr(args, "action", None) is None
+
+
+def check_schedules_args(args: argparse.Namespace, choice: StoreChoice) -> None:
+    """Before the store is opened: keep the configuration's schedules (and
+    body limit) in ``args``; an act on a name not configured is
+    :class:`NotApplied`, the store untouched."""
+    args.configured_schedules = choice.schedules
+    args.max_body_bytes = choice.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+    if not is_read(args):
+        schedule_named(choice.schedules, args.name)
+
+
+async def cmd_schedules(db: Store, args: argparse.Namespace) -> int:
+    """List the schedules, or pause, resume or run the one named (after
+    :func:`check_schedules_args`)."""
+    action = getattr(args, "action", None)
+    if action is None:
+        return await _list(db, args, args.configured_schedules)
+    schedule = schedule_named(args.configured_schedules, args.name)
+    now = time.time()
+    if action == "run":
+        limit = args.max_body_bytes
+        run: Fired = await db.write(
+            partial(fire_manual, schedule=schedule, now=now, max_body=limit)
+        )
+        db.notify_enqueued()
+        if args.json:
+            emit_json(
+                {
+                    "schedule": run.schedule,
+                    "origin": run.origin,
+                    "run_id": run.run_id,
+                    "dispatch_id": run.dispatch_id,
+                }
+            )
+        else:
+            print(f"ran schedule {visible(schedule.name)} (manual): dispatch {run.dispatch_id}")
+        return EXIT_OK
+    paused = action == "pause"
+    changed: bool = await db.write(partial(set_paused, name=schedule.name, paused=paused, now=now))
+    word = "paused" if paused else "resumed"
+    if args.json:
+        emit_json({"schedule": schedule.name, "paused": paused, "changed": changed})
+    elif changed:
+        print(f"{word} schedule {visible(schedule.name)}")
+    else:
+        state = "paused" if paused else "not paused"
+        print(f"schedule {visible(schedule.name)} was already {state}: nothing to do")
+    return EXIT_OK
+
+
+def _last(last: Any, now: float) -> tuple[str, str, str]:
+    if last is None:
+        return "-", "-", "-"
+    return (
+        format_time(float(last["scheduled_for"]), now),
+        format_time(float(last["created_at"]), now),
+        visible(last["origin"]),
+    )
+
+
+async def _list(db: Store, args: argparse.Namespace, schedules: tuple[Schedule, ...]) -> int:
+    now = time.time()
+    found = await db.read(partial(listing, schedules=schedules, now=now))
+    if args.json:
+        emit_json({"schedules": [entry.to_dict() for entry in found]})
+        return EXIT_OK
+    if not found:
+        print("no schedules configured (the configuration's schedules: section)")
+        return EXIT_OK
+    rows = []
+    for entry in found:
+        schedule = entry.schedule
+        paused = bool(entry.state and entry.state.paused)
+        tick, fired, origin = _last(entry.last_run, now)
+        rows.append(
+            [
+                visible(schedule.name),
+                visible(schedule.cadence),
+                visible(schedule.timezone),
+                "yes" if paused else "no",
+                tick,
+                fired,
+                origin,
+                "paused" if paused else format_time(entry.next_fire, now),
+            ]
+        )
+    headers = ["NAME", "SCHEDULE", "TIMEZONE", "PAUSED", "LAST_TICK", "FIRED_AT", "ORIGIN", "NEXT"]
+    print(format_table(headers, rows, flexible=1, wide=args.wide))
+    return EXIT_OK
