@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,9 @@ from ..config import (
     load_config,
 )
 from ..redact import known_secrets, mask_url, one_line, visible
+from ..schedules.runs import iso
+from ..schedules.spec import Schedule
+from ..times import format_time
 from ..transports.plugins import transport_plugins
 from .output import EXIT_OK, UsageError, emit_json
 
@@ -37,6 +42,45 @@ def config_warnings(config: Config) -> list[str]:
 
 def _seconds(values: Sequence[float]) -> str:
     return ", ".join(f"{value:g}s" for value in values)
+
+
+def next_fire(schedule: Schedule, now: float) -> float | None:
+    """When the schedule's next tick after ``now`` is due by its cadence
+    alone (the store is not read: a pause is not known here); None when its
+    cron expression matches no time ahead."""
+    tick = schedule.next_tick(now)
+    return None if math.isinf(tick) else schedule.fire_time(tick)
+
+
+def _schedule_document(schedule: Schedule, now: float) -> dict[str, Any]:
+    fire = next_fire(schedule, now)
+    return {
+        "name": schedule.name,
+        "cron": schedule.cron,
+        "every": None if schedule.every is None else str(schedule.every),
+        "timezone": schedule.timezone,
+        "kind": schedule.kind,
+        "deliver_to": schedule.deliver_to,
+        "missed": schedule.missed,
+        "catch_up_seconds": schedule.catch_up_seconds,
+        "jitter_seconds": schedule.jitter_seconds,
+        "next_fire": None if fire is None else iso(fire),
+    }
+
+
+def _print_schedules(schedules: Sequence[Schedule], now: float) -> None:
+    if not schedules:
+        print("  schedules: none")
+        return
+    print(f"  schedules: {len(schedules)}")
+    for schedule in schedules:
+        print(
+            f"    {visible(schedule.name)}: {visible(schedule.cadence)} "
+            f"({visible(schedule.timezone)}), "
+            f"kind {visible(schedule.kind)} to {visible(schedule.deliver_to)}, "
+            f"missed {schedule.missed} (catch-up {schedule.catch_up_seconds:g}s), "
+            f"next fire {format_time(next_fire(schedule, now), now)}"
+        )
 
 
 def _print_config(config: Config, path: Path) -> None:
@@ -71,6 +115,7 @@ def _print_config(config: Config, path: Path) -> None:
         f"  http: {'off' if http.listen is None else f'listen {http.listen}'}, "
         f"token {'set' if http.token else 'none'}, max_connections {http.max_connections}"
     )
+    _print_schedules(config.schedules, time.time())
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -122,6 +167,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                     "max_connections": config.http.max_connections,
                 },
                 "log_level": config.log_level,
+                "schedules": [_schedule_document(s, time.time()) for s in config.schedules],
                 "warnings": warnings,
             }
         )

@@ -127,7 +127,8 @@ class Schedule:
             )
         at = self.where or f"schedule {self.name!r}: "
         if (self.cron is None) == (self.every is None):
-            raise ValueError(f"{at}set exactly one of cron or every")
+            whole = f"{at[:-1]}: " if at.endswith(".") else at  # the schedule, not a field
+            raise ValueError(f"{whole}set exactly one of cron or every")
         seconds = None if self.every is None else _every_seconds(f"{at}every", self.every)
         cron = None if self.cron is None else _cron(f"{at}cron", self.cron)
         zone = _zone(f"{at}timezone", self.timezone)
