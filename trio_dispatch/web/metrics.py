@@ -15,9 +15,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from ..worker.metrics import DURATION_BUCKETS
+from ..worker.metrics import DURATION_BUCKETS, SCHEDULE_OUTCOMES
 
 if TYPE_CHECKING:
+    from ..schedules import Scheduler
     from ..worker import DispatchWorker
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
@@ -130,7 +131,34 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
                 value=max(0.0, now - statistics.last_scan_at),
             )
         )
+    if worker.scheduler is not None:
+        out += schedule_families(worker.scheduler)
     return out
+
+
+def schedule_families(scheduler: Scheduler) -> list[Metric]:
+    """A worker's schedules (SPEC section 14): the runs this process fired,
+    by schedule and outcome (every pair, from 0), and each schedule's next
+    fire time (none while it is paused or matches no time ahead)."""
+    runs = CounterMetricFamily(
+        "trio_dispatch_schedule_runs",
+        "Schedule runs this worker fired, by schedule and outcome (fired: a tick on time; "
+        "backfilled: a missed tick caught up; manual: an extra run).",
+        labels=["schedule", "outcome"],
+    )
+    fired = dict(scheduler.fired)
+    for name in sorted(scheduler.schedules):
+        for origin, outcome in SCHEDULE_OUTCOMES.items():
+            runs.add_metric([name, outcome], fired.get((name, origin), 0))
+    next_fire = GaugeMetricFamily(
+        "trio_dispatch_schedule_next_fire_timestamp_seconds",
+        "When each schedule's next tick is due (Unix time); absent while it is paused.",
+        labels=["schedule"],
+    )
+    for name, when in sorted(scheduler.next_fire.items()):
+        if when is not None:
+            next_fire.add_metric([name], when)
+    return [runs, next_fire]
 
 
 def render(metric_families: Iterable[Metric]) -> bytes:

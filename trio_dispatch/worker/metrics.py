@@ -1,5 +1,6 @@
 """What a worker counts about its deliveries, for ``/metrics`` (SPEC
-section 11): attempts by outcome and kind, and their durations.
+section 11): attempts by outcome and kind, and their durations; and how its
+schedules' runs are named there (SPEC section 14).
 
 Kinds are outside input, so the label set is bounded: at most
 :data:`MAX_KINDS` kinds get a label of their own and every other kind is
@@ -36,6 +37,9 @@ DURATION_BUCKETS: Final = (
     60.0,
 )
 """Upper bounds (seconds) of the delivery-duration histogram; +Inf follows."""
+SCHEDULE_OUTCOMES: Final = {"tick": "fired", "backfilled": "backfilled", "manual": "manual"}
+"""A schedule run's origin (``schedule_runs.origin``) -> the ``outcome``
+label of ``trio_dispatch_schedule_runs_total``: a tick on time is "fired"."""
 
 
 @dataclass
