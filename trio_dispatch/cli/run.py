@@ -188,6 +188,7 @@ def cmd_web(args: argparse.Namespace) -> int:
                             token=config.http.token,
                             operator_token=config.http.operator_token,
                             ordering=choice.ordering,
+                            schedules=choice.schedules,
                         ),
                         listen,
                     )

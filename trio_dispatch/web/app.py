@@ -12,6 +12,10 @@ time; a viewer's or anonymous POST is a 403 and changes nothing.
 refuse is a 400 naming it); ``/blocked`` lists the heads of blocked keys
 under the policy of the worker, or the one given.
 
+``/schedules`` lists the schedules (those of the worker, or the ones given:
+the configuration's, for ``trio-dispatch web``) with their state in the
+store; the index page counts them and the paused ones.
+
 ``/?refresh=N`` reloads the index page every ``N`` seconds
 (:data:`REFRESH_MIN`..:data:`REFRESH_MAX`, a meta refresh: the page still
 runs no script); any other value is a 400 naming it.
@@ -21,7 +25,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlencode
 
@@ -50,6 +55,7 @@ from ..outbox.reads import (
     waiting_behind,
 )
 from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
+from ..schedules.runs import listing, states
 from ..store.base import Database
 from ..values import show
 from . import pages
@@ -58,6 +64,7 @@ from .auth import Auth, Identity, Role
 from .metrics import CONTENT_TYPE, families, render
 
 if TYPE_CHECKING:
+    from ..schedules import Schedule
     from ..worker import DispatchWorker
 
 Scope = MutableMapping[str, Any]
@@ -123,9 +130,14 @@ class WebApp:
         clock: Callable[[], float] = time.time,
         ordering: OrderingPolicy | None = None,
         operator_token: str | None = None,
+        schedules: Sequence[Schedule] | None = None,
     ) -> None:
         self.db = db
         self.worker = worker
+        # The schedules shown: the ones given, else the worker's.
+        if schedules is None and worker is not None and worker.scheduler is not None:
+            schedules = list(worker.scheduler.schedules.values())
+        self.schedules: tuple[Schedule, ...] = tuple(schedules or ())
         # Which keys count as blocked: the worker's policy, else the one given
         # (the configuration's, for ``trio-dispatch web``), else the default.
         if ordering is None:
@@ -289,6 +301,11 @@ class WebApp:
             rows = await list_blocked_heads(self.db, ordering=self.ordering, limit=BLOCKED_PAGE)
             body = pages.blocked(rows, self.ordering, BLOCKED_PAGE, self.clock())
             return 200, pages.page("Blocked keys", body, self.store_label).encode(), html
+        if path == "/schedules":
+            now = self.clock()
+            found = await self.db.read(partial(listing, schedules=self.schedules, now=now))
+            body = pages.schedules(found, now)
+            return 200, pages.page("Schedules", body, self.store_label).encode(), html
         if path.startswith("/dispatch/"):
             dispatch_id = path.removeprefix("/dispatch/")
             status, content = await self._detail(dispatch_id, identity)
@@ -402,6 +419,14 @@ class WebApp:
                 if statistics.last_scan_at is None
                 else max(0.0, now - statistics.last_scan_at),
             }
+        schedules = None
+        if self.schedules:
+            names = [schedule.name for schedule in self.schedules]
+            known = await self.db.read(partial(states, names=names))
+            schedules = {
+                "count": len(names),
+                "paused": sum(1 for state in known.values() if state.paused),
+            }
         here = {
             key: value
             for key, value in {
@@ -425,6 +450,7 @@ class WebApp:
             failures=await recent_failures(self.db),
             refresh=refresh,
             here=here,
+            schedules=schedules,
         )
         body = await self._toolbar(identity, status, kind, ordering_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)

@@ -71,6 +71,8 @@ STYLE: Final = (
     ".badge.expired{background:#f2f4f7;color:#475467}"
     ".badge.awaiting_ack{background:#ebe9fe;color:#5925dc}"
     ".badge.retry{background:#fef0c7;color:#b54708}"
+    ".badge.paused{background:#fef0c7;color:#b54708}"
+    ".badge.active{background:#dcfae6;color:#067647}"
     "form.filter{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:8px 0}"
     ".refresh{float:right;font-size:12px;margin-top:10px}"
     "pre{background:#fff;border:1px solid #dde1e8;padding:10px;overflow:auto;font-size:12px}"
@@ -172,12 +174,14 @@ def overview(
     failures: Sequence[Mapping[str, Any]] = (),
     refresh: int | None = None,
     here: Mapping[str, str] | None = None,
+    schedules: Mapping[str, int] | None = None,
 ) -> str:
     """Counts per status, oldest due age, dead letters of the last 24 h,
     blocked ordering keys, the recent failures, and one page of the list
     filtered by status, kind and ordering key (``labels``: each row's status
     label, "awaiting ack" included). With ``here`` (the page's query), a
-    link that turns auto-refresh on or off."""
+    link that turns auto-refresh on or off; with ``schedules`` (``count``
+    and ``paused``), a card linking to the schedules' page."""
     capped = set(stats["capped"])
     cards = []
     for name in STATUS_ORDER:
@@ -203,6 +207,12 @@ def overview(
         cards.append(
             f'<div class="card blocked" id=blocked-keys><a href="/blocked">'
             f"<div class=n>{blocked_shown}</div><div class=l>blocked keys</div></a></div>"
+        )
+    if schedules is not None:
+        cards.append(
+            '<div class="card schedules" id=schedules-card><a href="/schedules">'
+            f"<div class=n>{int(schedules['count']):,}</div>"
+            f"<div class=l>schedules, {int(schedules['paused']):,} paused</div></a></div>"
         )
     worker_line = ""
     if worker is not None:
@@ -346,6 +356,43 @@ def blocked(rows: Sequence[Mapping[str, Any]], ordering: str, limit: int, now: f
             "<th>deliver_to</th><th>since</th><th>last error</th></tr>"
             + "".join(lines)
             + "</table>"
+        )
+    parts.append('<p><a href="/">&larr; all dispatches</a></p>')
+    return "".join(parts)
+
+
+def schedules(entries: Sequence[Any], now: float) -> str:
+    """Every schedule (:class:`~trio_dispatch.schedules.Listing`): its
+    cadence, timezone, what it enqueues, paused or not, its newest run (the
+    tick, when it fired, what made it) and its next fire."""
+    parts = ["<h1>Schedules</h1>"]
+    if not entries:
+        parts.append(
+            "<p class=muted>No schedules configured (the configuration's "
+            "<span class=mono>schedules:</span> section).</p>"
+        )
+    else:
+        lines = []
+        for entry in entries:
+            schedule, last = entry.schedule, entry.last_run
+            paused = bool(entry.state and entry.state.paused)
+            lines.append(
+                "<tr>"
+                f"{cut(schedule.name, classes='mono')}{cut(schedule.cadence, classes='mono')}"
+                f"{cut(schedule.timezone)}{cut(schedule.kind)}{cut(schedule.deliver_to)}"
+                f"<td>{badge('paused' if paused else 'active')}</td>"
+                f"<td class=when>{when(None if last is None else last['scheduled_for'], now)}</td>"
+                f"<td class=when>{when(None if last is None else last['created_at'], now)}</td>"
+                f"<td>{text('-' if last is None else last['origin'])}</td>"
+                f"<td class=when>{'-' if paused else when(entry.next_fire, now)}</td>"
+                "</tr>"
+            )
+        parts.append(
+            "<table id=schedules>"
+            + columns("12%", "12%", "9%", "10%", "10%", "6em", "11.5em", "11.5em", "7em", "")
+            + "<tr><th>name</th><th>schedule</th><th>timezone</th><th>kind</th>"
+            "<th>deliver_to</th><th>state</th><th>last tick</th><th>fired at</th>"
+            "<th>origin</th><th>next fire</th></tr>" + "".join(lines) + "</table>"
         )
     parts.append('<p><a href="/">&larr; all dispatches</a></p>')
     return "".join(parts)
