@@ -8,14 +8,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from trio_dispatch import open_store
+from trio_dispatch.config import load_config
 from trio_dispatch.schedules import Schedule
 from trio_dispatch.schedules import service as schedule_service
 from trio_dispatch.store import SQLiteStore
@@ -128,7 +135,6 @@ def test_the_listing_on_a_store_no_one_migrated_names_migrate_and_changes_nothin
     assert_one_line_error(empty, 2, "trio-dispatch migrate")
     assert db_path.stat().st_size == 0
     migrate(str(db_path))
-    import sqlite3
 
     conn = sqlite3.connect(db_path)
     conn.execute("DELETE FROM trio_dispatch_schema WHERE version > 6")
@@ -299,6 +305,48 @@ async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_wh
 
 
 def _schedules(config: Path) -> list[Schedule]:
-    from trio_dispatch.config import load_config
-
     return list(load_config(config).schedules)
+
+
+# -- the web command ---------------------------------------------------------------------
+
+
+@pytest.mark.sqlite_only
+def test_the_web_command_shows_the_configuration_s_schedules_and_writes_nothing(
+    tmp_path: Path, db_path: Path
+) -> None:
+
+    migrate(str(db_path))
+    config = write_config(tmp_path, str(db_path))
+    assert run_cli("--config", str(config), "schedules", "pause", "hourly").returncode == 0
+    before = file_state(db_path)
+    env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
+    argv = ["--config", str(config), "web", "--listen", "127.0.0.1:0"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "trio_dispatch", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as web:
+        try:
+            assert web.stderr is not None
+            line = ""
+            deadline = time.monotonic() + 60
+            while "dashboard (read-only) at " not in line and time.monotonic() < deadline:
+                line = web.stderr.readline()
+                assert line, f"the web command ended (exit {web.poll()})"
+            url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
+            page = httpx.get(url + "/schedules", timeout=30)
+            home = httpx.get(url + "/", timeout=30).text
+            assert page.status_code == 200
+            assert "nightly-report" in page.text and 'badge paused">paused<' in page.text
+            assert ">2</div><div class=l>schedules, 1 paused" in home
+            assert file_state(db_path) == before
+        finally:
+            web.send_signal(signal.SIGINT)
+            try:
+                web.wait(timeout=30)
+            finally:
+                web.kill()
+    assert web.returncode == 0
