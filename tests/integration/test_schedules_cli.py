@@ -185,6 +185,13 @@ def test_pause_and_resume_are_kept_in_the_store(tmp_path: Path, db_target: str, 
     }
     resumed = run_cli("--config", str(config), "schedules", "--json", "resume", "nightly-report")
     assert json.loads(resumed.stdout)["changed"] is True
+    paused_again = run_cli("--config", str(config), "schedules", "pause", "nightly-report")
+    assert paused_again.returncode == 0
+    text_resume = run_cli("--config", str(config), "schedules", "resume", "nightly-report")
+    assert text_resume.stdout.strip() == (
+        "resumed schedule nightly-report (running workers take it up within 10s; "
+        "its missed ticks follow missed: latest)"
+    )
     assert int(raw.scalar("SELECT paused FROM dispatch_schedules")) == 0
     assert listed(config)["nightly-report"]["paused"] is False
     plain = run_cli("--config", str(config), "schedules", "resume", "nightly-report")

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..redact import visible
 from ..schedules.runs import Fired, fire_manual, listing, set_paused
+from ..schedules.service import REFRESH_SECONDS
 from ..schedules.spec import Schedule
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
 from ..times import format_time
@@ -86,11 +87,15 @@ async def cmd_schedules(db: Store, args: argparse.Namespace) -> int:
         return EXIT_OK
     paused = action == "pause"
     changed: bool = await db.write(partial(set_paused, name=schedule.name, paused=paused, now=now))
-    word = "paused" if paused else "resumed"
     if args.json:
         emit_json({"schedule": schedule.name, "paused": paused, "changed": changed})
+    elif changed and paused:
+        print(f"paused schedule {visible(schedule.name)}")
     elif changed:
-        print(f"{word} schedule {visible(schedule.name)}")
+        print(
+            f"resumed schedule {visible(schedule.name)} (running workers take it up within "
+            f"{REFRESH_SECONDS:g}s; its missed ticks follow missed: {schedule.missed})"
+        )
     else:
         state = "paused" if paused else "not paused"
         print(f"schedule {visible(schedule.name)} was already {state}: nothing to do")
