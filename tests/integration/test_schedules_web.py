@@ -7,12 +7,17 @@ both backends."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import signal
+import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 
 from trio_dispatch.schedules import Schedule
@@ -22,7 +27,7 @@ from trio_dispatch.web import WebApp
 from trio_dispatch.worker import DispatchWorker
 
 from ..conftest import RawDB
-from ..helpers import wait_for
+from ..helpers import start_worker, wait_for
 from .test_web import metrics_of, nothing, samples, serving
 
 pytestmark = pytest.mark.anyio
@@ -196,3 +201,43 @@ async def test_the_dashboard_takes_a_worker_s_schedules_and_shows_none_without(
         bare = (await client.get("/")).text
     assert "No schedules configured" in page and "<table id=schedules>" not in page
     assert "id=schedules-card" not in bare
+
+
+@pytest.mark.sqlite_only
+def test_the_worker_command_serves_its_schedules_metrics_and_page(
+    tmp_path: Path, db_path: Path
+) -> None:
+    config = tmp_path / "trio-dispatch.yaml"
+    config.write_text(
+        f"store: {db_path}\n"
+        f"dispatch:\n  notify_template: [{json.dumps(sys.executable)}, -c, pass]\n"
+        "http:\n  listen: 127.0.0.1:0\n"
+        "schedules:\n  fast:\n    every: 1s\n    kind: tick\n    deliver_to: ticks\n",
+        encoding="utf-8",
+    )
+    key = ("trio_dispatch_schedule_runs_total", ("outcome", "fired"), ("schedule", "fast"))
+    with start_worker(config) as worker:
+        try:
+            assert worker.stderr is not None
+            line = ""
+            deadline = time.monotonic() + 60
+            while "dashboard at " not in line and time.monotonic() < deadline:
+                line = worker.stderr.readline()
+                assert line, f"the worker ended (exit {worker.poll()})"
+            base = line.split("dashboard at ", 1)[1].split()[0].rstrip("/")
+            fired = 0.0
+            deadline = time.monotonic() + 20
+            while fired < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                text = httpx.get(base + "/metrics", timeout=10).text
+                fired = samples(metrics_of(text)["trio_dispatch_schedule_runs"]).get(key, 0.0)
+            assert fired >= 2
+            page = httpx.get(base + "/schedules", timeout=10).text
+            assert list(schedule_rows(page)) == ["fast"] and "<td>tick</td>" in page
+        finally:
+            worker.send_signal(signal.SIGINT)
+            try:
+                worker.wait(timeout=30)
+            finally:
+                worker.kill()
+    assert worker.returncode == 0
