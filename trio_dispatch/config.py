@@ -390,6 +390,8 @@ def _check_section(
         else:
             try:
                 values[name] = rule.check(key, data[name])
+            except ConfigError as exc:  # a section that reports each of its problems
+                problems.extend(exc.problems)
             except (TypeError, ValueError) as exc:
                 problems.append(str(exc))
     return values

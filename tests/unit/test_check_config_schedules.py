@@ -131,3 +131,27 @@ def test_a_bad_schedule_is_one_line_naming_its_dotted_key(
     assert words[0] in document["errors"][0]
     # every other command that reads the file refuses it the same way
     assert_one_line_error(cli("--config", str(config), "schedules"), 2, words[0])
+
+
+def test_check_config_reports_every_bad_schedule_at_once(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "store: o.db\nworker:\n  concurrency: many\nschedules:\n"
+        "  a:\n    every: 0s\n    kind: k\n    deliver_to: d\n"
+        "  good:\n    every: 5s\n    kind: k\n    deliver_to: d\n"
+        "  b:\n    cron: '* * * *'\n    kind: k\n    deliver_to: d\n"
+    )
+    line = assert_one_line_error(
+        cli("check-config", str(config)),
+        2,
+        "worker.concurrency",
+        "schedules.a.every must be between",
+        "schedules.b.cron must have five fields",
+    )
+    assert line.count(";") == 2
+    document = json.loads(cli("check-config", str(config), "--json").stdout)
+    assert sorted(error.split()[0] for error in document["errors"]) == [
+        "schedules.a.every",
+        "schedules.b.cron",
+        "worker.concurrency",
+    ]

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ..errors import ConfigError
 from ..outbox.ordering import require_ordering_key
 from ..validate import (
     require_body,
@@ -268,28 +269,43 @@ _FILE_KEYS: Final = (
 def schedules_from_config(key: str, value: object) -> tuple[Schedule, ...]:
     """The ``schedules:`` section of the configuration file (name ->
     fields); a problem raises ``TypeError``/``ValueError`` naming the
-    dotted key."""
+    dotted key, and problems in several schedules a ``ConfigError`` (a
+    ``ValueError``) holding each."""
     if value is None:
         return ()
     if not isinstance(value, Mapping):
         raise TypeError(f"{key} must be a mapping of schedule names, got {type(value).__name__}")
     found: list[Schedule] = []
+    errors: list[TypeError | ValueError] = []
     for name, fields in value.items():
-        where = f"{key}.{name}"
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(
-                f"{key}: schedule name must be 1-128 letters, digits, '_', '.', ':' or '-', "
-                f"starting with a letter or digit, got {show(name)}"
-            )
-        if not isinstance(fields, Mapping):
-            raise TypeError(f"{where} must be a mapping, got {type(fields).__name__}")
-        for field in fields:
-            if field not in _FILE_KEYS:
-                raise ValueError(
-                    f"unknown key {f'{where}.{field}'!r} (allowed: {', '.join(_FILE_KEYS)})"
-                )
-        for required in ("kind", "deliver_to"):
-            if required not in fields:
-                raise ValueError(f"{where}.{required} is required")
-        found.append(Schedule(name=name, where=f"{where}.", **fields))
+        try:
+            found.append(_schedule_from_file(key, name, fields))
+        except (TypeError, ValueError) as exc:
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:  # every bad schedule, each its own problem of the file
+        problems = tuple(str(error) for error in errors)
+        raise ConfigError("; ".join(problems), problems)
     return tuple(found)
+
+
+def _schedule_from_file(key: str, name: object, fields: object) -> Schedule:
+    """One schedule of the file's section, its errors naming the dotted key."""
+    where = f"{key}.{name}"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(
+            f"{key}: schedule name must be 1-128 letters, digits, '_', '.', ':' or '-', "
+            f"starting with a letter or digit, got {show(name)}"
+        )
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"{where} must be a mapping, got {type(fields).__name__}")
+    for field in fields:
+        if field not in _FILE_KEYS:
+            raise ValueError(
+                f"unknown key {f'{where}.{field}'!r} (allowed: {', '.join(_FILE_KEYS)})"
+            )
+    for required in ("kind", "deliver_to"):
+        if required not in fields:
+            raise ValueError(f"{where}.{required} is required")
+    return Schedule(name=name, where=f"{where}.", **fields)
