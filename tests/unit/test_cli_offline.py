@@ -126,6 +126,29 @@ def test_check_config_shows_the_retry_schedule_and_worker_settings(tmp_path: Pat
     assert "retry_schedule: not set: min(30 * 2^attempt, 1800)s" in shown
 
 
+def test_the_operator_token_is_shown_masked_and_must_differ_from_the_viewers(
+    tmp_path: Path,
+) -> None:
+    viewer, operator = "viewer-token-0123456789", "operator-token-0123456789"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"http:\n  token: {viewer}\n  operator_token: {operator}\n")
+    text = run_cli("check-config", str(config))
+    assert "operator_token set (operators may act)" in text.stdout
+    assert operator not in text.stdout + text.stderr and viewer not in text.stdout
+    assert json.loads(run_cli("check-config", "--json", str(config)).stdout)["http"][
+        "operator_token"
+    ]
+    same = tmp_path / "same.yaml"
+    same.write_text(f"http:\n  token: {viewer}\n  operator_token: {viewer}\n")
+    refused = run_cli("check-config", str(same))
+    assert refused.returncode == 2 and "http.operator_token must differ" in refused.stderr
+    assert viewer not in refused.stdout + refused.stderr
+    short = tmp_path / "short.yaml"
+    short.write_text("http:\n  operator_token: short\n")
+    refused = run_cli("check-config", str(short))
+    assert "http.operator_token (***) must be at least 16" in refused.stderr
+
+
 def test_http_max_connections_defaults_to_64_and_is_validated() -> None:
     assert parse_config(None).http.max_connections == 64
     assert parse_config({"http": {"max_connections": 5}}).http.max_connections == 5
@@ -139,11 +162,15 @@ def test_check_config_reports_http_max_connections(tmp_path: Path) -> None:
     config.write_text("store: o.db\nhttp:\n  listen: 127.0.0.1:9464\n  max_connections: 12\n")
     text = run_cli("check-config", str(config))
     assert text.returncode == 0, text.stderr
-    assert "  http: listen 127.0.0.1:9464, token none, max_connections 12" in text.stdout
+    assert (
+        "  http: listen 127.0.0.1:9464, token none, operator_token none (read-only), "
+        "max_connections 12"
+    ) in text.stdout
     data = run_cli("check-config", "--json", str(config))
     assert json.loads(data.stdout)["http"] == {
         "listen": "127.0.0.1:9464",
         "token": False,
+        "operator_token": False,
         "max_connections": 12,
     }
     bad = tmp_path / "bad.yaml"

@@ -113,7 +113,10 @@ def _print_config(config: Config, path: Path) -> None:
     http = config.http
     print(
         f"  http: {'off' if http.listen is None else f'listen {http.listen}'}, "
-        f"token {'set' if http.token else 'none'}, max_connections {http.max_connections}"
+        f"token {'set' if http.token else 'none'}, "
+        f"operator_token {'set' if http.operator_token else 'none'} "
+        f"({'operators may act' if http.operator_token else 'read-only'}), "
+        f"max_connections {http.max_connections}"
     )
     _print_schedules(config.schedules, time.time())
 
@@ -164,6 +167,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 "http": {
                     "listen": None if config.http.listen is None else str(config.http.listen),
                     "token": config.http.token is not None,
+                    "operator_token": config.http.operator_token is not None,
                     "max_connections": config.http.max_connections,
                 },
                 "log_level": config.log_level,

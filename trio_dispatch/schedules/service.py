@@ -125,7 +125,16 @@ class Scheduler:
         if not work:
             return
         limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-        runs: list[Fired] = await self.db.write(partial(fire, work=work, now=now, max_body=limit))
+        # Shielded: runs that committed are counted and logged even when the
+        # worker is being cancelled meanwhile (the write is bounded by the
+        # store's busy timeout).
+        with anyio.CancelScope(shield=True):
+            runs: list[Fired] = await self.db.write(
+                partial(fire, work=work, now=now, max_body=limit)
+            )
+            self._count(runs)
+
+    def _count(self, runs: list[Fired]) -> None:
         for run in runs:
             self.fired[(run.schedule, run.origin)] += 1
             self.log.info(
