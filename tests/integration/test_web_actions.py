@@ -5,6 +5,8 @@ trail and the logs."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 from typing import Any
@@ -198,6 +200,12 @@ async def test_actions_answer_404_and_409_with_the_reason_and_json_when_asked(
         assert "purged" in html.text
         assert html.headers["content-security-policy"].startswith("default-src 'none'")
         assert html.headers["x-content-type-options"] == "nosniff"
+        policy = html.headers["content-security-policy"]
+        style = html.text.split("<style>", 1)[1].split("</style>", 1)[0]
+        digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+        assert f"style-src 'sha256-{digest}'" in policy and "unsafe" not in policy
+        assert "script-src" not in policy and "frame-ancestors 'none'" in policy
+        assert " style=" not in html.text and "<script" not in html.text
         assert raw.rows("SELECT id FROM dispatch_outbox WHERE id = ?", (ids["expired"],)) == []
 
 

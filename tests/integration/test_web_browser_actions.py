@@ -64,6 +64,9 @@ def test_an_operator_logs_in_retries_a_dead_letter_and_bulk_purges_in_a_real_bro
             driver.find_element(By.CSS_SELECTOR, "form.login button").click()
             wait_until(lambda: driver.current_url.rstrip("/") == url)
             assert "Log out" in driver.page_source
+            # The Content-Security-Policy lets the page's one style block in by its hash.
+            header = driver.find_element(By.TAG_NAME, "header")
+            assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)"
             # Retry the dead letter from its page.
             driver.get(url + f"/dispatch/{ids['dead_letter']}")
             driver.save_screenshot(str(tmp_path / "row-actions.png"))

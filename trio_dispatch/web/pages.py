@@ -12,7 +12,9 @@ page, where long values wrap.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import html
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,7 +34,7 @@ CELL_TEXT_LIMIT: Final = 300
 REFRESH_CHOICES: Final = (5, 10, 30, 60)
 """The auto-refresh periods the index page offers as links, in seconds."""
 
-STYLE: Final = (
+_BASE_STYLE: Final = (
     'body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;'
     "background:#f6f7f9}"
     "header{background:#1d2330;color:#fff;padding:12px 24px;display:flex;gap:16px;"
@@ -82,7 +84,27 @@ STYLE: Final = (
     "border:1px solid #dde1e8;padding:10px 14px;margin:0}"
     "dt{color:#5b6475}"
     "dd{margin:0;min-width:0;overflow-wrap:anywhere}"
+    "form.action,form.login{display:inline-block;margin:0 8px 8px 0}"
+    "form.action button{padding:4px 12px;border:1px solid #b42318;background:#fff;"
+    "color:#b42318;border-radius:4px;cursor:pointer}"
+    ".operator{margin:0 0 12px}.error{color:#b42318}"
 )
+_WIDTHS: Final = (
+    "5.5em", "6em", "7em", "8em", "11.5em", "9%", "10%", "12%", "14%", "16%", "18%"
+)  # fmt: skip
+"""Every column width the tables use, as a class each (an inline ``style``
+attribute would need ``'unsafe-inline'`` in the Content-Security-Policy)."""
+
+
+def _width_class(width: str) -> str:
+    return "w" + width.replace(".", "-").replace("%", "p")
+
+
+STYLE: Final = _BASE_STYLE + "".join(
+    f".{_width_class(width)}{{width:{width}}}" for width in _WIDTHS
+)
+STYLE_HASH: Final = "sha256-" + base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()
+"""The Content-Security-Policy source that allows the one style block."""
 
 
 def text(value: object) -> str:
@@ -122,11 +144,13 @@ def badge(label: str) -> str:
 
 
 def columns(*widths: str) -> str:
-    """The widths of a fixed-layout table's columns (``""``: a share of
-    what is left)."""
+    """The widths of a fixed-layout table's columns, each one of
+    :data:`_WIDTHS` (``""``: a share of what is left)."""
+    unknown = [width for width in widths if width and width not in _WIDTHS]
+    assert not unknown, f"add {unknown} to _WIDTHS"
     return (
         "<colgroup>"
-        + "".join(f'<col style="width:{width}">' if width else "<col>" for width in widths)
+        + "".join(f"<col class={_width_class(width)}>" if width else "<col>" for width in widths)
         + "</colgroup>"
     )
 
