@@ -1,13 +1,16 @@
-"""Make docs/dashboard.png: a store with a realistic mix of dispatches
-(failures with long errors, rows awaiting their ack among them), served by
-`trio-dispatch web`, photographed in headless Chromium (Debian's chromium
-and chromium-driver) at 1280 px wide.
+"""Make docs/dashboard.png and docs/dashboard-actions.png: a store with a
+realistic mix of dispatches (failures with long errors, rows awaiting their
+ack among them), served by `trio-dispatch web` with an operator token,
+photographed in headless Chromium (Debian's chromium and chromium-driver)
+at 1280 px wide: the overview as anyone on loopback sees it, then a dead
+letter's page after an operator's login, with its Retry and Purge buttons.
 
-    .venv/bin/python scripts/dashboard_screenshot.py [OUT.png]
+    .venv/bin/python scripts/dashboard_screenshot.py [OUT_DIR]
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -90,22 +93,29 @@ async def _awaiting(db: object) -> list[dict[str, str]]:
     return [r for r in rows if r["ack_token"] and r["attempt"] == 1][:10]
 
 
+OPERATOR = "screenshot-operator-token-0123"
+
+
 def main() -> None:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "dashboard.png"
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs"
+    out, actions = folder / "dashboard.png", folder / "dashboard-actions.png"
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
 
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp) / "profile"
         db = Path(tmp) / "shop.db"
         anyio.run(fill, db, backend="trio")
+        config = Path(tmp) / "c.yaml"
+        config.write_text(json.dumps({"store": str(db), "http": {"operator_token": OPERATOR}}))
         server = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "trio_dispatch",
-                "--db",
-                str(db),
+                "--config",
+                str(config),
                 "web",
                 "--listen",
                 "127.0.0.1:0",
@@ -144,12 +154,25 @@ def main() -> None:
                 time.sleep(0.3)
                 out.parent.mkdir(parents=True, exist_ok=True)
                 driver.save_screenshot(str(out))
+                dead = driver.find_element(By.CSS_SELECTOR, "a[href^='/?status=dead_letter']")
+                dead.click()
+                time.sleep(0.3)
+                first = driver.find_element(By.CSS_SELECTOR, "#dispatches a[href^='/dispatch/']")
+                row_page = first.get_attribute("href")
+                driver.get(url + "/login")
+                driver.find_element(By.NAME, "token").send_keys(OPERATOR)
+                driver.find_element(By.CSS_SELECTOR, "form.login button").click()
+                time.sleep(0.3)
+                driver.set_window_size(1280, 1400)
+                driver.get(str(row_page))
+                time.sleep(0.3)
+                driver.save_screenshot(str(actions))
             finally:
                 driver.quit()
         finally:
             server.terminate()
             server.wait(timeout=20)
-    print(f"wrote {out}")
+    print(f"wrote {out} and {actions}")
 
 
 if __name__ == "__main__":
