@@ -42,6 +42,7 @@ def routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
         ("GET", "/blocked", {}),
         ("GET", f"/dispatch/{dead}", {}),
         ("GET", "/metrics", {}),
+        ("GET", "/schedules", {}),
         ("GET", "/actions/retry?status=dead_letter", {}),
         ("POST", f"/dispatches/{dead}/retry", {}),
         ("POST", f"/dispatches/{done}/purge", {}),
@@ -52,9 +53,9 @@ def routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
 
 EXPECTED = {
     # role -> status of each route above, in order
-    "none": [401, 401, 401, 401, 401, 401, 401, 401, 401],
-    "viewer": [200, 200, 200, 200, 403, 403, 403, 403, 403],
-    "operator": [200, 200, 200, 200, 200, 200, 200, 200, 200],
+    "none": [401, 401, 401, 401, 401, 401, 401, 401, 401, 401],
+    "viewer": [200, 200, 200, 200, 200, 403, 403, 403, 403, 403],
+    "operator": [200, 200, 200, 200, 200, 200, 200, 200, 200, 200],
 }
 
 
@@ -242,3 +243,40 @@ async def test_a_bulk_action_confirms_its_count_then_applies_exactly_the_filtere
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("web: bulk")]
     assert lines and "purge of 1 rows" in lines[0] and "by operator (bearer)" in lines[0]
     assert not any(OPERATOR in r.getMessage() or VIEWER in r.getMessage() for r in caplog.records)
+
+
+async def test_a_blocked_keys_page_shows_its_head_with_retry_and_purge(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    from trio_dispatch import deliver_due_dispatches, enqueue_many
+    from trio_dispatch.attempt import Delivery
+
+    async def refuse(delivery: Delivery) -> None:
+        raise RuntimeError("down")
+
+    head, behind = (
+        result.id
+        for result in await enqueue_many(
+            store,
+            [
+                {"kind": "k", "deliver_to": "d", "ordering_key": "order-7", "max_attempts": 1},
+                {"kind": "k", "deliver_to": "d", "ordering_key": "order-7"},
+            ],
+        )
+    )
+    await deliver_due_dispatches(store, transport=refuse)
+    assert raw.row(head)["status"] == "dead_letter"
+    assert raw.row(behind)["next_attempt_at"] >= 1e15  # waiting behind its head
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        csrf = await login(client)
+        page = (await client.get("/?ordering_key=order-7")).text
+        assert "Key blocked by its head" in page and f"/dispatch/{head}" in page
+        assert f'action="/dispatches/{head}/retry"' in page
+        assert f'action="/dispatches/{head}/purge"' in page
+        origin = str(client.base_url).rstrip("/")
+        answer = await client.post(
+            f"/dispatches/{head}/purge", data={"csrf": csrf}, headers={"origin": origin}
+        )
+        assert answer.status_code == 200
+        assert raw.row(behind)["next_attempt_at"] < 1e15  # the key goes on
+        assert "Key blocked" not in (await client.get("/?ordering_key=order-7")).text
