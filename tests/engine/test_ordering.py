@@ -15,6 +15,7 @@ from trio_dispatch import (
     Delivery,
     DispatchWorker,
     ack_dispatch,
+    deliver_due_dispatches,
     enqueue_dispatch,
     enqueue_many,
     open_store,
@@ -260,3 +261,29 @@ async def test_a_worker_beside_a_blocked_key_sleeps_instead_of_scanning_again_an
         assert worker.statistics().scans - scans <= 2
         tg.cancel_scope.cancel()
     assert (raw.row(behind)["status"], raw.row(behind)["attempt"]) == ("pending", 0)
+
+
+async def test_a_delivery_pass_is_not_crowded_out_by_rows_behind_blocked_heads(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # Two keys whose heads end dead_letter; the rows behind them look due.
+    items: list[dict[str, Any]] = []
+    for key in ("a", "b"):
+        items += [
+            {"kind": "k", "deliver_to": "bad", "ordering_key": key, "max_attempts": 1},
+            {"kind": "k", "deliver_to": "ok", "ordering_key": key},
+        ]
+    await enqueue_many(store, items)
+
+    async def send(delivery: Any) -> TransportResult:
+        if delivery.deliver_to == "bad":
+            return TransportResult.failure("down")
+        return TransportResult.success()
+
+    first = await deliver_due_dispatches(store, transport=send)
+    assert first["dead_letter"] == 2 and first["delivered"] == 0
+    free = await enqueue_dispatch(store, kind="k", deliver_to="ok")
+    # A pass of two: the blocked keys' next rows do not take the places.
+    done = await deliver_due_dispatches(store, transport=send, batch_size=2)
+    assert (done["attempted"], done["delivered"]) == (1, 1)
+    assert raw.row(free)["status"] == "delivered"

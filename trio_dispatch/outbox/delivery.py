@@ -28,7 +28,7 @@ from .machine import (
     finish_many,
     release,
 )
-from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
+from .ordering import CLAIMABLE, DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .scan import select_due
 
 DEFAULT_BATCH_SIZE: Final = 100
@@ -81,9 +81,14 @@ async def claim_due(
     return await db.write(scan_and_claim)
 
 
-def due_ids(conn: Any, now: float, limit: int) -> list[str]:
-    """The ids of up to ``limit`` rows due at ``now``, oldest due first."""
-    return [row["id"] for row in select_due(conn, now, limit, "id, next_attempt_at, created_at")]
+def due_ids(
+    conn: Any, now: float, limit: int, ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+) -> list[str]:
+    """The ids of up to ``limit`` rows due at ``now`` that the ordering
+    keys' claim rule allows, oldest due first: a row behind a blocked head
+    never takes the place of one that can go."""
+    columns = "id, next_attempt_at, created_at"
+    return [row["id"] for row in select_due(conn, now, limit, columns, rule=CLAIMABLE[ordering])]
 
 
 async def finish_attempt(

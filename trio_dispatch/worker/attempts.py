@@ -164,10 +164,10 @@ async def _deliver_each(
     schedule: Sequence[float] | None,
 ) -> None:
     for dispatch_id in due:
-        counts["attempted"] += 1
         claims, scanned = await claim_due(
             db, lease_seconds=lease, actor=actor, clock=clock, ids=[dispatch_id]
         )
+        counts["attempted"] += scanned["attempted"]  # 0: taken or changed meanwhile
         counts["expired"] += scanned["expired"]
         counts["dead_letter"] += scanned["dead_letter"]
         for claim in claims:
