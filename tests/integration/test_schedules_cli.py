@@ -8,11 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +26,7 @@ from trio_dispatch.worker import DispatchWorker
 
 from ..conftest import RawDB
 from ..helpers import arun_cli, assert_one_line_error, run_cli, wait_for
+from .test_web import running
 
 SCHEDULES = """\
 schedules:
@@ -327,33 +324,12 @@ def test_the_web_command_shows_the_configuration_s_schedules_and_writes_nothing(
     config = write_config(tmp_path, str(db_path))
     assert run_cli("--config", str(config), "schedules", "pause", "hourly").returncode == 0
     before = file_state(db_path)
-    env = {k: v for k, v in os.environ.items() if k != "TRIO_DISPATCH_CONFIG"}
     argv = ["--config", str(config), "web", "--listen", "127.0.0.1:0"]
-    with subprocess.Popen(
-        [sys.executable, "-m", "trio_dispatch", *argv],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    ) as web:
-        try:
-            assert web.stderr is not None
-            line = ""
-            deadline = time.monotonic() + 60
-            while "dashboard (read-only) at " not in line and time.monotonic() < deadline:
-                line = web.stderr.readline()
-                assert line, f"the web command ended (exit {web.poll()})"
-            url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
-            page = httpx.get(url + "/schedules", timeout=30)
-            home = httpx.get(url + "/", timeout=30).text
-            assert page.status_code == 200
-            assert "nightly-report" in page.text and 'badge paused">paused<' in page.text
-            assert ">2</div><div class=l>schedules, 1 paused" in home
-            assert file_state(db_path) == before
-        finally:
-            web.send_signal(signal.SIGINT)
-            try:
-                web.wait(timeout=30)
-            finally:
-                web.kill()
+    with running(argv, tmp_path, r"dashboard \(read-only\) at (http://\S+)/") as (url, web):
+        page = httpx.get(url + "/schedules", timeout=30)
+        home = httpx.get(url + "/", timeout=30).text
+        assert page.status_code == 200
+        assert "nightly-report" in page.text and 'badge paused">paused<' in page.text
+        assert ">2</div><div class=l>schedules, 1 paused" in home
+        assert file_state(db_path) == before
     assert web.returncode == 0

@@ -55,15 +55,7 @@ def next_fire(schedule: Schedule, now: float) -> float | None:
 def _schedule_document(schedule: Schedule, now: float) -> dict[str, Any]:
     fire = next_fire(schedule, now)
     return {
-        "name": schedule.name,
-        "cron": schedule.cron,
-        "every": None if schedule.every is None else str(schedule.every),
-        "timezone": schedule.timezone,
-        "kind": schedule.kind,
-        "deliver_to": schedule.deliver_to,
-        "missed": schedule.missed,
-        "catch_up_seconds": schedule.catch_up_seconds,
-        "jitter_seconds": schedule.jitter_seconds,
+        **schedule.describe(),
         "next_fire": None if fire is None else iso(fire),
     }
 

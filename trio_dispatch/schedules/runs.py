@@ -219,13 +219,7 @@ class Listing:
         """The JSON form of ``schedules --json``."""
         schedule, last = self.schedule, self.last_run
         return {
-            "name": schedule.name,
-            "cron": schedule.cron,
-            "every": None if schedule.every is None else str(schedule.every),
-            "timezone": schedule.timezone,
-            "kind": schedule.kind,
-            "deliver_to": schedule.deliver_to,
-            "missed": schedule.missed,
+            **schedule.describe(),
             "paused": bool(self.state and self.state.paused),
             "first_seen_at": None if self.state is None else iso(self.state.first_seen_at),
             "last_fire": None

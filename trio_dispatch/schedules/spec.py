@@ -172,6 +172,21 @@ class Schedule:
         """How the schedule is written: ``cron 30 2 * * *`` or ``every 5m``."""
         return f"cron {self.cron}" if self.cron is not None else f"every {self.every}"
 
+    def describe(self) -> dict[str, Any]:
+        """What the schedule is, as JSON values (``check-config --json`` and
+        ``schedules --json`` start from this)."""
+        return {
+            "name": self.name,
+            "cron": self.cron,
+            "every": None if self.every is None else str(self.every),
+            "timezone": self.timezone,
+            "kind": self.kind,
+            "deliver_to": self.deliver_to,
+            "missed": self.missed,
+            "catch_up_seconds": self.catch_up_seconds,
+            "jitter_seconds": self.jitter_seconds,
+        }
+
     def next_tick(self, after: float) -> float:
         """The first tick strictly after ``after`` (Unix seconds); ``inf``
         when the cron expression matches nothing in the next 50 years."""
