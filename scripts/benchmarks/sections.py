@@ -11,7 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from . import capped, core, huey_section, ordering, postgres, sync_section, table, tx, webhook
+from . import (
+    capped,
+    core,
+    huey_section,
+    ordering,
+    postgres,
+    schedules,
+    sync_section,
+    table,
+    tx,
+    webhook,
+)
 from .harness import Bench, Outcome
 
 Section = Callable[[Bench], Outcome]
@@ -27,4 +38,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "webhook": webhook.run_webhook,
     "capped": capped.run_capped,
     "ordering": ordering.run_ordering,
+    "schedules": schedules.run_schedules,
 }
