@@ -39,8 +39,8 @@ Sections (``--section``; default: all of them, in this order):
   (p50, p99) of 1,000 schedules ``every: 1m`` spread by ``jitter_seconds:
   60`` over 4 worker processes, beside the same at one instant (jitter 0),
   and the ticks doubled; then the CPU of an idle worker with 1,000
-  schedules beside one with none. About 11 minutes (it waits for minute
-  boundaries); ``--quick`` 200 schedules, one tick each.
+  schedules beside one with none. About 12 minutes (it waits for minute
+  boundaries); ``--quick`` 200 schedules, one tick each, about 8.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

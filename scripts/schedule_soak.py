@@ -194,7 +194,7 @@ def schedule_soak(
         and figures["doubled_ticks_by_metadata"] == 0
         and figures["metadata_ticks_without_run"] == 0
         and figures["missing_ticks"] == 0
-        and figures["newest_tick_age"] <= 3 * EVERY_SECONDS
+        and figures["newest_tick_age"] <= 5 * EVERY_SECONDS
         and figures["failed_fires_logged"] == 0
         and alive_at_end == workers
         and codes == [0] * workers

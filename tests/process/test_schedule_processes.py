@@ -37,9 +37,10 @@ def _assert_each_tick_once(figures: dict[str, Any], seconds: float, engine: str)
     assert figures["dispatches"] == figures["ticks"], figures
     assert figures["missing_ticks"] == 0, figures
     assert figures["backfilled"] == 0, figures
-    # Fired throughout: every schedule has about one tick a second, to the end.
-    assert min(figures["ticks_by_schedule"].values()) >= seconds - 1, figures
-    assert figures["newest_tick_age"] <= 3, figures
+    # Fired throughout: every schedule has about one tick a second, to the end
+    # (a little slack for a loaded machine, where a fire may come late).
+    assert min(figures["ticks_by_schedule"].values()) >= seconds - 2, figures
+    assert figures["newest_tick_age"] <= 5, figures
     assert figures["failed_fires_logged"] == 0, figures
     assert figures["workers_alive_at_end"] == 3 and figures["worker_exits"] == [0] * 3, figures
     assert figures["ok"], figures
