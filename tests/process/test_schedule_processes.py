@@ -76,3 +76,40 @@ def test_a_worker_sigkilled_every_second_or_two_loses_no_tick_and_doubles_none(
     )
     _assert_each_tick_once(figures, seconds, engine)
     assert figures["kills"] >= 4, figures
+
+
+def test_the_check_sees_a_missing_tick_and_a_tick_with_two_dispatches(tmp_path: Path) -> None:
+    import anyio
+
+    from trio_dispatch import open_store
+    from trio_dispatch.schedules import Schedule
+    from trio_dispatch.schedules.runs import fire, see
+
+    db = tmp_path / "check.db"
+    names = schedule_soak.schedule_names(1)
+    schedule = Schedule(name=names[0], kind="soak.tick", deliver_to="ticks", every="1s")
+
+    async def fire_ticks() -> None:
+        async with open_store(db) as store:
+            await store.write(lambda conn: see(conn, names, 99.0))
+            for tick in (100.0, 101.0, 102.0, 103.0):
+                await store.write(lambda conn, t=tick: fire(conn, [(schedule, [(t, False)], t)], t))
+
+    anyio.run(fire_ticks)
+    figures = schedule_soak.tick_figures(db, names)
+    assert (figures["ticks"], figures["missing_ticks"], figures["dispatches"]) == (4, 0, 4)
+    runs = schedule_soak.soak._query(db, "SELECT id FROM schedule_runs ORDER BY scheduled_for")
+    # Tick 101 loses its run and dispatch; tick 103's dispatch moves to tick 100's run.
+    schedule_soak.soak._query(
+        db, "DELETE FROM dispatch_outbox WHERE schedule_run_id = ?", (runs[1]["id"],)
+    )
+    schedule_soak.soak._query(db, "DELETE FROM schedule_runs WHERE id = ?", (runs[1]["id"],))
+    schedule_soak.soak._query(
+        db,
+        "UPDATE dispatch_outbox SET schedule_run_id = ? WHERE schedule_run_id = ?",
+        (runs[0]["id"], runs[3]["id"]),
+    )
+    figures = schedule_soak.tick_figures(db, names)
+    assert figures["missing_ticks"] == 1 and figures["missing_examples"] == [(names[0], 101.0)]
+    assert figures["runs_with_several_dispatches"] == 1, figures
+    assert figures["runs_without_dispatch"] == 1, figures
