@@ -238,3 +238,22 @@ async def test_pruning_keeps_runs_a_dispatch_refers_to_and_each_schedules_newest
         ("a", now - 0.5),
     ]
     assert raw.scalar("SELECT schedule_run_id FROM dispatch_outbox") == kept.run_id
+
+
+async def test_pause_and_resume_cycles_leave_a_schedule_queued_once(
+    store: SQLiteStore, raw: RawDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trio_dispatch.schedules import service
+
+    monkeypatch.setattr(service, "REFRESH_SECONDS", 0.05)
+    scheduler = Scheduler(store, [every("daily", "1d")], clock=time.time, log=log)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        for paused in (True, False) * 3:
+            await store.write(partial(set_paused, name="daily", paused=paused, now=time.time()))
+            await wait_for(lambda p=paused: (scheduler.next_fire["daily"] is None) == p)
+            await anyio.sleep(0.15)  # a refresh or two
+        tg.cancel_scope.cancel()
+    # One live place, however often it was resumed; lapsed ones do not pile up.
+    live = [entry for entry in scheduler._heap if scheduler._place.get(entry[2]) == entry[1]]
+    assert len(live) == 1 and len(scheduler._heap) <= 2

@@ -283,13 +283,14 @@ async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_wh
         return [(float(r["scheduled_for"]), str(r["origin"])) for r in rows]
 
     worker = DispatchWorker(store, transport=nothing, schedules=[hourly], clock=clock)
-    assert worker.scheduler is not None
+    scheduler = worker.scheduler
+    assert scheduler is not None
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         await wait_for(lambda: runs() == [(tick, "tick")], timeout=10)
         paused = await arun_cli("--config", str(config), "schedules", "pause", "hourly")
         assert paused.returncode == 0, paused.stderr
-        await wait_for(lambda: worker.scheduler.next_fire["hourly"] is None, timeout=5)
+        await wait_for(lambda: scheduler.next_fire["hourly"] is None, timeout=5)
         shift[0] += 2 * 3600 + 1800  # two ticks pass while paused, the newest 30 min ago
         await anyio.sleep(1.0)
         assert runs() == [(tick, "tick")]  # paused: nothing fired
@@ -300,7 +301,7 @@ async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_wh
         await anyio.sleep(0.5)
         tg.cancel_scope.cancel()
     assert runs() == [(tick, "tick"), (tick + 2 * 3600, "backfilled")]
-    assert worker.scheduler.fired == {("hourly", "tick"): 1, ("hourly", "backfilled"): 1}
+    assert scheduler.fired == {("hourly", "tick"): 1, ("hourly", "backfilled"): 1}
     assert float(raw.scalar("SELECT last_tick FROM dispatch_schedules")) == tick + 2 * 3600
     entry = json.loads((await arun_cli("--config", str(config), "schedules", "--json")).stdout)[
         "schedules"

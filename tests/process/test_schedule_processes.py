@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -93,7 +94,7 @@ def test_the_check_sees_a_missing_tick_and_a_tick_with_two_dispatches(tmp_path: 
         async with open_store(db) as store:
             await store.write(lambda conn: see(conn, names, 99.0))
             for tick in (100.0, 101.0, 102.0, 103.0):
-                await store.write(lambda conn, t=tick: fire(conn, [(schedule, [(t, False)], t)], t))
+                await store.write(partial(fire, work=[(schedule, [(tick, False)], tick)], now=tick))
 
     anyio.run(fire_ticks)
     figures = schedule_soak.tick_figures(db, names)

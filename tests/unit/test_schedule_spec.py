@@ -207,3 +207,18 @@ def test_the_configuration_section_builds_schedules_and_names_each_bad_key() -> 
         with pytest.raises(ConfigError, match=message):
             parse_config({"schedules": section})
     assert schedules_from_config("schedules", None) == ()
+
+
+def test_a_jitter_longer_than_the_interval_keeps_every_tick_in_order() -> None:
+    s = schedule(every="1s", jitter_seconds=5, missed="skip")
+    fires = [s.fire_time(float(t)) for t in range(1000, 1100)]
+    assert fires == sorted(fires) and all(
+        f < t + 1 for f, t in zip(fires, range(1000, 1100), strict=True)
+    )
+    # Looked at every 0.1 s, each of the 100 ticks fires once, on time.
+    cursor, fired = 999.0, []
+    for step in range(10_000, 11_010):
+        decided = plan(s, cursor, step / 10)
+        fired += [tick for tick, backfilled in decided.fire if not backfilled]
+        cursor = decided.handled if decided.handled is not None else cursor
+    assert fired[:100] == [float(t) for t in range(1000, 1100)]

@@ -212,11 +212,15 @@ class Schedule:
     def jitter_for(self, tick: float) -> float:
         """The seconds after ``tick`` at which it fires: a spread of up to
         ``jitter_seconds`` that every worker computes alike (a hash of the
-        name and the tick), so they all aim at the same instant."""
+        name and the tick), so they all aim at the same instant. It stays
+        short of the next tick, so ticks fire in their order (a jitter as
+        long as the interval would let a later tick come due first, and the
+        earlier one be passed over as missed)."""
         if not self.jitter_seconds:
             return 0.0
         digest = hashlib.blake2b(f"{self.name}\0{tick!r}".encode(), digest_size=8).digest()
-        return self.jitter_seconds * int.from_bytes(digest, "big") / 2**64
+        room = min(self.jitter_seconds, self.next_tick(tick) - tick)
+        return room * int.from_bytes(digest, "big") / 2**64
 
     def fire_time(self, tick: float) -> float:
         """When ``tick`` is due: the tick plus its jitter."""
