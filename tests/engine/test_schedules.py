@@ -240,6 +240,10 @@ async def test_pruning_keeps_runs_a_dispatch_refers_to_and_each_schedules_newest
     assert raw.scalar("SELECT schedule_run_id FROM dispatch_outbox") == kept.run_id
 
 
+def _seen_paused(scheduler: Scheduler, paused: bool) -> bool:
+    return (scheduler.next_fire["daily"] is None) == paused
+
+
 async def test_pause_and_resume_cycles_leave_a_schedule_queued_once(
     store: SQLiteStore, raw: RawDB, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,7 +255,7 @@ async def test_pause_and_resume_cycles_leave_a_schedule_queued_once(
         tg.start_soon(scheduler.run)
         for paused in (True, False) * 3:
             await store.write(partial(set_paused, name="daily", paused=paused, now=time.time()))
-            await wait_for(lambda p=paused: (scheduler.next_fire["daily"] is None) == p)
+            await wait_for(partial(_seen_paused, scheduler, paused))
             await anyio.sleep(0.15)  # a refresh or two
         tg.cancel_scope.cancel()
     # One live place, however often it was resumed; lapsed ones do not pile up.
