@@ -43,7 +43,6 @@ from .ordering import (
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
     lock_keys,
-    locking_rule,
     promote,
     take_keys,
 )
@@ -141,33 +140,21 @@ def claim_batch(
     next row of its key due."""
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
-    rule, locked_rule = CLAIMABLE[ordering], locking_rule(conn, ordering)
+    rule = CLAIMABLE[ordering]
     if ids is None:
         # Bounded whatever the capped destinations hold (see .scan).
         skip = caps.full(at) if caps is not None else ()
         room = caps.room(at) if caps is not None else None
-        rows = select_due(
-            conn,
-            at,
-            limit,
-            columns,
-            lock=True,
-            skip=skip,
-            room=room,
-            rule=rule,
-            locked_rule=locked_rule,
-        )
+        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room, rule=rule)
     else:
         rows = [
             row
             for dispatch_id in ids[:limit]
             for row in conn.query(
-                sql.select_if_due(columns, conn.dialect.lock_clause, locked_rule),
-                (dispatch_id, at),
+                sql.select_if_due(columns, conn.dialect.lock_clause, rule), (dispatch_id, at)
             )
         ]
-    # The locking reads took the rows' keys where keys lock.
-    rows = take_keys(conn, rows, ordering, held=bool(conn.dialect.key_try_lock))
+    rows = take_keys(conn, rows, ordering)
     counts["attempted"] = len(rows)
     fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
     for row in rows:

@@ -158,38 +158,21 @@ statement's snapshot, taken after the keys' locks and the transaction's
 earlier writes."""
 
 
-def locking_rule(conn: Conn, policy: OrderingPolicy) -> str:
-    """The claim rule for a claim's locking read: where keys lock
-    (PostgreSQL), it also takes the key of each row it answers without
-    waiting (a key another transaction holds leaves its row to the next
-    scan), in the read's own round trip."""
-    rule = CLAIMABLE[policy]
-    term = conn.dialect.key_try_lock
-    return f"{rule} AND {term}" if term else rule
-
-
-def take_keys(
-    conn: Conn, rows: Sequence[Row], policy: OrderingPolicy, *, held: bool = False
-) -> list[Row]:
+def take_keys(conn: Conn, rows: Sequence[Row], policy: OrderingPolicy) -> list[Row]:
     """The candidates of a claim that stay claimable once their keys are
     held: unkeyed rows as they are; keyed rows only where this transaction
     took the key's lock (PostgreSQL: without waiting; a key another
     transaction holds waits for the next scan) and, checked again after the
-    locks, the rule still holds. ``held``: the read of ``rows`` took their
-    keys already (:func:`locking_rule`); the check runs in a later statement
-    all the same, on a snapshot taken after the locks."""
+    locks, the rule still holds."""
     keyed = [row for row in rows if row.get("ordering_key") is not None]
     if not keyed or not conn.dialect.key_try_locks:
         return list(rows)
-    if held:
-        taken = {str(row["ordering_key"]) for row in keyed}
-    else:
-        taken = {
-            str(found["key"])
-            for found in conn.query(
-                conn.dialect.key_try_locks, (sorted({str(row["ordering_key"]) for row in keyed}),)
-            )
-        }
+    taken = {
+        str(found["key"])
+        for found in conn.query(
+            conn.dialect.key_try_locks, (sorted({str(row["ordering_key"]) for row in keyed}),)
+        )
+    }
     candidates = [str(row["id"]) for row in keyed if row["ordering_key"] in taken]
     still = still_claimable(conn, candidates, policy)
     return [row for row in rows if row.get("ordering_key") is None or row["id"] in still]

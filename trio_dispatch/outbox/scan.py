@@ -61,7 +61,6 @@ def select_due(
     skip: Collection[str] = (),
     room: Callable[[str], int] | None = None,
     rule: str = "",
-    locked_rule: str | None = None,
 ) -> list[Row]:
     """Up to ``limit`` rows due at ``now``, ordered by ``next_attempt_at,
     created_at`` (SPEC B5), locked where rows lock if ``lock``; rows whose
@@ -73,12 +72,10 @@ def select_due(
     ``id`` to lock). The rows read are bounded by ``limit``, the window and
     the number of destinations, whatever ``skip``'s destinations hold.
     ``rule`` (an SQL term: the ordering keys' claim rule) leaves out the rows
-    it does not allow; ``locked_rule``, if given, replaces it in the reads
-    that lock (the rule that also takes the rows' keys)."""
+    it does not allow."""
     lock_clause = conn.dialect.lock_clause if lock else ""
-    held = rule if locked_rule is None or not lock_clause else locked_rule
     if not skip:
-        return _merged(conn, now, limit, columns, lock_clause, held)[:limit]
+        return _merged(conn, now, limit, columns, lock_clause, rule)[:limit]
     left_out = frozenset(skip)
     room_of = room or (lambda destination: limit)
     rows = _window(conn, now, limit, columns, left_out, room_of, rule)
@@ -87,7 +84,7 @@ def select_due(
     rows = rows[:limit]
     if lock_clause and rows:
         ids = [row["id"] for row in rows]
-        rows = conn.query(sql.lock_if_due(columns, len(ids), lock_clause, held), (*ids, now))
+        rows = conn.query(sql.lock_if_due(columns, len(ids), lock_clause, rule), (*ids, now))
         rows.sort(key=_order)
     return rows
 

@@ -79,11 +79,6 @@ class Dialect:
     key_try_locks: str = ""
     """Like :attr:`key_locks` without waiting: answers the keys (column
     ``key``) it took; a key another transaction holds is left out."""
-    key_try_lock: str = ""
-    """An SQL term on an unaliased ``dispatch_outbox`` row: true when the row
-    is unkeyed or this transaction took its key's lock, without waiting (as
-    :attr:`key_try_locks`), so a claim's locking read takes the keys of the
-    rows it answers in the same round trip (empty: no locks)."""
 
     def use_index(self, name: str) -> str:
         """The clause that makes a read use index ``name`` (empty where the
@@ -198,10 +193,6 @@ POSTGRES: Final = Dialect(
     key_try_locks=(
         "SELECT k AS key FROM (SELECT DISTINCT k FROM unnest(?::text[]) AS u(k) ORDER BY k) "
         f"AS sorted WHERE pg_try_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))"
-    ),
-    key_try_lock=(
-        "(dispatch_outbox.ordering_key IS NULL OR pg_try_advisory_xact_lock("
-        f"hashtextextended(dispatch_outbox.ordering_key, {KEY_LOCK_SEED})))"
     ),
 )
 DIALECTS: Final = {dialect.name: dialect for dialect in (SQLITE, POSTGRES)}
