@@ -20,20 +20,13 @@ from ..lifecycle import (
 from ..store.base import Conn
 from . import sql
 from .caps import DestinationCaps
-from .ordering import (
-    DEFAULT_ORDERING_POLICY,
-    PROMOTE_THEN,
-    OrderingPolicy,
-    lock_keys,
-    promote,
-)
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, lock_keys, promote
 from .transitions import (
     MAX_RETRY_AFTER_SECONDS,
     Change,
     Claim,
     Outcome,
     insert_rows,
-    transition_arrays,
     transition_rows,
 )
 
@@ -226,27 +219,23 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}
-    promoted = sorted(
-        {
+    promote(
+        conn,
+        [
             end.claim.ordering_key
             for end, plan in zip(ends, plans, strict=True)
-            if end.claim.dispatch_id in applied
-            and plan[1] != Status.PENDING
-            and end.claim.ordering_key is not None
-        }
+            if end.claim.dispatch_id in applied and plan[1] != Status.PENDING
+        ],
+        max(end.now for end in ends),
     )
-    now = max(end.now for end in ends)
-    recorded = [
-        row for row, change in zip(history, changes, strict=True) if change.dispatch_id in applied
-    ]
-    if promoted and recorded and conn.dialect.arrays:  # one round trip for both
-        conn.execute(
-            PROMOTE_THEN + sql.INSERT_TRANSITIONS_ARRAYS,
-            [now, promoted, *transition_arrays(recorded)],
-        )
-    else:
-        promote(conn, promoted, now)
-        insert_rows(conn, recorded)
+    insert_rows(
+        conn,
+        [
+            row
+            for row, change in zip(history, changes, strict=True)
+            if change.dispatch_id in applied
+        ],
+    )
     return [
         plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
         for end, plan in zip(ends, plans, strict=True)

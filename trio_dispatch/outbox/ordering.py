@@ -151,13 +151,6 @@ def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
         conn.execute(PROMOTE, (now, key))
 
 
-PROMOTE_THEN: Final = f"WITH promoted AS ({PROMOTE_ARRAY}) "
-"""Put before a statement (PostgreSQL): :data:`PROMOTE_ARRAY` runs in it (its
-two parameters first), one round trip for both. The promotion reads the
-statement's snapshot, taken after the keys' locks and the transaction's
-earlier writes."""
-
-
 def take_keys(conn: Conn, rows: Sequence[Row], policy: OrderingPolicy) -> list[Row]:
     """The candidates of a claim that stay claimable once their keys are
     held: unkeyed rows as they are; keyed rows only where this transaction

@@ -169,20 +169,14 @@ def transition_rows(changes: Sequence[Change]) -> list[tuple[Any, ...]]:
     return rows
 
 
-def transition_arrays(rows: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
-    """The parameters of :data:`~.sql.INSERT_TRANSITIONS_ARRAYS` for
-    ``rows`` (one array per column)."""
-    *texts, created = (list(column) for column in zip(*rows, strict=True))
-    # An array holds one type: a caller's clock may give ints among floats.
-    return [*texts, [float(t) for t in created]]
-
-
 def insert_rows(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert transition rows built (and checked) by :func:`transition_rows`."""
     if len(rows) == 1:
         conn.execute(sql.INSERT_TRANSITION, rows[0])
     elif rows and conn.dialect.arrays:  # PostgreSQL: one statement, an array per column
-        conn.execute(sql.INSERT_TRANSITIONS_ARRAYS, transition_arrays(rows))
+        *texts, created = (list(column) for column in zip(*rows, strict=True))
+        # An array holds one type: a caller's clock may give ints among floats.
+        conn.execute(sql.INSERT_TRANSITIONS_ARRAYS, [*texts, [float(t) for t in created]])
     elif rows:
         conn.executemany(sql.INSERT_TRANSITION, rows)
 
