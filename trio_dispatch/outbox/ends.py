@@ -161,15 +161,7 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
     INSERT batch. A keyed row that leaves the live set makes the next row
     of its key due (:mod:`.ordering`)."""
-    keys = sorted({end.claim.ordering_key for end in ends if end.claim.ordering_key is not None})
-    one_update = not any(end.result.local and not end.result.ok for end in ends) and len(
-        {end.claim.dispatch_id for end in ends}
-    ) == len(ends)
-    # Where the ends go as one array UPDATE, it takes the key locks itself
-    # (one round trip, not two); otherwise they are held before any write.
-    locking = one_update and bool(keys) and conn.dialect.arrays and bool(conn.dialect.key_locks)
-    if not locking:
-        lock_keys(conn, keys)
+    lock_keys(conn, [end.claim.ordering_key for end in ends])
     if any(end.result.local and not end.result.ok for end in ends):
         # Attempts never made: released, their attempt taken back.
         outcomes: list[Outcome] = []
@@ -211,11 +203,7 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         columns = [params[i::7] for i in range(7)]
         for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
             columns[i] = [float(v) for v in columns[i]]
-        finished = (
-            conn.query(sql.finish_attempts_locking(conn.dialect.key_locks), [*columns, keys])
-            if locking
-            else conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
-        )
+        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}

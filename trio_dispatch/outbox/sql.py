@@ -8,7 +8,6 @@ from user input; every user value is a bound parameter.
 
 from __future__ import annotations
 
-import functools
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
@@ -244,15 +243,15 @@ SPEND: Final = (
 FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
 
 
-def _finish(source: str, gate: str = "") -> str:
+def _finish(source: str) -> str:
     return (
         f"WITH f(id, attempt, lease, status, next_at, now, err) AS ({source}) "
         "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
         "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
         "FROM f WHERE dispatch_outbox.id = f.id "
         f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
-        "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease"
-        f"{gate} RETURNING dispatch_outbox.id AS id"
+        "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
+        "RETURNING dispatch_outbox.id AS id"
     )
 
 
@@ -267,21 +266,6 @@ FINISH_ATTEMPTS_ARRAYS: Final = _finish(
     "?::float8[], ?::text[])"
 )
 """PostgreSQL only: :func:`finish_attempts` with one array per column."""
-
-
-@functools.cache
-def finish_attempts_locking(key_locks: str) -> str:
-    """PostgreSQL only: :data:`FINISH_ATTEMPTS_ARRAYS` that first holds the
-    locks of the keys in its last parameter (an array), in one round trip.
-    ``key_locks`` (the dialect's) is an uncorrelated subquery: the planner
-    runs it as a one-time filter before the UPDATE reads (and locks) any row,
-    so the key locks still come before the transaction's first row lock."""
-    return _finish(
-        "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
-        "?::float8[], ?::text[])",
-        f" AND ({key_locks}) >= 0",
-    )
-
 
 RELEASE: Final = (
     f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"
