@@ -24,6 +24,7 @@ payload without a usable trace context is processed without a link.
 
 from __future__ import annotations
 
+import contextvars
 import importlib.util
 import json
 import re
@@ -40,7 +41,15 @@ if TYPE_CHECKING:
 
     from .outbox.transitions import Claim
 
-ACTIVE: bool = importlib.util.find_spec("opentelemetry") is not None
+
+def _installed() -> bool:
+    try:
+        return importlib.util.find_spec("opentelemetry") is not None
+    except (ImportError, ValueError):  # an import hook that refuses it
+        return False
+
+
+ACTIVE: bool = _installed()
 """Whether ``opentelemetry`` can be imported (it is not imported until a
 span is due). Hot paths check it first; set it False to turn tracing off
 in this process."""
@@ -166,7 +175,7 @@ class Creations:
     def start(self, kind: object) -> dict[str, str]:
         """Start the span of one dispatch of ``kind``; return the envelope
         metadata carrying its context."""
-        destination = kind if isinstance(kind, str) else None
+        destination = kind if isinstance(kind, str) and kind else None
         attributes = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.operation.name": "create",
@@ -250,6 +259,11 @@ def _parsed_context(payload: str) -> tuple[str, str | None] | None:
     return metadata[TRACEPARENT], state if isinstance(state, str) else None
 
 
+_attempt: contextvars.ContextVar[Processing | None] = contextvars.ContextVar(
+    "trio_dispatch_attempt", default=None
+)
+
+
 class Processing:
     """The ``process`` span of one attempt: started when made and current
     until it ends (so a transport's request or child carries it), linked to
@@ -258,7 +272,7 @@ class Processing:
     not, with an error status for an exception on the way out. Enter, call
     and leave it in one task."""
 
-    __slots__ = ("_api", "_failure", "_open", "_token", "span")
+    __slots__ = ("_api", "_attempt_token", "_failure", "_open", "_raised", "_token", "span")
 
     def __init__(self, api: _Api, tracer_: Tracer, claim: Claim) -> None:
         self._api = api
@@ -286,7 +300,9 @@ class Processing:
             },
         )
         self._token = api.context.attach(api.trace.set_span_in_context(self.span))
+        self._raised: str | None = None
         self._open = True
+        self._attempt_token = _attempt.set(self)
 
     def record(self, result: TransportResult | object) -> None:
         """The attempt's result: a :class:`TransportResult`, or anything
@@ -297,13 +313,14 @@ class Processing:
             return
         if isinstance(result, TransportResult):
             if not result.ok:
-                self._fail(error_type(result), result.error)
+                self._fail(self._raised or error_type(result), result.error)
         else:
             self._fail("interrupted", str(getattr(result, "reason", "")))
         self._end()
 
     def _end(self) -> None:
         self._open = False
+        _attempt.reset(self._attempt_token)
         self._api.context.detach(self._token)
         self.span.end()
 
@@ -325,6 +342,16 @@ class Processing:
             if exc is not None and self._failure is None:
                 self._fail(_error_type(exc), str(exc))
             self._end()
+
+
+def transport_raised(exc: BaseException) -> None:
+    """Note on the current attempt's span that its transport raised ``exc``
+    (recorded as a failure): ``error.type`` names the exception's class and
+    the exception is recorded as an event. Call only when :data:`ACTIVE`."""
+    attempt = _attempt.get()
+    if attempt is not None and attempt._open:
+        attempt._raised = _error_type(exc)
+        attempt.span.record_exception(exc)
 
 
 class _NotTraced:

@@ -85,6 +85,8 @@ async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
     except BaseException as exc:
         if must_propagate(exc):
             raise
+        if tracing.ACTIVE:
+            tracing.transport_raised(exc)
         result = TransportResult.failure(describe_exception(exc))
     if not isinstance(result, TransportResult):
         result = TransportResult.failure(
