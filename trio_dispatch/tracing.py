@@ -65,6 +65,7 @@ TRACESTATE: Final = "tracestate"
 _TRACE_KEY: Final = f'"lion_class": {json.dumps(DISPATCH_SIGNAL_CLASS)}, "{TRACEPARENT}": "'
 _TRACESTATE_KEY: Final = f'", "{TRACESTATE}": "'
 _TRACEPARENT_LENGTH: Final = 55  # 00-<32 hex>-<16 hex>-<2 hex>
+_TRACEPARENT_00: Final = re.compile("00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _HEAD_LIMIT: Final = 256  # only the id and created_at come before it
 
 
@@ -73,7 +74,14 @@ class _Api:
 
     def __init__(self) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.trace import Link, SpanKind, StatusCode
+        from opentelemetry.trace import (
+            Link,
+            SpanContext,
+            SpanKind,
+            StatusCode,
+            TraceFlags,
+            TraceState,
+        )
         from opentelemetry.trace.propagation.tracecontext import (
             TraceContextTextMapPropagator,
         )
@@ -85,6 +93,26 @@ class _Api:
         self.CONSUMER = SpanKind.CONSUMER
         self.ERROR = StatusCode.ERROR
         self.w3c = TraceContextTextMapPropagator()
+        self.SpanContext = SpanContext
+        self.TraceFlags = TraceFlags
+        self.TraceState = TraceState
+
+    def span_context(self, parent: str, state: str | None) -> Any:
+        """The remote span context of a ``traceparent`` (version 00) and
+        ``tracestate``, or None when it is not one: built directly, an
+        attempt's cost with a tracer provider being mostly the SDK's own."""
+        if _TRACEPARENT_00.fullmatch(parent) is None:
+            return None
+        trace_id, span_id = int(parent[3:35], 16), int(parent[36:52], 16)
+        if not trace_id or not span_id:
+            return None
+        return self.SpanContext(
+            trace_id,
+            span_id,
+            is_remote=True,
+            trace_flags=self.TraceFlags(int(parent[53:55], 16)),
+            trace_state=self.TraceState.from_header([state]) if state else None,
+        )
 
 
 _api: _Api | None = None
@@ -188,11 +216,18 @@ class Creations:
             attributes=attributes,
         )
         self.spans.append(span)
-        carrier: dict[str, str] = {}
-        self._api.w3c.inject(carrier, context=self._api.trace.set_span_in_context(span))
-        state = carrier.get(TRACESTATE)
-        if state is not None and ('"' in state or "\\" in state):
-            del carrier[TRACESTATE]  # not W3C; kept out so the head stays readable
+        # W3C trace context, formatted as the propagator would (version 00).
+        context = span.get_span_context()
+        if not context.is_valid:
+            return {}
+        carrier = {
+            TRACEPARENT: f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+            f"{context.trace_flags:02x}"
+        }
+        if context.trace_state:
+            state = context.trace_state.to_header()
+            if '"' not in state and "\\" not in state:  # else the head would not be read
+                carrier[TRACESTATE] = state
         return carrier
 
     def written(self, ids: Sequence[str]) -> None:
@@ -280,11 +315,8 @@ class Processing:
         links = []
         found = creation_context(claim.payload)
         if found is not None:
-            carrier = {TRACEPARENT: found[0]}
-            if found[1]:
-                carrier[TRACESTATE] = found[1]
-            linked = api.trace.get_current_span(api.w3c.extract(carrier)).get_span_context()
-            if linked.is_valid:
+            linked = api.span_context(*found)
+            if linked is not None:
                 links.append(api.Link(linked))
         self.span = tracer_.start_span(
             f"process {claim.kind}",
