@@ -230,6 +230,11 @@ class Creations:
                 carrier[TRACESTATE] = state
         return carrier
 
+    def restart(self) -> None:
+        """Forget the spans started so far, never to end or export them: a
+        unit of work the store runs again starts its own anew."""
+        self.spans.clear()
+
     def written(self, ids: Sequence[str]) -> None:
         """Name each span's message: the id the enqueue returns for it."""
         for span, dispatch_id in zip(self.spans, ids, strict=False):
@@ -325,7 +330,6 @@ class Processing:
             attributes={
                 "messaging.system": MESSAGING_SYSTEM,
                 "messaging.operation.name": "process",
-                "messaging.destination.name": claim.kind,
                 "messaging.message.id": claim.dispatch_id,
                 "trio_dispatch.attempt": claim.attempt,
                 "trio_dispatch.deliver_to": claim.deliver_to,
