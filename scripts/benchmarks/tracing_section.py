@@ -38,12 +38,14 @@ from .workloads import enqueue_side, fill_ours, noop, ours_deliveries
 WAYS = ("without", "no provider", "sdk")
 
 
-def sdk_provider() -> Any:
+def sdk_provider(batch: bool = True) -> Any:
     """An SDK tracer provider exporting to nowhere through the batch
-    processor an application would use (export on a thread of its own)."""
+    processor an application would use (export on a thread of its own), or
+    the simple one (export at each span's end)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
+        SimpleSpanProcessor,
         SpanExporter,
         SpanExportResult,
     )
@@ -53,7 +55,7 @@ def sdk_provider() -> Any:
             return SpanExportResult.SUCCESS
 
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Nowhere()))
+    provider.add_span_processor((BatchSpanProcessor if batch else SimpleSpanProcessor)(Nowhere()))
     return provider
 
 
@@ -101,8 +103,12 @@ async def windowed_delivery_rates(
         nonlocal done
         done += 1
 
-    with way("sdk", provider):  # every row carries a creation context
+    # Every row carries a creation context; its spans go to a provider of
+    # their own, not to the queue of the one measured.
+    filler = sdk_provider(batch=False)
+    with way("sdk", filler):
         await fill_ours(path, rows)
+    filler.shutdown()
     rates: dict[str, list[float]] = {name: [] for name in WAYS}
     async with open_store(path) as db, anyio.create_task_group() as tg:
         worker = DispatchWorker(

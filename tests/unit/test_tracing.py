@@ -92,3 +92,18 @@ def test_a_failed_attempt_has_a_low_cardinality_error_type(
     result: TransportResult, expected: str
 ) -> None:
     assert error_type(result) == expected
+
+
+def test_importing_the_package_imports_no_opentelemetry() -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, trio_dispatch, trio_dispatch.sync, trio_dispatch.tracing as t\n"
+        "from trio_dispatch import worker\n"
+        "print(t.ACTIVE, sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "[]"]  # installed here, imported on first span only
