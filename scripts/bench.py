@@ -41,6 +41,9 @@ Sections (``--section``; default: all of them, in this order):
   and the ticks doubled; then the CPU of an idle worker with 1,000
   schedules beside one with none. About 12 minutes (it waits for minute
   boundaries); ``--quick`` 200 schedules, one tick each, about 8.
+- ``tracing``: one producer's enqueues and a worker's deliveries with the
+  ``[otel]`` extra and no tracer provider, and with an SDK provider whose
+  exporter drops every span, each beside no tracing (SPEC section 16).
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

@@ -58,6 +58,28 @@ def _secrets_of_this_test(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redact, "_known", set())
 
 
+@pytest.fixture
+def spans() -> Iterator[Any]:
+    """An in-memory span exporter that receives this test's spans (SPEC
+    section 16): a tracer provider of the test's own, never the global one,
+    which a process can set only once."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from trio_dispatch import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.use_tracer_provider(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
+
+
 @pytest.fixture(params=["trio", "asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every ``@pytest.mark.anyio`` test runs once on each backend."""

@@ -78,10 +78,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-_DISPATCH_SIGNAL_CLASS: Final = _class_path(DispatchSignal)
+DISPATCH_SIGNAL_CLASS: Final = _class_path(DispatchSignal)
+"""``metadata.lion_class`` of every envelope: the first key of its metadata."""
 _ENVELOPE_HEAD: Final = (
     '{{"id": "{id}", "created_at": {created_at!r}, '
-    f'"metadata": {{{{"lion_class": {json.dumps(_DISPATCH_SIGNAL_CLASS)}{{metadata}}}}}}, '
+    f'"metadata": {{{{"lion_class": {json.dumps(DISPATCH_SIGNAL_CLASS)}{{metadata}}}}}}, '
     '"data": null, "emitter_role": null, '
     f'"schema_version": {SIGNAL_SCHEMA_VERSION}, '
     '"dispatch_id": {dispatch_id}, "kind": {kind}, "deliver_to": {deliver_to}, '

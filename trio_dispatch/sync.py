@@ -62,6 +62,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol, Unpack
 
+from . import tracing
 from .outbox import sql
 from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
 from .outbox.inserts import insert_all
@@ -423,8 +424,14 @@ def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[E
     usable, with nothing of this enqueue in it.
     """
     adapter = _adapt(conn)  # an unsupported connection is refused before anything else
-    new = prepare(args)
-    return _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
+    spans = tracing.creations() if tracing.ACTIVE else None
+    if spans is None:
+        return _write(adapter, [prepare(args)], clock_from(now)(), name_items=False)[0].id
+    with spans:  # the create span's parent: the calling thread's current context
+        new = prepare(args, metadata=spans.start(args.get("kind")))
+        dispatch_id = _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
+        spans.written([dispatch_id])
+        return dispatch_id
 
 
 def enqueue_many(
@@ -434,8 +441,15 @@ def enqueue_many(
     transaction; one :class:`EnqueueResult` per item, in order. An invalid
     item raises, naming its index, before anything is written."""
     adapter = _adapt(conn)
-    batch = prepare_items(items)
-    return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
+    spans = tracing.creations() if tracing.ACTIVE else None
+    if spans is None:
+        batch = prepare_items(items)
+        return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
+    with spans:
+        batch = prepare_items(items, spans=spans)
+        results = _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
+        spans.written([result.id for result in results])
+        return results
 
 
 def install_schema(conn: object) -> None:

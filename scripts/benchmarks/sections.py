@@ -20,6 +20,7 @@ from . import (
     schedules,
     sync_section,
     table,
+    tracing_section,
     tx,
     webhook,
 )
@@ -39,4 +40,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "capped": capped.run_capped,
     "ordering": ordering.run_ordering,
     "schedules": schedules.run_schedules,
+    "tracing": tracing_section.run_tracing,
 }

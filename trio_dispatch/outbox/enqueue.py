@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, TypedDict, Unpack
 
+from .. import tracing
 from ..signal import dispatch_envelope_json, uuid7_bytes
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
 from ..validate import (
@@ -136,10 +137,14 @@ def prepare(
 
 
 def prepare_items(
-    items: Iterable[Mapping[str, Any]], max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    items: Iterable[Mapping[str, Any]],
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    spans: tracing.Creations | None = None,
 ) -> list[NewDispatch]:
     """:func:`prepare` for each item of an :func:`enqueue_many` call; an
-    invalid item raises naming its index, before anything is written."""
+    invalid item raises naming its index, before anything is written. With
+    ``spans``, each item's ``create`` span starts before its envelope is
+    built, which carries the span's context."""
     if isinstance(items, Mapping | str | bytes):
         raise TypeError(f"items must be an iterable of mappings, got {show(items)}")
     batch: list[NewDispatch] = []
@@ -149,7 +154,8 @@ def prepare_items(
                 f"item {index} must be a mapping of enqueue arguments, got {show(item)}"
             )
         try:
-            batch.append(prepare(item, max_body_bytes))
+            metadata = None if spans is None else spans.start(item.get("kind"))
+            batch.append(prepare(item, max_body_bytes, metadata))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"item {index}: {exc}") from None
     return batch
@@ -175,7 +181,17 @@ async def enqueue_dispatch(
     propagates as the driver's error, with nothing written.
     Passed a transaction handle, the row commits or rolls back with it.
     """
-    new = prepare(args, body_limit(db))
+    spans = tracing.creations() if tracing.ACTIVE else None
+    if spans is None:
+        return await _commit_one(db, prepare(args, body_limit(db)), now)
+    with spans:
+        new = prepare(args, body_limit(db), spans.start(args.get("kind")))
+        dispatch_id = await _commit_one(db, new, now)
+        spans.written([dispatch_id])
+        return dispatch_id
+
+
+async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> str:
     if new.plain:
         # Coalesced with the other plain enqueues of the same group commit.
         result: EnqueueResult = await db.write_many(insert_plain, (new, clock_from(now)()))
@@ -208,5 +224,12 @@ async def enqueue_many(
     anything is written; then no item is written.
     """
     clock = clock_from(now)
-    batch = prepare_items(items, body_limit(db))
-    return await commit_new(db, batch, clock, name_items=True) if batch else []
+    spans = tracing.creations() if tracing.ACTIVE else None
+    if spans is None:
+        batch = prepare_items(items, body_limit(db))
+        return await commit_new(db, batch, clock, name_items=True) if batch else []
+    with spans:
+        batch = prepare_items(items, body_limit(db), spans)
+        results = await commit_new(db, batch, clock, name_items=True) if batch else []
+        spans.written([result.id for result in results])
+        return results

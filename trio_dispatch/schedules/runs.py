@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from .. import tracing
 from ..lifecycle import Source
 from ..outbox.enqueue import prepare
 from ..outbox.inserts import insert_new
@@ -110,7 +111,12 @@ def states(conn: Conn, names: Iterable[str] | None = None) -> dict[str, State]:
 
 
 def _dispatch(
-    schedule: Schedule, run_id: str, scheduled_for: float, origin: str, max_body: int
+    schedule: Schedule,
+    run_id: str,
+    scheduled_for: float,
+    origin: str,
+    max_body: int,
+    spans: tracing.Creations | None = None,
 ) -> Any:
     args: dict[str, Any] = {
         "kind": schedule.kind,
@@ -131,7 +137,9 @@ def _dispatch(
     }
     if origin == "manual":
         metadata["manual"] = True
-    new = prepare(args, max_body, metadata)
+    # The trace context first: it is read back from the envelope's head.
+    traced = metadata if spans is None else {**spans.start(schedule.kind), **metadata}
+    new = prepare(args, max_body, traced)
     return dataclasses.replace(
         new,
         source=Source.SCHEDULER,
@@ -147,11 +155,12 @@ def _write_run(
     origin: str,
     now: float,
     max_body: int,
+    spans: tracing.Creations | None = None,
 ) -> Fired | None:
     run_id = uuid7_bytes().hex()
     if conn.query_one(_INSERT_RUN, (run_id, now, schedule.name, scheduled_for, origin)) is None:
         return None  # the tick has its run already
-    new = _dispatch(schedule, run_id, scheduled_for, origin, max_body)
+    new = _dispatch(schedule, run_id, scheduled_for, origin, max_body, spans)
     result = insert_new(conn, new, now)
     return Fired(schedule.name, scheduled_for, origin, run_id, result.id)
 
@@ -161,19 +170,24 @@ def fire(
     work: Sequence[tuple[Schedule, Sequence[tuple[float, bool]], float | None]],
     now: float,
     max_body: int = DEFAULT_MAX_BODY_BYTES,
+    spans: tracing.Creations | None = None,
 ) -> list[Fired]:
     """Fire planned ticks: for each schedule, its ``(tick, backfilled)``
     pairs oldest first, then its cursor moved to the newest tick handled.
     A tick fires only if the cursor is still behind it and the schedule is
     not paused (the cursor moves in the same statement); otherwise it was
-    fired elsewhere, and nothing of it is written."""
+    fired elsewhere, and nothing of it is written. With ``spans``, each
+    dispatch written gets a ``create`` span, in the order of the result
+    (the caller ends them after the commit)."""
+    if spans is not None:
+        spans.restart()  # a unit of work run again drops its earlier spans
     fired: list[Fired] = []
     for schedule, ticks, handled in work:
         for tick, backfilled in ticks:
             if conn.execute(_ADVANCE, (tick, now, schedule.name, tick)) == 0:
                 continue  # fired by another worker, or paused
             origin = "backfilled" if backfilled else "tick"
-            run = _write_run(conn, schedule, tick, origin, now, max_body)
+            run = _write_run(conn, schedule, tick, origin, now, max_body, spans)
             if run is not None:
                 fired.append(run)
         if handled is not None:

@@ -11,6 +11,7 @@ schedule resumed elsewhere fires its missed ticks without a restart.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
@@ -23,6 +24,7 @@ from typing import Final
 
 import anyio
 
+from .. import tracing
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
 from .runs import Fired, State, fire, iso, see, states
 from .spec import Schedule, plan
@@ -151,13 +153,19 @@ class Scheduler:
         if not work:
             return
         limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        spans = tracing.creations() if tracing.ACTIVE else None
         # Shielded: runs that committed are counted and logged even when the
         # worker is being cancelled meanwhile (the write is bounded by the
         # store's busy timeout).
         with anyio.CancelScope(shield=True):
-            runs: list[Fired] = await self.db.write(
-                partial(fire, work=work, now=now, max_body=limit)
-            )
+            # A create span per dispatch written, ended after the commit;
+            # root spans: a tick has no caller.
+            with contextlib.nullcontext() if spans is None else spans:
+                runs: list[Fired] = await self.db.write(
+                    partial(fire, work=work, now=now, max_body=limit, spans=spans)
+                )
+                if spans is not None:
+                    spans.written([run.dispatch_id for run in runs])
             self._count(runs)
 
     def _count(self, runs: list[Fired]) -> None:

@@ -10,6 +10,7 @@ from typing import Final
 import anyio
 import sniffio
 
+from .. import tracing
 from .base import (
     NOTIFY_TIMEOUT_SECONDS,
     BaseTransport,
@@ -53,6 +54,8 @@ class CallableTransport(BaseTransport):
             except BaseException as exc:
                 if must_propagate(exc):
                     raise
+                if tracing.ACTIVE:
+                    tracing.transport_raised(exc)
                 return TransportResult.failure(describe_exception(exc))
         if scope.cancelled_caught:
             return TransportResult.failure(timeout_message(self.timeout))

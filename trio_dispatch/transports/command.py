@@ -21,6 +21,7 @@ from typing import Any, Final, TypeGuard
 
 import anyio
 
+from .. import tracing
 from ..redact import url_secrets, visible
 from ..validate import require_bool, require_number
 from ..values import show
@@ -307,6 +308,8 @@ class CommandTransport(BaseTransport):
         env["TRIO_DISPATCH_ATTEMPT"] = str(delivery.attempt)
         env["TRIO_DISPATCH_KIND"] = delivery.kind
         env["TRIO_DISPATCH_DELIVER_TO"] = delivery.deliver_to
+        if tracing.ACTIVE:  # the attempt's span, as TRACEPARENT (SPEC section 16)
+            tracing.inject_environment(env)
         return env
 
     async def __call__(self, delivery: Delivery) -> TransportResult:

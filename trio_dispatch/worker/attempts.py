@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import anyio
 
+from .. import tracing
 from ..backoff import check_retry_schedule
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox.delivery import (
@@ -84,6 +85,8 @@ async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
     except BaseException as exc:
         if must_propagate(exc):
             raise
+        if tracing.ACTIVE:
+            tracing.transport_raised(exc)
         result = TransportResult.failure(describe_exception(exc))
     if not isinstance(result, TransportResult):
         result = TransportResult.failure(
@@ -172,18 +175,20 @@ async def _deliver_each(
         counts["dead_letter"] += scanned["dead_letter"]
         for claim in claims:
             result: TransportResult | None = None
-            with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):
-                try:
-                    result = await call_transport(sender, claim)
-                except BaseException as exc:
-                    if is_interrupt(exc):  # Ctrl-C: no row may wait for its lease
-                        with anyio.CancelScope(shield=True):
-                            await release_attempt(
-                                db, claim, actor=actor, clock=clock, why=INTERRUPT_REASON
-                            )
-                    raise
-            if result is None:
-                result = lease_timeout_result(lease)
+            with tracing.processing(claim) as trace:
+                with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):
+                    try:
+                        result = await call_transport(sender, claim)
+                    except BaseException as exc:
+                        if is_interrupt(exc):  # Ctrl-C: no row may wait for its lease
+                            with anyio.CancelScope(shield=True):
+                                await release_attempt(
+                                    db, claim, actor=actor, clock=clock, why=INTERRUPT_REASON
+                                )
+                        raise
+                if result is None:
+                    result = lease_timeout_result(lease)
+                trace.record(result)
             outcome = await finish_attempt(
                 db,
                 claim,

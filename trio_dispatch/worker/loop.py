@@ -42,6 +42,7 @@ import anyio
 import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
+from .. import tracing
 from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
@@ -410,7 +411,8 @@ class DispatchWorker:
             while claim is not None:
                 current = claim
                 try:
-                    claim = await self._attempt(current)
+                    with tracing.processing(current) as trace:
+                        claim = await self._attempt(current, trace)
                 except Exception:
                     self.log.exception(
                         "dispatch %s attempt %d: delivery task failed",
@@ -420,9 +422,10 @@ class DispatchWorker:
                     self._free_slot(current)
                     return
 
-    async def _attempt(self, claim: Claim) -> Claim | None:
-        """One attempt, start to recorded end; returns the next claim it took
-        over its slot, or None (the slot is then free)."""
+    async def _attempt(self, claim: Claim, trace: tracing.Attempt) -> Claim | None:
+        """One attempt, start to recorded end (its span ended once the
+        result is known); returns the next claim it took over its slot, or
+        None (the slot is then free)."""
         started = time.monotonic()
         result: AttemptResult = Interrupted()
         interrupt: BaseException | None = None
@@ -442,6 +445,7 @@ class DispatchWorker:
                 result = Interrupted(INTERRUPT_REASON)
         if scope.cancelled_caught and not self._closing:  # the lease deadline
             result = lease_timeout_result(self.lease_seconds)
+        trace.record(result)
         next_claim: Claim | None = None
         if isinstance(result, Interrupted):
             outcome = await self._outcome_writer().settle(claim, result)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
+from ... import tracing
 from ...redact import (
     AMBIGUOUS_URL_ERROR,
     ambiguous_userinfo,
@@ -209,7 +210,7 @@ class WebhookTransport(BaseTransport):
     ) -> dict[str, str]:
         """The headers of one attempt (signed now)."""
         timestamp = int(self._clock())
-        return {
+        headers = {
             **dict(endpoint.headers),
             "host": wire_host(endpoint.url),
             "content-type": "application/json",
@@ -220,6 +221,9 @@ class WebhookTransport(BaseTransport):
                 (secret.key for secret in endpoint.secrets), delivery.dispatch_id, timestamp, body
             ),
         }
+        if tracing.ACTIVE:  # the attempt's span, as traceparent (SPEC section 16)
+            tracing.inject_headers(headers)
+        return headers
 
     async def _post(self, endpoint: Endpoint, delivery: Delivery) -> TransportResult:
         import httpx
