@@ -129,7 +129,17 @@ def _load() -> _Api | None:
         except ImportError:  # a namespace without the API: tracing stays off
             ACTIVE = False
             return None
+        except OSError:  # no descriptor to read the module with: not this time
+            return None
     return _api
+
+
+def warm() -> None:
+    """Import the API now, if it is installed (a worker does this as it
+    starts), so that no attempt has to read modules from disk -- perhaps
+    when the process is short of file descriptors."""
+    if ACTIVE:
+        _load()
 
 
 def use_tracer_provider(provider: TracerProvider | None) -> None:
@@ -416,11 +426,14 @@ def processing(claim: Claim) -> Attempt:
     :data:`NOT_TRACED` when no span is due."""
     if not ACTIVE:
         return NOT_TRACED
-    found = tracer()
-    if found is None:
+    try:
+        found = tracer()
+        if found is None:
+            return NOT_TRACED
+        assert _api is not None
+        return Processing(_api, found, claim)
+    except Exception:  # a tracer that fails must not fail the delivery
         return NOT_TRACED
-    assert _api is not None
-    return Processing(_api, found, claim)
 
 
 def inject_headers(headers: MutableMapping[str, str]) -> None:

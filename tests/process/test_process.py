@@ -266,6 +266,9 @@ async def test_a_closed_spawner_leaves_no_thread_helper_or_pipe_behind(
         child, grandchild = map(int, pids_file.read_text().split())
         spawner = process._spawner
         assert spawner is not None
+        # The group is registered (and the helper started) just after the
+        # spawn returns, which a loaded machine may let the child outrun.
+        await wait_for(lambda: spawner.lifeline._popen is not None, timeout=20)
         helper = spawner.lifeline._popen
         assert helper is not None and helper.stdin is not None
         spawner.close()

@@ -266,6 +266,7 @@ class DispatchWorker:
     async def _run(self, task_status: TaskStatus[None]) -> None:
         """The run itself: the transport opened, the listener and the claim
         loop started, and on the way out the deliveries stopped."""
+        tracing.warm()
         async with AsyncExitStack() as stack:
             if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                 import trio_asyncio  # imported only when needed (~0.1 s)
