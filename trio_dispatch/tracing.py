@@ -156,7 +156,7 @@ def use_tracer_provider(provider: TracerProvider | None) -> None:
 
 def tracer() -> Tracer | None:
     """The tracer spans go to, or None when none should be started (the
-    API missing, or no tracer provider set)."""
+    API missing, no tracer provider set, or one that raises)."""
     global _tracer, _tracer_from
     api = _load()
     if api is None:
@@ -167,7 +167,10 @@ def tracer() -> Tracer | None:
         if isinstance(provider, api.trace.ProxyTracerProvider):
             return None  # no provider set: no span, nothing written
     if provider is not _tracer_from:
-        _tracer = provider.get_tracer("trio_dispatch", __version__)
+        try:
+            _tracer = provider.get_tracer("trio_dispatch", __version__)
+        except Exception:  # a provider that fails must not fail the outbox: no span
+            return None
         _tracer_from = provider
     return _tracer
 

@@ -322,3 +322,30 @@ async def test_each_fired_tick_has_a_root_producer_span_in_its_envelope(
         assert list(metadata)[:2] == ["lion_class", "traceparent"]
         assert metadata["traceparent"] == traceparent(span)
         assert metadata["schedule"] == "s"
+
+
+@pytest.mark.anyio
+async def test_a_tracer_provider_that_fails_never_fails_an_enqueue_or_a_delivery(
+    db_target: str, raw: RawDB
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from trio_dispatch import tracing
+
+    class Broken(TracerProvider):
+        def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("exporter misconfigured")
+
+    async def send(delivery: Delivery) -> TransportResult:
+        return TransportResult.success()
+
+    tracing.use_tracer_provider(Broken())
+    try:
+        async with open_store(db_target) as db, anyio.create_task_group() as tg:
+            worker = DispatchWorker(db, transport=send, tick_seconds=3600)
+            await tg.start(worker.run)
+            await enqueue_dispatch(db, kind="k", deliver_to="d")
+            await wait_for(lambda: statuses(raw) == {"delivered": 1})
+            tg.cancel_scope.cancel()
+    finally:
+        tracing.use_tracer_provider(None)
