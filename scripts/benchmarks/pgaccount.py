@@ -158,11 +158,20 @@ def measure(
     return account
 
 
-def ours_account(admin_url: str, url: str, n: int, body: dict[str, Any] | None) -> Account:
+def ours_account(
+    admin_url: str,
+    url: str,
+    n: int,
+    body: dict[str, Any] | None,
+    root: str = str(ROOT),
+    workers: int = 1,
+) -> Account:
+    """Ours (the source tree at ``root``), ``workers`` processes."""
+
     def drain() -> Drained:
         return drain_with_processes(
-            [sys.executable, "-c", OURS_COUNTED_CHILD, url, str(ROOT)],
-            1,
+            [sys.executable, "-c", OURS_COUNTED_CHILD, url, root],
+            workers,
             url,
             f"SELECT COUNT(*) FROM dispatch_outbox WHERE {DUE_SQL}",
             n,

@@ -233,6 +233,23 @@ def claim_rows(row_key: str, count: int) -> str:
 CLAIM_ROWS_ARRAY: Final = _claim("id = ANY(?::text[])")
 """PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
+CLAIM_ROWS_RECORDED: Final = (
+    f"WITH claimed AS ({CLAIM_ROWS_ARRAY}), "
+    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
+    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    f"SELECT ?::text, id, ?::text, '{Status.DELIVERING}', ?::text, "
+    "?::text || 'attempt ' || attempt || ' of ' || max_attempts, ?::text, ?::text, '[]', "
+    "('{\"attempt\": ' || attempt || ', \"lease_until\": ' || ?::text || '}')::json, "
+    "?::float8 "
+    "FROM claimed ORDER BY id) "
+    "SELECT * FROM claimed"
+)
+"""PostgreSQL only: :data:`CLAIM_ROWS_ARRAY` and each claim's transition row
+in one statement, the row built by the server from the row it updated (the
+client sends no history). Parameters: the claim's four, then the entity
+type, the previous status, the reason code, the summary's prefix, the
+source, the actor, the lease end as text and the time."""
+
 
 EXPIRE: Final = (
     f"UPDATE dispatch_outbox SET status = '{Status.EXPIRED}', updated_at = ? "
