@@ -131,6 +131,19 @@ async def test_claim_transitions_read_the_same_on_every_engine(
         '{"attempt": 2, "lease_until": 1000035.25}',
     )
     assert claimed["created_at"] == T0 + 1 and recovered["created_at"] == T0 + 20.25
+    # The finishes write their rows the same way: the stale claim's none.
+    stale = await finish_attempt(store, first[0], TransportResult.success(), now=T0 + 21)
+    done = await finish_attempt(store, again[0], TransportResult.failure("503"), now=T0 + 22)
+    assert (stale, done) == (Outcome.CONFLICT, Outcome.RETRY)
+    history = raw.transitions(dispatch_id)
+    assert len(history) == 4
+    assert (history[3]["previous_status"], history[3]["status"], history[3]["actor"]) == (
+        "delivering",
+        "pending",
+        recovered["actor"],
+    )
+    assert json.loads(str(history[3]["metadata"]))["error"] == "503"
+    assert history[3]["created_at"] == T0 + 22
 
 
 async def test_lease_follows_a_configured_timeout(store: SQLiteStore, raw: RawDB) -> None:

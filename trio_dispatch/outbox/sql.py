@@ -283,6 +283,29 @@ def _finish(source: str) -> str:
     )
 
 
+FINISH_ATTEMPTS_RECORDED: Final = (
+    "WITH f(id, attempt, lease, status, next_at, now, err, reason, summary, meta, n) AS ("
+    "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
+    "?::float8[], ?::text[], ?::text[], ?::text[], ?::json[]) WITH ORDINALITY), "
+    "done AS (UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+    "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
+    "FROM f WHERE dispatch_outbox.id = f.id "
+    f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
+    "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
+    "RETURNING dispatch_outbox.id AS id), "
+    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
+    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    f"SELECT ?::text, f.id, '{Status.DELIVERING}', f.status, f.reason, f.summary, ?::text, "
+    "?::text, '[]', f.meta, f.now FROM done JOIN f ON f.id = done.id ORDER BY f.n) "
+    "SELECT id FROM done"
+)
+"""PostgreSQL only: the finish of many attempts (one array per column, ids
+distinct) and the transition row of each end that applied, in one
+statement. Parameters: the seven arrays of :data:`FINISH_ATTEMPTS_ARRAYS`,
+then the reason codes, summaries and metadata (JSON text) of the
+transition rows, then the entity type, the source and the actor."""
+
+
 def finish_attempts(count: int) -> str:
     """End ``count`` attempts at once, each fenced on its claim; returns the
     ids whose end applied."""
