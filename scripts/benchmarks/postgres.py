@@ -286,7 +286,7 @@ def run_postgres(bench: Bench) -> Outcome:
             "PostgreSQL deliveries, 4 processes vs 1",
             "/s",
             f"ours with 1 process (the figure above), in the same round; {k} dispatches",
-            1.5,
+            1.8,
             "ours, 1 process",
             "postgres",
         ),
