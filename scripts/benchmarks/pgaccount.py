@@ -23,7 +23,7 @@ from trio_dispatch.lifecycle import DUE_SQL
 
 from .harness import ROOT
 from .pgserver import private_postgres
-from .processes import WORKER_CHILD, Drained, drain_with_processes
+from .processes import WORKER_CHILD, Drained, drain_with_processes, server_cpu_of
 from .workloads import fill_ours
 
 COUNT_TRIPS: Final = """
@@ -158,6 +158,23 @@ def measure(
     return account
 
 
+def server_cpu(admin_url: str) -> Callable[[], float] | None:
+    """The server's CPU time counter where the server runs here (a private
+    one: its postmaster's children are the run's alone); None elsewhere."""
+    import psycopg
+
+    if "127.0.0.1:5432/" in admin_url:  # the shared server: others' work too
+        return None
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            postmaster = int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError):
+        return None
+    return server_cpu_of(postmaster)
+
+
 def ours_account(
     admin_url: str,
     url: str,
@@ -175,6 +192,7 @@ def ours_account(
             url,
             f"SELECT COUNT(*) FROM dispatch_outbox WHERE {DUE_SQL}",
             n,
+            server_cpu(admin_url),
         )
 
     account = measure("ours", admin_url, url, n, lambda: anyio.run(fill_ours, url, n, body), drain)
@@ -189,7 +207,12 @@ def pgq_account(admin_url: str, url: str, n: int, child: str) -> Account:
 
     def drain() -> Drained:
         return drain_with_processes(
-            [sys.executable, "-c", child, url], 1, url, "SELECT COUNT(*) FROM pgqueuer", n
+            [sys.executable, "-c", child, url],
+            1,
+            url,
+            "SELECT COUNT(*) FROM pgqueuer",
+            n,
+            server_cpu(admin_url),
         )
 
     account = measure(
@@ -223,6 +246,7 @@ ROWS: Final = (
     ("index entries written, at most", lambda a: a.per("entries"), "{:.2f}"),
     ("index bytes grown", lambda a: a.per("index_bytes"), "{:,.0f}"),
     ("client CPU, us", lambda a: a.drained.cpu_seconds / a.n * 1e6, "{:,.0f}"),
+    ("server CPU, us", lambda a: a.drained.server_cpu_seconds / a.n * 1e6, "{:,.0f}"),
 )
 
 

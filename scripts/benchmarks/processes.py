@@ -85,6 +85,8 @@ class Drained:
     """CPU time (user + system) the processes spent from "go" until drained."""
     polls: int = 0
     """The counts run on the polling connection (each its own transaction)."""
+    server_cpu_seconds: float = float("nan")
+    """With ``server_cpu``: the CPU time the server spent meanwhile."""
 
     def errors(self) -> int:
         """The errors the processes reported ("errors N" lines)."""
@@ -97,7 +99,12 @@ class Drained:
 
 
 def drain_with_processes(
-    argv: Sequence[str], workers: int, target: str, remaining_sql: str, n: int
+    argv: Sequence[str],
+    workers: int,
+    target: str,
+    remaining_sql: str,
+    n: int,
+    server_cpu: Callable[[], float] | None = None,
 ) -> Drained:
     """``workers`` processes running ``argv`` over ``n`` items queued
     beforehand. Each process sets up (imports, connects), prints "ready" and
@@ -120,6 +127,7 @@ def drain_with_processes(
         with counter(target) as count:
             deadline = time.monotonic() + 600
             cpu_at_go = sum(_cpu_seconds(proc.pid) for proc in procs)
+            server_at_go = server_cpu() if server_cpu else float("nan")
             start = time.perf_counter()
             for proc in procs:
                 assert proc.stdin is not None
@@ -136,6 +144,7 @@ def drain_with_processes(
             elapsed = time.perf_counter() - start
             polls += 1
             cpu = sum(_cpu_seconds(proc.pid) for proc in procs) - cpu_at_go
+            server = (server_cpu() if server_cpu else float("nan")) - server_at_go
         failed = sum(1 for proc in procs if proc.poll() not in (None, 0))
     finally:
         for proc in procs:
@@ -148,7 +157,28 @@ def drain_with_processes(
                 proc.kill()
                 proc.wait()
     said = [proc.stdout.read() if proc.stdout else "" for proc in procs]
-    return Drained(n / elapsed, said, failed, cpu, polls)
+    return Drained(n / elapsed, said, failed, cpu, polls, server)
+
+
+def server_cpu_of(postmaster: int) -> Callable[[], float]:
+    """The CPU time so far of a local server's processes: the postmaster
+    and its children (backends, WAL writer, checkpointer, autovacuum) that
+    are alive when it is read."""
+
+    def total() -> float:
+        seconds = _cpu_seconds(postmaster)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as stat:
+                        if int(stat.read().rsplit(")", 1)[1].split()[1]) != postmaster:
+                            continue
+                except (OSError, ValueError, IndexError):
+                    continue
+                seconds += _cpu_seconds(int(entry))
+        return seconds
+
+    return total
 
 
 def _cpu_seconds(pid: int) -> float:
