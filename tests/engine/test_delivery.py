@@ -143,6 +143,10 @@ async def test_claim_transitions_read_the_same_on_every_engine(
         recovered["actor"],
     )
     assert json.loads(str(history[3]["metadata"]))["error"] == "503"
+    assert (claimed["reason_code"], history[3]["reason_code"]) == (
+        "dispatch.delivering.attempt",
+        "dispatch.pending.retry_backoff",
+    )
     assert history[3]["created_at"] == T0 + 22
 
 
