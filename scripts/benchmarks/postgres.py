@@ -32,6 +32,7 @@ from .harness import (
     sync_side,
     version_of,
 )
+from .pgaccount import run_account
 from .pgserver import fresh_postgres, postgres_database
 from .processes import Drained, drain_with_processes, ours_processes
 from .workloads import enqueue_side, ours_concurrent_enqueue
@@ -220,6 +221,12 @@ def run_postgres(bench: Bench) -> Outcome:
             ours4 = ours_processes_fresh(4)
             ours_by_workers[4].append(ours4)
             pairs.add("p4", ours4, ours_by_workers[1][-1])
+        account = run_account(
+            k,
+            BODY,
+            PGQ_CHILD + "import time; time.sleep(600)\n",
+            (url.rsplit("/", 1)[0] + "/postgres", url),
+        )
     finally:
         drop()
     version = f"pgqueuer {version_of('pgqueuer')} (asyncpg {version_of('asyncpg')})"
@@ -279,7 +286,7 @@ def run_postgres(bench: Bench) -> Outcome:
             "PostgreSQL deliveries, 4 processes vs 1",
             "/s",
             f"ours with 1 process (the figure above), in the same round; {k} dispatches",
-            1.5,
+            1.8,
             "ours, 1 process",
             "postgres",
         ),
@@ -295,6 +302,7 @@ def run_postgres(bench: Bench) -> Outcome:
         "postgresql engine row: medians of the postgres section's own measurements "
         "(payload of the side-by-side figures; deliveries by worker processes)"
     ]
+    notes += account
     if pgq_failed:
         notes.append(f"pgqueuer: {pgq_failed} worker process(es) exited with an error")
     return Outcome(figures, notes, [engine])

@@ -7,6 +7,7 @@ live in their sections.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -80,6 +81,12 @@ class Drained:
     rate: float
     said: list[str]
     failed: int
+    cpu_seconds: float = float("nan")
+    """CPU time (user + system) the processes spent from "go" until drained."""
+    polls: int = 0
+    """The counts run on the polling connection (each its own transaction)."""
+    server_cpu_seconds: float = float("nan")
+    """With ``server_cpu``: the CPU time the server spent meanwhile."""
 
     def errors(self) -> int:
         """The errors the processes reported ("errors N" lines)."""
@@ -92,7 +99,12 @@ class Drained:
 
 
 def drain_with_processes(
-    argv: Sequence[str], workers: int, target: str, remaining_sql: str, n: int
+    argv: Sequence[str],
+    workers: int,
+    target: str,
+    remaining_sql: str,
+    n: int,
+    server_cpu: Callable[[], float] | None = None,
 ) -> Drained:
     """``workers`` processes running ``argv`` over ``n`` items queued
     beforehand. Each process sets up (imports, connects), prints "ready" and
@@ -105,6 +117,8 @@ def drain_with_processes(
         for _ in range(workers)
     ]
     failed = 0
+    cpu_at_go = 0.0
+    polls = 0
     try:
         for proc in procs:
             assert proc.stdout is not None
@@ -112,12 +126,15 @@ def drain_with_processes(
                 raise RuntimeError(f"a worker process did not start: {' '.join(argv[:3])}")
         with counter(target) as count:
             deadline = time.monotonic() + 600
+            cpu_at_go = sum(_cpu_seconds(proc.pid) for proc in procs)
+            server_at_go = server_cpu() if server_cpu else float("nan")
             start = time.perf_counter()
             for proc in procs:
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
             while count(remaining_sql) > 0:
+                polls += 1
                 # All gone with items left (checked again: the last may have
                 # finished them just before it exited): they will not drain.
                 gone = all(proc.poll() is not None for proc in procs)
@@ -125,6 +142,9 @@ def drain_with_processes(
                     raise RuntimeError(f"{workers} worker process(es) did not drain {n} items")
                 time.sleep(POLL_SECONDS)
             elapsed = time.perf_counter() - start
+            polls += 1
+            cpu = sum(_cpu_seconds(proc.pid) for proc in procs) - cpu_at_go
+            server = (server_cpu() if server_cpu else float("nan")) - server_at_go
         failed = sum(1 for proc in procs if proc.poll() not in (None, 0))
     finally:
         for proc in procs:
@@ -137,7 +157,39 @@ def drain_with_processes(
                 proc.kill()
                 proc.wait()
     said = [proc.stdout.read() if proc.stdout else "" for proc in procs]
-    return Drained(n / elapsed, said, failed)
+    return Drained(n / elapsed, said, failed, cpu, polls, server)
+
+
+def server_cpu_of(postmaster: int) -> Callable[[], float]:
+    """The CPU time so far of a local server's processes: the postmaster
+    and its children (backends, WAL writer, checkpointer, autovacuum) that
+    are alive when it is read."""
+
+    def total() -> float:
+        seconds = _cpu_seconds(postmaster)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as stat:
+                        if int(stat.read().rsplit(")", 1)[1].split()[1]) != postmaster:
+                            continue
+                except (OSError, ValueError, IndexError):
+                    continue
+                seconds += _cpu_seconds(int(entry))
+        return seconds
+
+    return total
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process, from ``/proc`` (NaN elsewhere, or
+    once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ours_processes(target: str, n: int, workers: int, body: dict[str, Any] | None = None) -> float:

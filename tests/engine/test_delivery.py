@@ -107,6 +107,49 @@ async def test_claim_sets_delivering_increments_attempt_and_leases_15_seconds(
     assert json.loads(str(claim["metadata"])) == {"attempt": 1, "lease_until": T0 + 16}
 
 
+async def test_claim_transitions_read_the_same_on_every_engine(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # PostgreSQL writes a claim's transition row from the row it updated;
+    # its text must be what the other engine's client-built row says.
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
+    first, _ = await claim_due(store, now=T0 + 1, lease_seconds=15)
+    again, _ = await claim_due(store, now=T0 + 20.25, lease_seconds=15)
+    assert [c.attempt for c in first + again] == [1, 2]
+    claimed, recovered = raw.transitions(dispatch_id)[1:3]
+    assert (claimed["reason_summary"], str(claimed["metadata"])) == (
+        "attempt 1 of 8",
+        '{"attempt": 1, "lease_until": 1000016.0}',
+    )
+    assert (recovered["previous_status"], recovered["status"], recovered["source"]) == (
+        "delivering",
+        "delivering",
+        "scheduler",
+    )
+    assert (recovered["reason_summary"], str(recovered["metadata"])) == (
+        "lease expired; attempt 2 of 8",
+        '{"attempt": 2, "lease_until": 1000035.25}',
+    )
+    assert claimed["created_at"] == T0 + 1 and recovered["created_at"] == T0 + 20.25
+    # The finishes write their rows the same way: the stale claim's none.
+    stale = await finish_attempt(store, first[0], TransportResult.success(), now=T0 + 21)
+    done = await finish_attempt(store, again[0], TransportResult.failure("503"), now=T0 + 22)
+    assert (stale, done) == (Outcome.CONFLICT, Outcome.RETRY)
+    history = raw.transitions(dispatch_id)
+    assert len(history) == 4
+    assert (history[3]["previous_status"], history[3]["status"], history[3]["actor"]) == (
+        "delivering",
+        "pending",
+        recovered["actor"],
+    )
+    assert json.loads(str(history[3]["metadata"]))["error"] == "503"
+    assert (claimed["reason_code"], history[3]["reason_code"]) == (
+        "dispatch.delivering.attempt",
+        "dispatch.pending.retry_backoff",
+    )
+    assert history[3]["created_at"] == T0 + 22
+
+
 async def test_lease_follows_a_configured_timeout(store: SQLiteStore, raw: RawDB) -> None:
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat", now=T0)
     claims, _ = await claim_due(store, now=T0, lease_seconds=2 + 5)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..attempt import LAST_ERROR_LIMIT, TransportResult
 from ..lifecycle import (
+    ENTITY_TYPE,
     Reason,
     Source,
     Status,
@@ -199,9 +200,21 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             error,
         ]
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
-    if conn.dialect.arrays:  # PostgreSQL: one array per column, the same text every time
+    # PostgreSQL: the transition rows are written by the finish's own
+    # statement, for the ends that applied (one actor per worker's batch).
+    recorded = conn.dialect.arrays and len({end.actor for end in ends}) == 1
+    if recorded:
         columns = [params[i::7] for i in range(7)]
         for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
+            columns[i] = [float(v) for v in columns[i]]
+        columns += [[row[i] for row in history] for i in (4, 5, 9)]
+        finished = conn.query(
+            sql.FINISH_ATTEMPTS_RECORDED,
+            [*columns, ENTITY_TYPE, Source.SCHEDULER, ends[0].actor],
+        )
+    elif conn.dialect.arrays:  # one array per column, the same text every time
+        columns = [params[i::7] for i in range(7)]
+        for i in (2, 4, 5):
             columns[i] = [float(v) for v in columns[i]]
         finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
     else:
@@ -216,14 +229,15 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         ],
         max(end.now for end in ends),
     )
-    insert_rows(
-        conn,
-        [
-            row
-            for row, change in zip(history, changes, strict=True)
-            if change.dispatch_id in applied
-        ],
-    )
+    if not recorded:
+        insert_rows(
+            conn,
+            [
+                row
+                for row, change in zip(history, changes, strict=True)
+                if change.dispatch_id in applied
+            ],
+        )
     return [
         plan[0] if end.claim.dispatch_id in applied else Outcome.CONFLICT
         for end, plan in zip(ends, plans, strict=True)

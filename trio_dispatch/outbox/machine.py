@@ -23,6 +23,7 @@ from typing import Any, Final
 from ..attempt import TransportResult
 from ..lifecycle import (
     DUE_STATUSES,
+    ENTITY_TYPE,
     PURGED,
     Reason,
     Source,
@@ -187,14 +188,33 @@ def claim_batch(
         # still what was read, and the row key still names the same row; the
         # status guard restates it for the record.
         keys = [row["row_key"] for row in group]
+        recovered = previous == Status.DELIVERING
+        # PostgreSQL: the transition rows written by the same statement,
+        # from the rows it updated (the edge was checked above).
+        recorded = conn.dialect.arrays
         won = (
-            conn.query(sql.CLAIM_ROWS_ARRAY, (lease_until, at, keys, previous))
-            if conn.dialect.arrays
+            conn.query(
+                sql.CLAIM_ROWS_RECORDED,
+                (
+                    lease_until,
+                    at,
+                    keys,
+                    previous,
+                    ENTITY_TYPE,
+                    previous,
+                    Reason.ATTEMPT,
+                    "lease expired; " if recovered else "",
+                    Source.SCHEDULER,
+                    actor,
+                    repr(lease_until),
+                    at,
+                ),
+            )
+            if recorded
             else conn.query(
                 sql.claim_rows(conn.dialect.row_key, len(group)), (lease_until, at, *keys, previous)
             )
         )
-        recovered = previous == Status.DELIVERING
         for row in won:
             claim = Claim(
                 dispatch_id=row["id"],
@@ -215,6 +235,8 @@ def claim_batch(
                 spoiled.append((claim, unreadable))
             else:
                 claims.append(claim)
+            if recorded:
+                continue
             changes.append(
                 Change(
                     row["id"],

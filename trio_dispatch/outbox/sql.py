@@ -233,6 +233,23 @@ def claim_rows(row_key: str, count: int) -> str:
 CLAIM_ROWS_ARRAY: Final = _claim("id = ANY(?::text[])")
 """PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
+CLAIM_ROWS_RECORDED: Final = (
+    f"WITH claimed AS ({CLAIM_ROWS_ARRAY}), "
+    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
+    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    f"SELECT ?::text, id, ?::text, '{Status.DELIVERING}', ?::text, "
+    "?::text || 'attempt ' || attempt || ' of ' || max_attempts, ?::text, ?::text, '[]', "
+    "('{\"attempt\": ' || attempt || ', \"lease_until\": ' || ?::text || '}')::json, "
+    "?::float8 "
+    "FROM claimed ORDER BY id) "
+    "SELECT * FROM claimed"
+)
+"""PostgreSQL only: :data:`CLAIM_ROWS_ARRAY` and each claim's transition row
+in one statement, the row built by the server from the row it updated (the
+client sends no history). Parameters: the claim's four, then the entity
+type, the previous status, the reason code, the summary's prefix, the
+source, the actor, the lease end as text and the time."""
+
 
 EXPIRE: Final = (
     f"UPDATE dispatch_outbox SET status = '{Status.EXPIRED}', updated_at = ? "
@@ -264,6 +281,29 @@ def _finish(source: str) -> str:
         "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
         "RETURNING dispatch_outbox.id AS id"
     )
+
+
+FINISH_ATTEMPTS_RECORDED: Final = (
+    "WITH f(id, attempt, lease, status, next_at, now, err, reason, summary, meta, n) AS ("
+    "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
+    "?::float8[], ?::text[], ?::text[], ?::text[], ?::json[]) WITH ORDINALITY), "
+    "done AS (UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+    "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
+    "FROM f WHERE dispatch_outbox.id = f.id "
+    f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
+    "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
+    "RETURNING dispatch_outbox.id AS id), "
+    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
+    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
+    f"SELECT ?::text, f.id, '{Status.DELIVERING}', f.status, f.reason, f.summary, ?::text, "
+    "?::text, '[]', f.meta, f.now FROM done JOIN f ON f.id = done.id ORDER BY f.n) "
+    "SELECT id FROM done"
+)
+"""PostgreSQL only: the finish of many attempts (one array per column, ids
+distinct) and the transition row of each end that applied, in one
+statement. Parameters: the seven arrays of :data:`FINISH_ATTEMPTS_ARRAYS`,
+then the reason codes, summaries and metadata (JSON text) of the
+transition rows, then the entity type, the source and the actor."""
 
 
 def finish_attempts(count: int) -> str:
