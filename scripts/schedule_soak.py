@@ -40,6 +40,10 @@ FAILED = "schedules: reading or firing failed"
 """What a worker logs when a read or fire of its schedules raised."""
 
 
+RESTART_SETTLE_SECONDS = 4.0
+"""No worker is killed (and restarted) this close to the run's end."""
+
+
 def schedule_names(count: int) -> list[str]:
     return [f"tick-{i}" for i in range(count)]
 
@@ -159,7 +163,15 @@ def schedule_soak(
         end = time.monotonic() + seconds
         next_kill = None if kill_every is None else time.monotonic() + rng.uniform(*kill_every)
         while time.monotonic() < end:
-            if next_kill is not None and kill_every is not None and time.monotonic() >= next_kill:
+            # No kill in the last seconds: the worker started after it must be
+            # up (its SIGTERM handler installed) when the run stops them all.
+            late = time.monotonic() > end - RESTART_SETTLE_SECONDS
+            if (
+                next_kill is not None
+                and kill_every is not None
+                and not late
+                and (time.monotonic() >= next_kill)
+            ):
                 victim = running.pop(0)
                 victim.send_signal(signal.SIGKILL)
                 victim.wait()
