@@ -74,7 +74,7 @@ class _Unit:
     ``many(conn, items)``, which handles every queued item of the same
     ``many`` in one call and returns their results in order."""
 
-    __slots__ = ("alone", "error", "item", "many", "result", "state", "wake", "work")
+    __slots__ = ("alone", "error", "item", "many", "result", "state", "work")
 
     def __init__(
         self,
@@ -89,7 +89,6 @@ class _Unit:
         self.state = _State.QUEUED
         self.result: Any = None
         self.error: BaseException | None = None
-        self.wake: anyio.Event | None = None  # set while its caller waits on it
 
 
 def _steps(units: list[_Unit]) -> list[list[_Unit]]:
@@ -106,15 +105,6 @@ def _steps(units: list[_Unit]) -> list[list[_Unit]]:
             groups[unit.many] = [unit]
             steps.append(groups[unit.many])
     return steps
-
-
-def _wake(unit: _Unit) -> None:
-    """Wake the caller waiting on ``unit``, if it waits (a caller not
-    waiting is runnable and looks at the writer's state itself)."""
-    wake = unit.wake
-    if wake is not None:
-        unit.wake = None
-        wake.set()
 
 
 def _run_step(conn: Conn, step: list[_Unit]) -> None:
@@ -261,21 +251,12 @@ class BatchingStore(abc.ABC):
         try:
             while unit.state is not _State.DONE:
                 if self._busy:
-                    # Woken when its batch is done, or when the writer goes
-                    # idle with this unit first in the queue (to lead the
-                    # next batch): not by every batch that ends meanwhile.
-                    unit.wake = wake = anyio.Event()
-                    try:
-                        await wake.wait()
-                    finally:
-                        unit.wake = None
+                    await self._idle.wait()
                 else:
                     await self._lead_batch()
         except BaseException:
             if unit.state is _State.QUEUED:
                 self._queue.remove(unit)
-                if not self._busy and self._queue:  # it may have been the one woken to lead
-                    _wake(self._queue[0])
                 raise
             # Taken into a running batch: it will commit or fail as a whole;
             # report the cancellation only once it is settled.
@@ -309,15 +290,12 @@ class BatchingStore(abc.ABC):
         finally:
             for unit in batch:
                 unit.state = _State.DONE
-                _wake(unit)
             self._release()
 
     def _release(self) -> None:
         self._busy = False
         idle, self._idle = self._idle, anyio.Event()
         idle.set()
-        if self._queue:  # the first queued writer leads the next batch
-            _wake(self._queue[0])
 
     def _run_batch(self, batch: list[_Unit]) -> None:
         """Runs in the writer thread: the whole batch in one transaction."""
