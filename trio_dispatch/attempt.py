@@ -83,6 +83,8 @@ class TransportResult:
 
     @classmethod
     def success(cls, output: str | None = None) -> TransportResult:
+        if output is None and cls is TransportResult:
+            return _SUCCESS  # immutable: one instance serves every plain success
         return cls(ok=True, output=output)
 
     @classmethod
@@ -110,3 +112,7 @@ class TransportResult:
         """An attempt this machine could not make (a local resource error):
         nothing reached the destination, so it does not count."""
         return cls(ok=False, error=clean_error(message.strip()) or "not sent", local=True)
+
+
+_SUCCESS: Final = TransportResult(ok=True)
+"""What :meth:`TransportResult.success` returns without an output."""

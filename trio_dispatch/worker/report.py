@@ -50,18 +50,21 @@ def log_outcome(
     elapsed = time.monotonic() - started
     label = "unrecorded" if outcome is None else outcome.value
     metrics.observe(claim.kind, label, elapsed)
+    transported = result if isinstance(result, TransportResult) else None
+    local = transported is not None and transported.local
+    level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
+    if not log.isEnabledFor(level):  # nothing would be written: format nothing
+        return
     error = result.reason if isinstance(result, Interrupted) else result.error
     # Outside text (kind, route, a destination's output) made visible: it
     # can neither forge a log line nor reach a terminal as escapes.
     detail = ""
-    if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and isinstance(result, TransportResult):
-        detail += f" next_attempt={next_attempt_text(claim, result, settings, clock)}"
+    if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and transported is not None:
+        detail += f" next_attempt={next_attempt_text(claim, transported, settings, clock)}"
     if error and outcome is not Outcome.DELIVERED:
         detail += f" error={visible(repr(error[:200]))}"
-    if isinstance(result, TransportResult) and result.output:
-        detail += f" output={visible(repr(result.output))}"
-    local = isinstance(result, TransportResult) and result.local
-    level = logging.INFO if outcome in _QUIET_OUTCOMES and not local else logging.WARNING
+    if transported is not None and transported.output:
+        detail += f" output={visible(repr(transported.output))}"
     log.log(
         level,
         "dispatch %s kind=%s deliver_to=%s attempt=%d/%d result=%s duration=%.0fms%s",
