@@ -56,6 +56,7 @@ async def run_for(seconds: float, *schedulers: Scheduler) -> None:
         tg.cancel_scope.cancel()
 
 
+@pytest.mark.slow  # real seconds of ticks; CI runs it
 async def test_three_schedulers_on_one_store_fire_each_tick_once(
     store: SQLiteStore, raw: RawDB
 ) -> None:
@@ -131,6 +132,7 @@ async def test_ticks_missed_while_no_worker_ran_follow_missed(
     assert scheduler.next_fire["s"] == last + HOUR
 
 
+@pytest.mark.slow  # real seconds of ticks; CI runs it
 async def test_a_paused_schedule_fires_nothing_and_resumed_catches_up_by_missed(
     store: SQLiteStore, raw: RawDB
 ) -> None:

@@ -256,6 +256,7 @@ def test_without_a_configuration_nothing_is_configured(db_target: str) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # real seconds of ticks; CI runs it
 async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_when_resumed(
     tmp_path: Path,
     store: SQLiteStore,

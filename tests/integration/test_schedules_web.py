@@ -43,6 +43,7 @@ def runs_by_origin(raw: RawDB, name: str) -> dict[str, int]:
     return {str(row["origin"]): int(row["n"]) for row in rows}
 
 
+@pytest.mark.slow  # real seconds of ticks; CI runs it
 async def test_metrics_count_a_worker_s_runs_by_outcome_and_give_each_next_fire(
     store: SQLiteStore, raw: RawDB
 ) -> None:
