@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -44,16 +43,8 @@ def _seconds(values: Sequence[float]) -> str:
     return ", ".join(f"{value:g}s" for value in values)
 
 
-def next_fire(schedule: Schedule, now: float) -> float | None:
-    """When the schedule's next tick after ``now`` is due by its cadence
-    alone (the store is not read: a pause is not known here); None when its
-    cron expression matches no time ahead."""
-    tick = schedule.next_tick(now)
-    return None if math.isinf(tick) else schedule.fire_time(tick)
-
-
 def _schedule_document(schedule: Schedule, now: float) -> dict[str, Any]:
-    fire = next_fire(schedule, now)
+    fire = schedule.next_fire(now)
     return {
         **schedule.describe(),
         "next_fire": None if fire is None else iso(fire),
@@ -71,7 +62,7 @@ def _print_schedules(schedules: Sequence[Schedule], now: float) -> None:
             f"({visible(schedule.timezone)}), "
             f"kind {visible(schedule.kind)} to {visible(schedule.deliver_to)}, "
             f"missed {schedule.missed} (catch-up {schedule.catch_up_seconds:g}s), "
-            f"next fire {format_time(next_fire(schedule, now), now)}"
+            f"next fire {format_time(schedule.next_fire(now), now)}"
         )
 
 

@@ -262,10 +262,7 @@ def listing(conn: Conn, schedules: Sequence[Schedule], now: float) -> list[Listi
     found: list[Listing] = []
     for schedule in schedules:
         state = known.get(schedule.name)
-        next_fire = None
-        if state is None or not state.paused:
-            after = max(now, state.cursor if state is not None else now)
-            tick = schedule.next_tick(after)
-            next_fire = None if tick == float("inf") else schedule.fire_time(tick)
+        paused = state is not None and state.paused
+        next_fire = None if paused else schedule.next_fire(now)
         found.append(Listing(schedule, state, newest.get(schedule.name), next_fire))
     return found

@@ -50,7 +50,6 @@ class Scheduler:
         *,
         clock: Callable[[], float],
         log: logging.Logger,
-        on_fired: Callable[[], None] = lambda: None,
     ) -> None:
         names = [schedule.name for schedule in schedules]
         duplicate = next((name for name in names if names.count(name) > 1), None)
@@ -60,7 +59,6 @@ class Scheduler:
         self.schedules = {schedule.name: schedule for schedule in schedules}
         self.clock = clock
         self.log = log
-        self.on_fired = on_fired
         self.fired: Counter[tuple[str, str]] = Counter()
         self.next_fire: dict[str, float | None] = dict.fromkeys(names)
         self._heap: list[tuple[float, int, str]] = []
@@ -180,4 +178,3 @@ class Scheduler:
             )
         if runs:
             self.db.notify_enqueued()
-            self.on_fired()

@@ -209,6 +209,12 @@ class Schedule:
             pass
         return math.inf
 
+    def next_fire(self, after: float) -> float | None:
+        """When the first tick after ``after`` is due (its jitter included);
+        None when the cron expression matches no time ahead."""
+        tick = self.next_tick(after)
+        return None if math.isinf(tick) else self.fire_time(tick)
+
     def jitter_for(self, tick: float) -> float:
         """The seconds after ``tick`` at which it fires: a spread of up to
         ``jitter_seconds`` that every worker computes alike (a hash of the

@@ -21,13 +21,13 @@ from urllib.parse import parse_qs, urlencode
 
 from ..errors import ActionRefused
 from ..lifecycle import InvalidTransition
-from ..outbox.bulk import BULK_LIMIT, apply_bulk, bulk_filter, count_matching
+from ..outbox.bulk import BULK_LIMIT, BulkAction, Filter, apply_bulk, bulk_filter, count_matching
 from ..outbox.operator import purge_dispatch, retry_dispatch
 from ..outbox.reads import get_dispatch
 from ..redact import scrubbed_logger, visible
 from ..store.base import Database
 from . import pages
-from .auth import Auth, Identity, Role, forgery, header, own_origin
+from .auth import Auth, Identity, Role, forgery, header, same_origin
 
 MAX_FORM_BYTES: Final = 16 * 1024
 """A form body larger than this is refused unread (413)."""
@@ -145,8 +145,7 @@ class Actions:
         return self._page("Log in", body, status)
 
     async def login(self, scope: Mapping[str, Any], form: Mapping[str, str]) -> Reply:
-        origin = header(scope, b"origin")
-        if origin is None or origin.decode("latin-1").lower() != own_origin(scope):
+        if not same_origin(scope):
             return self.login_page("the request's Origin is not this dashboard", 403)
         session = self.auth.login(form.get("token", ""))
         if session is None:
@@ -176,13 +175,33 @@ class Actions:
             ((b"location", b"/login"), (b"set-cookie", Auth.set_cookie(None, secure))),
         )
 
+    def _not_operator(self, scope: Mapping[str, Any]) -> Reply:
+        return self._answer(
+            scope, 403, {"error": "only an operator may act"}, "only an operator may act"
+        )
+
+    def _filter(
+        self, scope: Mapping[str, Any], action: str, fields: Mapping[str, str]
+    ) -> tuple[BulkAction, Filter] | Reply:
+        """The bulk action and filter ``fields`` ask for, or the 400 (a bad
+        value) or 409 (no such edge for that status) that refuses them."""
+        try:
+            return bulk_filter(
+                action,
+                fields.get("status"),
+                fields.get("kind") or None,
+                fields.get("ordering_key") or None,
+            )
+        except ActionRefused as exc:
+            return self._answer(scope, 409, {"error": str(exc)}, str(exc))
+        except ValueError as exc:
+            return self._answer(scope, 400, {"error": str(exc)}, str(exc))
+
     def _refusal(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
     ) -> Reply | None:
         if identity.role < Role.OPERATOR:
-            return self._answer(
-                scope, 403, {"error": "only an operator may act"}, "only an operator may act"
-            )
+            return self._not_operator(scope)
         refused = forgery(identity, scope, form.get("csrf"))
         if refused is not None:
             return self._answer(scope, 403, {"error": refused}, refused)
@@ -259,20 +278,11 @@ class Actions:
         if match is None:
             return None
         if identity.role < Role.OPERATOR:
-            return self._answer(
-                scope, 403, {"error": "only an operator may act"}, "only an operator may act"
-            )
-        try:
-            action, chosen = bulk_filter(
-                match[1],
-                query.get("status"),
-                query.get("kind") or None,
-                query.get("ordering_key") or None,
-            )
-        except (ActionRefused, ValueError) as exc:
-            return self._answer(
-                scope, 409 if isinstance(exc, ActionRefused) else 400, {"error": str(exc)}, str(exc)
-            )
+            return self._not_operator(scope)
+        chosen_or_refusal = self._filter(scope, match[1], query)
+        if isinstance(chosen_or_refusal, Reply):
+            return chosen_or_refusal
+        action, chosen = chosen_or_refusal
         count = await count_matching(self.db, chosen, BULK_LIMIT)
         fields = {
             "status": str(chosen.status),
@@ -315,17 +325,10 @@ class Actions:
         refused = self._refusal(scope, identity, form)
         if refused is not None:
             return refused
-        try:
-            action, chosen = bulk_filter(
-                match[1],
-                form.get("status"),
-                form.get("kind") or None,
-                form.get("ordering_key") or None,
-            )
-        except (ActionRefused, ValueError) as exc:
-            return self._answer(
-                scope, 409 if isinstance(exc, ActionRefused) else 400, {"error": str(exc)}, str(exc)
-            )
+        chosen_or_refusal = self._filter(scope, match[1], form)
+        if isinstance(chosen_or_refusal, Reply):
+            return chosen_or_refusal
+        action, chosen = chosen_or_refusal
         where = {"client": client(scope), "via": identity.via, "bulk": True}
         result = await apply_bulk(self.db, action, chosen, actor=ACTOR, metadata=where)
         log.info(

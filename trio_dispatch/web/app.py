@@ -504,14 +504,12 @@ class WebApp:
         status = 200 if row is not None or history else 404
         # The newest transition says whether the row waits for an ack.
         label = behind = None
+        buttons = ""
         if row is not None:
             label = status_label(row, str(history[-1]["reason_code"]) if history else None)
             behind = await waiting_behind(self.db, row, self.ordering)
-        body = pages.detail(row, dispatch_id, history, now, label, behind)
-        if row is not None:  # the buttons under the page's heading
             buttons = self._row_actions(str(row["id"]), str(row["status"]), identity)
-            head, found, rest = body.partition("</h1>")
-            body = head + found + buttons + rest if found else buttons + body
+        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons)
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
     def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:

@@ -185,6 +185,15 @@ def own_origin(scope: Mapping[str, object]) -> str | None:
     return f"{scheme}://{host.decode('latin-1').strip().lower()}"
 
 
+def same_origin(scope: Mapping[str, object]) -> bool:
+    """Whether the request's ``Origin`` is this server as the client
+    addressed it (a request without one is not)."""
+    origin, expected = header(scope, b"origin"), own_origin(scope)
+    return (
+        origin is not None and expected is not None and origin.decode("latin-1").lower() == expected
+    )
+
+
 def forgery(identity: Identity, scope: Mapping[str, object], form_csrf: str | None) -> str | None:
     """Why a POST must be refused as a possible cross-site forgery, or None."""
     if identity.via == "bearer":
@@ -193,9 +202,7 @@ def forgery(identity: Identity, scope: Mapping[str, object], form_csrf: str | No
         return "a browser's Basic login cannot act: log in with the form (/login)"
     if identity.session is None:
         return "log in first (/login)"
-    origin = header(scope, b"origin")
-    expected = own_origin(scope)
-    if origin is None or expected is None or origin.decode("latin-1").lower() != expected:
+    if not same_origin(scope):
         return "the request's Origin is not this dashboard"
     if form_csrf is None or not hmac.compare_digest(
         form_csrf.encode(), identity.session.csrf.encode()

@@ -465,12 +465,14 @@ def detail(
     now: float,
     label: str | None = None,
     behind: Mapping[str, str] | None = None,
+    actions: str = "",
 ) -> str:
     """A dispatch's fields, payload (ack token masked) and history, every
     value whole (long ones wrap); ``label``: its status label ("awaiting
     ack" included), by default its status; ``behind``: the ``id`` and
-    ``status`` of the row it waits behind in its ordering key."""
-    parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>"]
+    ``status`` of the row it waits behind in its ordering key; ``actions``:
+    the operator's buttons (HTML), under the heading."""
+    parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>{actions}"]
     if row is None:
         parts.append("<p class=muted>No such dispatch (purged or never enqueued).</p>")
     else:
