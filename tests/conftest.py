@@ -277,6 +277,23 @@ class PostgresRaw(RawDB):
     def allow_transitions(self) -> None:
         self.execute("DROP TRIGGER refuse ON status_transitions")
 
+    @staticmethod
+    def _delete_all(conn: Any) -> None:
+        """DELETE (0.2 ms on a test's few rows, where TRUNCATE takes 15 ms
+        for its new files); TRUNCATE ... CASCADE only when a table of the
+        test's own refers to the outbox's."""
+        import psycopg
+
+        try:
+            with conn.transaction():
+                for table in TABLES:  # referring tables first
+                    conn.execute(f"DELETE FROM {table}")
+                conn.execute(
+                    "SELECT setval(pg_get_serial_sequence('status_transitions', 'id'), 1, false)"
+                )
+        except psycopg.errors.ForeignKeyViolation:
+            conn.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+
     def empty(self) -> None:
         """Empty every table (the schema stays; the store re-creates it if absent)."""
         with self._connect() as conn:
@@ -285,7 +302,7 @@ class PostgresRaw(RawDB):
                 for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
             }
             if set(TABLES) <= present:
-                conn.execute(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE")
+                self._delete_all(conn)
             conn.execute(
                 "DROP TRIGGER IF EXISTS refuse ON status_transitions"
                 if "status_transitions" in present
