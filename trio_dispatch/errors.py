@@ -101,7 +101,8 @@ class ConnectionLostError(StoreError):
         """False: nothing of the work was committed (the server rolls back a
         transaction whose session ended before its COMMIT), so running it
         again is safe. True: the connection ended while the COMMIT was on
-        its way, and the work may or may not have been committed; running
+        its way (or while a lone enqueue, one statement that commits by
+        itself, ran), and the work may or may not have been committed; running
         it again may apply it twice (an enqueue with a ``dedup_key`` is safe
         to repeat)."""
 

@@ -265,8 +265,8 @@ async def test_a_transaction_that_went_on_after_a_failed_statement_says_nothing_
     assert raw.counts() == (1, 1)
 
 
-async def test_a_transaction_and_an_enqueue_each_take_two_round_trips(
-    store: SQLiteStore, tmp_path: Path
+async def test_a_transaction_takes_two_round_trips_and_a_lone_enqueue_one(
+    store: SQLiteStore, raw: RawDB, tmp_path: Path
 ) -> None:
     # libpq's own protocol trace of the writer connection: every round trip
     # ends with the server's ReadyForQuery.
@@ -288,5 +288,25 @@ async def test_a_transaction_and_an_enqueue_each_take_two_round_trips(
 
     # BEGIN rides with the INSERT (one pipeline), then COMMIT.
     assert await round_trips(one_insert) == 2
-    # BEGIN rides with the one-statement enqueue (row, history, NOTIFY), then COMMIT.
-    assert await round_trips(lambda: enqueue_dispatch(store, kind="k", deliver_to="seat")) == 2
+    # A lone plain enqueue is one statement (row, history, NOTIFY): sent
+    # alone, it commits by itself, with no BEGIN or COMMIT.
+    assert await round_trips(lambda: enqueue_dispatch(store, kind="k", deliver_to="seat")) == 1
+    assert "BEGIN" not in trace.read_text() and "COMMIT" not in trace.read_text()
+    assert raw.counts() == (1, 1)
+    # With a dedup key it may read the winner's id after: BEGIN rides with
+    # the insert, then COMMIT.
+    dedup = enqueue_dispatch(store, kind="k", deliver_to="seat", dedup_key="d")
+    assert await round_trips(lambda: dedup) == 2
+    assert raw.counts() == (2, 2)
+
+
+async def test_a_single_statement_write_refuses_a_second_statement(store: SQLiteStore) -> None:
+    def two(conn: Any, items: list[int]) -> list[int]:
+        conn.execute("SELECT 1")
+        conn.execute("SELECT 2")
+        return items
+
+    with pytest.raises(StoreError, match="second statement"):
+        await store.write_many(two, 1, single=True)
+    # The store goes on: the same work, not promised single, runs.
+    assert await store.write_many(two, 2) == 2

@@ -209,6 +209,43 @@ async def test_a_connection_that_ends_during_the_commit_says_the_outcome_is_unkn
         raw.execute("DROP FUNCTION IF EXISTS slow_commit()")
 
 
+async def test_a_lone_enqueue_whose_connection_ends_mid_statement_says_the_outcome_is_unknown(
+    db_target: str, raw: RawDB
+) -> None:
+    # A lone plain enqueue is one statement that commits by itself: a
+    # session ended while it runs may have committed it or not.
+    async with open_store(db_target) as db:
+        raw.execute(
+            "CREATE OR REPLACE FUNCTION slow_insert() RETURNS trigger AS $$ BEGIN "
+            "PERFORM pg_sleep(30); RETURN NULL; END $$ LANGUAGE plpgsql"
+        )
+        raw.execute(
+            "CREATE TRIGGER slow_insert AFTER INSERT ON dispatch_outbox "
+            "FOR EACH ROW EXECUTE FUNCTION slow_insert()"
+        )
+        try:
+            errors: list[ConnectionLostError] = []
+
+            async def enqueue() -> None:
+                with pytest.raises(ConnectionLostError) as caught:
+                    await enqueue_dispatch(db, kind="k", deliver_to="x")
+                errors.append(caught.value)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(enqueue)
+                await wait_for(lambda: sleeping_backends(raw) == 1)
+                assert terminate_backends(raw, only_sleeping=True) == 1
+            assert errors[0].outcome_unknown
+            assert "may or may not have been committed" in str(errors[0])
+        finally:
+            raw.execute("DROP TRIGGER IF EXISTS slow_insert ON dispatch_outbox")
+            raw.execute("DROP FUNCTION IF EXISTS slow_insert()")
+        assert raw.counts() == (0, 0)  # ended before it finished: rolled back
+        await enqueue_dispatch(db, kind="k", deliver_to="later")
+        assert raw.counts() == (1, 1)
+        assert open_transactions(raw) == 0
+
+
 async def test_the_listener_listens_again_after_its_connection_ends(
     db_target: str, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:

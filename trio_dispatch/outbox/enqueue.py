@@ -193,8 +193,11 @@ async def enqueue_dispatch(
 
 async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> str:
     if new.plain:
-        # Coalesced with the other plain enqueues of the same group commit.
-        result: EnqueueResult = await db.write_many(insert_plain, (new, clock_from(now)()))
+        # Coalesced with the other plain enqueues of the same group commit;
+        # alone and unkeyed, it is one statement (PostgreSQL sends it alone).
+        result: EnqueueResult = await db.write_many(
+            insert_plain, (new, clock_from(now)()), new.ordering_key is None
+        )
         db.notify_enqueued()
         return result.id
     return (await commit_new(db, [new], clock_from(now)))[0].id

@@ -103,8 +103,9 @@ def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list
     concurrent plain enqueue of a group commit at once. On an engine with
     data-modifying ``WITH`` it is one statement per row instead, sent in
     one pipelined round trip (the server delivers the repeated ``NOTIFY``
-    of one transaction once). Keyed rows go in id order, so each waits
-    behind the live rows of its key that come before it."""
+    of one transaction once): one unkeyed item is one statement there.
+    Keyed rows go in id order, so each waits behind the live rows of its
+    key that come before it."""
     results = [EnqueueResult(new.id, False) for new, _ in items]
     if any(new.ordering_key is not None for new, _ in items):
         items = sorted(items, key=lambda item: item[0].id)

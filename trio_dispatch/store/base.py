@@ -403,13 +403,20 @@ class Database(Protocol):
         """
 
     async def write_many(
-        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+        self,
+        many: Callable[[Conn, list[ItemT]], list[ResultT]],
+        item: ItemT,
+        single: bool = False,
     ) -> ResultT:
         """Like :meth:`write`, for work that is cheaper in bulk: every item
         queued at once for the same ``many`` function is handled by one call
         ``many(conn, items)``, which returns one result per item, in order.
         If that call raises, each item is run again by itself, so an error
-        still reaches only its own caller."""
+        still reaches only its own caller. ``single`` promises that
+        ``many(conn, [item])`` runs exactly one statement on an engine with
+        data-modifying ``WITH`` (PostgreSQL): alone in its transaction, the
+        store may send it by itself (see
+        :meth:`~.batching.BatchingStore._begin_single`)."""
 
     def notify_enqueued(self) -> None:
         """Tell this process's listeners that a pending dispatch was added.

@@ -19,7 +19,10 @@ engine reconnects when it begins), as after any unit's error. A connection
 that ends during the COMMIT fails every unit of the batch with an error
 saying the outcome is unknown; none is run again, since running twice
 what may have committed is not safe in general (an enqueue without a
-``dedup_key`` would be sent twice).
+``dedup_key`` would be sent twice). A batch of one unit that promised one
+statement (``single``) may run as that statement alone, committing by
+itself (PostgreSQL: one round trip instead of two); a connection ending
+under it leaves the outcome unknown in the same way.
 
 The writer's thread (a :class:`~trio_dispatch._threads.ServiceThread`) is
 started on first use and stopped by :meth:`BatchingStore.aclose`. Under trio
@@ -74,17 +77,19 @@ class _Unit:
     ``many(conn, items)``, which handles every queued item of the same
     ``many`` in one call and returns their results in order."""
 
-    __slots__ = ("alone", "error", "item", "many", "result", "state", "work")
+    __slots__ = ("alone", "error", "item", "many", "result", "single", "state", "work")
 
     def __init__(
         self,
         work: Callable[[Conn], Any] | None,
         many: Callable[[Conn, list[Any]], list[Any]] | None = None,
         item: Any = None,
+        single: bool = False,
     ) -> None:
         self.work = work
         self.many = many
         self.item = item
+        self.single = single  # alone in its transaction, it is one statement
         self.alone = False  # set after its group failed: run it by itself
         self.state = _State.QUEUED
         self.result: Any = None
@@ -170,6 +175,14 @@ class BatchingStore(abc.ABC):
         """Start a write transaction on the writer connection (waiting for
         other processes' writers as the engine allows)."""
 
+    def _begin_single(self) -> None:
+        """Start a write transaction that will hold exactly one statement.
+        An engine whose statements commit by themselves outside a
+        transaction (PostgreSQL) may send that statement alone, one round
+        trip with no ``BEGIN`` or ``COMMIT``; then :meth:`_commit` and
+        :meth:`_rollback` have nothing left to do. By default: :meth:`_begin`."""
+        self._begin()
+
     @abc.abstractmethod
     def _commit(self) -> None:
         """Commit the writer's transaction."""
@@ -240,9 +253,12 @@ class BatchingStore(abc.ABC):
         return result
 
     async def write_many(
-        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+        self,
+        many: Callable[[Conn, list[ItemT]], list[ResultT]],
+        item: ItemT,
+        single: bool = False,
     ) -> ResultT:
-        result: ResultT = await self._submit(_Unit(None, many, item))
+        result: ResultT = await self._submit(_Unit(None, many, item, single))
         return result
 
     async def _submit(self, unit: _Unit) -> Any:
@@ -307,7 +323,10 @@ class BatchingStore(abc.ABC):
         todo = batch
         while todo:
             try:
-                self._begin()
+                if len(todo) == 1 and todo[0].single:
+                    self._begin_single()
+                else:
+                    self._begin()
             except BaseException as exc:  # e.g. "database is locked" past busy_timeout
                 for unit in todo:
                     unit.error = exc
@@ -494,7 +513,10 @@ class BatchingTransaction:
         return await self._run(in_savepoint)
 
     async def write_many(
-        self, many: Callable[[Conn, list[ItemT]], list[ResultT]], item: ItemT
+        self,
+        many: Callable[[Conn, list[ItemT]], list[ResultT]],
+        item: ItemT,
+        single: bool = False,
     ) -> ResultT:
         return await self.write(lambda conn: many(conn, [item])[0])
 

@@ -128,23 +128,40 @@ class PostgresConn:
 
     With :attr:`begin_pending` set (the store's writer, see
     :meth:`PostgresStore._begin`) the first statement carries the
-    transaction's ``BEGIN`` with it: both go in one pipelined round trip."""
+    transaction's ``BEGIN`` with it: both go in one pipelined round trip.
+    With :attr:`single` set (:meth:`PostgresStore._begin_single`) the one
+    statement goes alone and commits by itself; a second one is refused."""
 
     dialect = POSTGRES
 
-    __slots__ = ("_conn", "begin_pending", "where")
+    __slots__ = ("_conn", "begin_pending", "single", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str = "the server") -> None:
         self._conn = conn
         self.begin_pending = False
+        self.single: bool | None = None  # None: not a single; False: its statement went
         self.where = where  # the masked URL, for messages
 
     def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
+        single = self.single
+        if single is False:
+            # The first statement has committed: a second would not be
+            # atomic with it. A caller's promise broken is a bug, said loudly.
+            raise StoreError("a single-statement write ran a second statement")
+        if single:
+            self.single = False
         try:
             self._send_once(send, pipelined)
         except psycopg.OperationalError as exc:
             if not _lost(self._conn):
                 raise
+            if single:
+                raise ConnectionLostError(
+                    f"the connection to {self.where} ended while its statement ran "
+                    f"({_reason(exc)}); the outcome is unknown: it may or may not have "
+                    "been committed",
+                    outcome_unknown=True,
+                ) from None
             _raise_lost(exc, self.where)
 
     def _send_once(self, send: Callable[[], object], pipelined: bool) -> None:
@@ -370,8 +387,19 @@ class PostgresStore(BatchingStore):
         self._ensure_writer()
         self._lazy.begin_pending = True
 
+    def _begin_single(self) -> None:
+        # The writer's session is in autocommit: a statement sent without
+        # BEGIN commits by itself, one round trip where BEGIN + statement
+        # and COMMIT take two.
+        assert self._lazy is not None
+        self._ensure_writer()
+        self._lazy.single = True
+
     def _commit(self) -> None:
         assert self._writer is not None and self._lazy is not None
+        if self._lazy.single is not None:  # committed with its statement
+            self._lazy.single = None
+            return
         if self._lazy.begin_pending:  # nothing ran: nothing to commit
             self._lazy.begin_pending = False
             return
@@ -396,6 +424,10 @@ class PostgresStore(BatchingStore):
             ) from None
 
     def _rollback(self) -> None:
+        if self._lazy is not None and self._lazy.single is not None:
+            # Nothing open: a failed single statement rolled itself back.
+            self._lazy.single = None
+            return
         if self._lazy is not None and self._lazy.begin_pending:
             self._lazy.begin_pending = False
             return
