@@ -12,7 +12,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
-from trio_dispatch import enqueue_dispatch, enqueue_many, open_store
+from trio_dispatch import deliver_due_dispatches, enqueue_dispatch, enqueue_many, open_store
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.outbox.machine import insert_rows
 from trio_dispatch.store import SchemaError, SQLiteStore, StoreError
@@ -310,3 +310,47 @@ async def test_a_single_statement_write_refuses_a_second_statement(store: SQLite
         await store.write_many(two, 1, single=True)
     # The store goes on: the same work, not promised single, runs.
     assert await store.write_many(two, 2) == 2
+
+
+async def test_the_claim_and_finish_send_their_parameters_in_binary(
+    store: SQLiteStore, raw: RawDB, tmp_path: Path
+) -> None:
+    # Text arrays in text form cost psycopg a quoting pass over every
+    # element; binary form skips it. libpq's trace shows each Bind's
+    # parameter format codes (1: binary).
+    for i in range(2):
+        await enqueue_dispatch(store, kind="k", deliver_to=f"seat-{i}")
+    writer = cast(Any, store)._writer
+    trace = tmp_path / "libpq.trace"
+
+    async def ok(delivery: Any) -> None:
+        pass
+
+    with trace.open("w") as sink:
+        writer.pgconn.trace(sink.fileno())
+        try:
+            assert (await deliver_due_dispatches(store, transport=ok))["delivered"] == 2
+        finally:
+            writer.pgconn.untrace()
+    formats: dict[str, list[list[str]]] = {"claim": [], "finish": []}
+    statement = None
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) < 5 or fields[1] != "F":
+            continue
+        if fields[3] == "Parse":
+            text = fields[4]
+            statement = (
+                "claim" if "WITH claimed AS" in text else "finish" if "WITH f(id" in text else None
+            )
+        elif fields[3] == "Bind" and statement is not None:
+            words = fields[4].split()
+            count = int(words[2])
+            formats[statement].append(words[3 : 3 + count])
+            statement = None
+    assert formats["claim"] and formats["finish"], trace.read_text()[:2000]
+    for codes in formats["claim"]:
+        assert set(codes) == {"1"}, codes
+    for codes in formats["finish"]:  # an array of NULLs (no errors) may go as text
+        assert codes.count("1") >= len(codes) - 1, codes
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'") == 2

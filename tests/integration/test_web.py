@@ -455,7 +455,9 @@ async def test_recent_failures_read_the_failures_index_newest_first(
                 r[0]
                 for r in conn.execute("EXPLAIN " + sql.RECENT_FAILURES.replace("?", "%s"), (10,))
             )
-        assert "on ix_status_transitions_failures" in plan, plan
+        # "Bitmap Index Scan on ix_..." or "Index Scan Backward using ix_..."
+        # (tables emptied by DELETE keep their statistics): the index either way.
+        assert re.search(r"Index Scan.* (on|using) ix_status_transitions_failures", plan), plan
         assert "Seq Scan on status_transitions" not in plan, plan
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
-from ..store.dialect import CHANNEL
+from ..store.dialect import CHANNEL, Typed
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
@@ -233,7 +233,7 @@ def claim_rows(row_key: str, count: int) -> str:
 CLAIM_ROWS_ARRAY: Final = _claim("id = ANY(?::text[])")
 """PostgreSQL only: :func:`claim_rows` with the ids as one array."""
 
-CLAIM_ROWS_RECORDED: Final = (
+CLAIM_ROWS_RECORDED: Final = Typed(
     f"WITH claimed AS ({CLAIM_ROWS_ARRAY}), "
     "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
     "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
@@ -283,7 +283,7 @@ def _finish(source: str) -> str:
     )
 
 
-FINISH_ATTEMPTS_RECORDED: Final = (
+FINISH_ATTEMPTS_RECORDED: Final = Typed(
     "WITH f(id, attempt, lease, status, next_at, now, err, reason, summary, meta, n) AS ("
     "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
     "?::float8[], ?::text[], ?::text[], ?::text[], ?::json[]) WITH ORDINALITY), "
@@ -312,9 +312,11 @@ def finish_attempts(count: int) -> str:
     return _finish("VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count))
 
 
-FINISH_ATTEMPTS_ARRAYS: Final = _finish(
-    "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
-    "?::float8[], ?::text[])"
+FINISH_ATTEMPTS_ARRAYS: Final = Typed(
+    _finish(
+        "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
+        "?::float8[], ?::text[])"
+    )
 )
 """PostgreSQL only: :func:`finish_attempts` with one array per column."""
 

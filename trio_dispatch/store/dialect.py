@@ -28,6 +28,16 @@ KEY_LOCK_SEED: Final = 727_274_002
 advisory lock key."""
 
 
+class Typed(str):
+    """A statement whose every parameter has the type the statement gives it
+    (a cast, or the column it is assigned to or compared with). A driver
+    with a binary wire format (PostgreSQL) sends such a statement's
+    parameters in it: no quoting and escaping of each text array element,
+    a tenth of a busy worker's client CPU on the delivery path."""
+
+    __slots__ = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Dialect:
     """How one engine spells what differs between engines."""

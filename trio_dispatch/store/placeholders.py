@@ -20,11 +20,13 @@ _DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
 
 
 @functools.lru_cache(maxsize=1024)
-def to_paramstyle(sql: str, style: str) -> str:
+def to_paramstyle(sql: str, style: str, binary: bool = False) -> str:
     """``sql`` (``?`` placeholders) in ``style``: ``qmark`` unchanged;
     ``format``/``pyformat`` ``%s`` with every other ``%`` doubled (psycopg
-    reads ``%`` anywhere, literals included); ``numeric_dollar`` ``$1, $2,
-    ...``; ``numeric`` ``:1, :2, ...``. ValueError for any other style."""
+    reads ``%`` anywhere, literals included) -- ``%b`` with ``binary``,
+    psycopg's placeholder of a parameter sent in binary; ``numeric_dollar``
+    ``$1, $2, ...``; ``numeric`` ``:1, :2, ...``. ValueError for any other
+    style."""
     if style == "qmark":
         return sql
     if style not in PARAMSTYLES:
@@ -71,7 +73,11 @@ def to_paramstyle(sql: str, style: str) -> str:
             if char == "?":
                 number += 1
                 out.append(
-                    "%s" if percent else f"${number}" if style == "numeric_dollar" else f":{number}"
+                    ("%b" if binary else "%s")
+                    if percent
+                    else f"${number}"
+                    if style == "numeric_dollar"
+                    else f":{number}"
                 )
             else:
                 out.append("%%" if percent and char == "%" else char)

@@ -51,7 +51,7 @@ from .base import (
     store_schema,
 )
 from .batching import BatchingStore
-from .dialect import POSTGRES
+from .dialect import POSTGRES, Typed
 from .placeholders import to_paramstyle
 from .schema import migrate, require_current
 
@@ -76,8 +76,9 @@ log = scrubbed_logger("trio_dispatch.store")
 
 
 def _placeholders(sql: str) -> str:
-    """The outbox's portable SQL (``?`` placeholders) in psycopg's style."""
-    return to_paramstyle(sql, "format")
+    """The outbox's portable SQL (``?`` placeholders) in psycopg's style;
+    a :class:`~.dialect.Typed` statement's parameters go in binary."""
+    return to_paramstyle(sql, "format", isinstance(sql, Typed))
 
 
 def _lost(conn: psycopg.Connection[Any]) -> bool:
