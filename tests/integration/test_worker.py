@@ -419,6 +419,33 @@ async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
     assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
 
 
+@pytest.mark.anyio
+async def test_a_callables_timeout_cuts_each_chained_attempt_within_the_lease(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # One slot: the second row is claimed with the first's finish and runs
+    # in the same task; each attempt is cut at the callable's own timeout
+    # (the worker's one scope an attempt stands for it), not at the lease.
+    started: list[float] = []
+
+    async def hang(delivery: Delivery) -> None:
+        started.append(time.monotonic())
+        await anyio.sleep(30)
+
+    ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"seat-{i}") for i in range(2)]
+    worker = DispatchWorker(
+        store, transport=hang, timeout_seconds=0.3, concurrency=1, tick_seconds=3600
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: all(raw.row(i)["attempt"] == 1 for i in ids) and len(started) >= 2)
+        await wait_for(lambda: all(raw.row(i)["status"] == "pending" for i in ids))
+        tg.cancel_scope.cancel()
+    for dispatch_id in ids:
+        assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
+    assert started[1] - started[0] < 5  # cut at the timeout, far from the 15 s lease
+
+
 # -- shutdown --------------------------------------------------------------
 
 

@@ -47,18 +47,23 @@ class CallableTransport(BaseTransport):
         return f"CallableTransport({self.fn!r}, timeout={self.timeout!r})"
 
     async def __call__(self, delivery: Delivery) -> TransportResult:
-        outcome: object = None
         with anyio.move_on_after(self.timeout) as scope:
-            try:
-                outcome = await self._invoke(delivery)
-            except BaseException as exc:
-                if must_propagate(exc):
-                    raise
-                if tracing.ACTIVE:
-                    tracing.transport_raised(exc)
-                return TransportResult.failure(describe_exception(exc))
-        if scope.cancelled_caught:
-            return TransportResult.failure(timeout_message(self.timeout))
+            return await self.call_in_scope(delivery)
+        assert scope.cancelled_caught
+        return TransportResult.failure(timeout_message(self.timeout))
+
+    async def call_in_scope(self, delivery: Delivery) -> TransportResult:
+        """The call without a cancel scope of its own: for a caller whose
+        scope already ends within :attr:`timeout` and reports a cut there as
+        this transport's timeout (the worker: one scope an attempt, not two)."""
+        try:
+            outcome = await self._invoke(delivery)
+        except BaseException as exc:
+            if must_propagate(exc):
+                raise
+            if tracing.ACTIVE:
+                tracing.transport_raised(exc)
+            return TransportResult.failure(describe_exception(exc))
         if outcome is False:
             return TransportResult.failure("transport returned False")
         if isinstance(outcome, TransportResult):

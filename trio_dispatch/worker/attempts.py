@@ -40,6 +40,7 @@ from ..settings import (
 from ..store.base import Database
 from ..transports import (
     NOTIFY_TIMEOUT_SECONDS,
+    CallableTransport,
     CommandTransport,
     Transport,
     TransportResult,
@@ -49,6 +50,7 @@ from ..transports import (
     must_propagate,
     opened,
 )
+from ..transports.base import timeout_message
 from ..validate import clock_from, require_int, require_number
 from ..values import show
 
@@ -73,15 +75,42 @@ def lease_timeout_result(lease_seconds: float) -> TransportResult:
     )
 
 
-async def call_transport(transport: Transport, claim: Claim) -> TransportResult:
+def transport_timeout_result(timeout: float) -> TransportResult:
+    """The failure of a call cut at its transport's own timeout."""
+    return TransportResult.failure(timeout_message(timeout))
+
+
+def share_deadline(transport: Transport, scope: anyio.CancelScope) -> float | None:
+    """Let the attempt's ``scope`` (entered, cut at the lease) also stand
+    for an in-process transport's own timeout, when that comes first: the
+    scope is moved forward to it and the timeout is returned (the caller
+    then runs the transport with ``scoped`` and reports a cut as that
+    timeout). None: the transport keeps its own scope, if it has one."""
+    if not isinstance(transport, CallableTransport):
+        return None
+    cut = anyio.current_time() + transport.timeout
+    if cut >= scope.deadline:
+        return None
+    scope.deadline = cut
+    return transport.timeout
+
+
+async def call_transport(
+    transport: Transport, claim: Claim, scoped: bool = False
+) -> TransportResult:
     """Run ``transport`` for ``claim``; a transport that raises (anything
     but a cancellation or KeyboardInterrupt: ``SystemExit`` too), or returns
     anything but a :class:`TransportResult`, is a failure saying so. The
     claim's ack token never survives into a failure text or the output kept
-    for the log. Cancellation
-    propagates."""
+    for the log. Cancellation propagates. With ``scoped`` (see
+    :func:`share_deadline`), a callable transport runs without its own
+    timeout scope."""
     try:
-        result = await transport(claim.delivery())
+        if scoped:
+            assert isinstance(transport, CallableTransport)
+            result = await transport.call_in_scope(claim.delivery())
+        else:
+            result = await transport(claim.delivery())
     except BaseException as exc:
         if must_propagate(exc):
             raise

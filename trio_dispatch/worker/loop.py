@@ -72,7 +72,14 @@ from ..transports import (
     needs_asyncio_loop,
     opened,
 )
-from .attempts import INTERRUPT_REASON, attempt_deadline, call_transport, lease_timeout_result
+from .attempts import (
+    INTERRUPT_REASON,
+    attempt_deadline,
+    call_transport,
+    lease_timeout_result,
+    share_deadline,
+    transport_timeout_result,
+)
 from .metrics import DeliveryMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, log_outcome
@@ -431,8 +438,9 @@ class DispatchWorker:
         result: AttemptResult = Interrupted()
         interrupt: BaseException | None = None
         with self._slots.scope(claim) as scope:
+            own_timeout = share_deadline(self.transport, scope)
             try:
-                result = await call_transport(self.transport, claim)
+                result = await call_transport(self.transport, claim, own_timeout is not None)
             except BaseException as exc:
                 if not is_interrupt(exc):
                     raise
@@ -444,8 +452,12 @@ class DispatchWorker:
                 interrupt = exc
                 self._closing = True  # no chained claim for this slot
                 result = Interrupted(INTERRUPT_REASON)
-        if scope.cancelled_caught and not self._closing:  # the lease deadline
-            result = lease_timeout_result(self.lease_seconds)
+        if scope.cancelled_caught and not self._closing:  # the timeout, or the lease's end
+            result = (
+                lease_timeout_result(self.lease_seconds)
+                if own_timeout is None
+                else transport_timeout_result(own_timeout)
+            )
         trace.record(result)
         next_claim: Claim | None = None
         if isinstance(result, Interrupted):
