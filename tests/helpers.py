@@ -123,6 +123,14 @@ def statuses(raw: RawDB) -> dict[str, int]:
     }
 
 
+def row_is(raw: RawDB, dispatch_id: str, **expected: object) -> bool:
+    """Whether one read of the row finds every column as ``expected`` (two
+    reads could each see a different moment: ``pending`` before the claim,
+    ``attempt == 1`` after it)."""
+    row = raw.row(dispatch_id)
+    return all(row[column] == value for column, value in expected.items())
+
+
 GRANDCHILD_SCRIPT = """
 import os, subprocess, sys, time
 child = subprocess.Popen(["sleep", "300"])

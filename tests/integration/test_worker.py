@@ -28,6 +28,7 @@ from ..helpers import (
     HeldWriter,
     listening_backends,
     process_gone,
+    row_is,
     statuses,
     wait_for,
 )
@@ -125,11 +126,7 @@ async def test_a_retry_is_picked_up_when_due_without_waiting_for_the_tick(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600)
         await tg.start(worker.run)
-        await wait_for(
-            lambda: (
-                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
-            )
-        )
+        await wait_for(lambda: row_is(raw, dispatch_id, status="pending", attempt=1))
         # Bring the 60 s backoff forward, as time passing would.
         raw.execute(
             "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
@@ -307,11 +304,7 @@ async def test_a_timeout_kills_the_process_group_and_records_the_attempt(
             tick_seconds=3600,
         )
         await tg.start(worker.run)
-        await wait_for(
-            lambda: (
-                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
-            )
-        )
+        await wait_for(lambda: row_is(raw, dispatch_id, status="pending", attempt=1))
         tg.cancel_scope.cancel()
     assert "timeout after 3.0s" in str(raw.row(dispatch_id)["last_error"])
     assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.retry_backoff"
@@ -373,7 +366,10 @@ async def test_an_asyncio_only_callable_runs_from_a_trio_worker(db_target: str, 
         ok = await enqueue_dispatch(db, kind="k", deliver_to="seat")
         refused = await enqueue_dispatch(db, kind="k", deliver_to="refuse")
         await wait_for(
-            lambda: raw.row(ok)["status"] == "delivered" and raw.row(refused)["status"] == "pending"
+            lambda: (
+                raw.row(ok)["status"] == "delivered"
+                and row_is(raw, refused, status="pending", attempt=1)
+            )
         )
         nursery.cancel_scope.cancel()
     assert raw.row(refused)["last_error"] == f"ConnectionRefusedError: {refused} refused"
@@ -409,11 +405,7 @@ async def test_a_trio_callable_that_times_out_is_cancelled_and_recorded(
         worker = DispatchWorker(db, transport=send, timeout_seconds=0.3, tick_seconds=3600)
         await nursery.start(worker.run)
         dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="seat")
-        await wait_for(
-            lambda: (
-                raw.row(dispatch_id)["status"] == "pending" and raw.row(dispatch_id)["attempt"] == 1
-            )
-        )
+        await wait_for(lambda: row_is(raw, dispatch_id, status="pending", attempt=1))
         nursery.cancel_scope.cancel()
     assert cancelled.is_set()
     assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
@@ -438,8 +430,7 @@ async def test_a_callables_timeout_cuts_each_chained_attempt_within_the_lease(
     )
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
-        await wait_for(lambda: all(raw.row(i)["attempt"] == 1 for i in ids) and len(started) >= 2)
-        await wait_for(lambda: all(raw.row(i)["status"] == "pending" for i in ids))
+        await wait_for(lambda: all(row_is(raw, i, status="pending", attempt=1) for i in ids))
         tg.cancel_scope.cancel()
     for dispatch_id in ids:
         assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
