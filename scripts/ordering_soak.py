@@ -274,14 +274,12 @@ def ordered_soak(
                 if rounds < per_key:
                     enqueue(rounds)
                     rounds += 1
-            sent_before = log.stat().st_size if log.exists() else 0
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and (
-                not log.exists() or log.stat().st_size == sent_before
-            ):
-                time.sleep(0.005)
-            time.sleep(rng.uniform(0.0, 0.15))
             name, victim = running.pop(kill % len(running))
+            # Killed while it has an attempt open (a send started, not
+            # ended), a random 0-3 ms after that was seen: each kill cuts a
+            # send, however fast the rows go (else within 5 s, regardless).
+            _wait_mid_send(log, name, deadline=time.monotonic() + 5)
+            time.sleep(rng.uniform(0.0, 0.003))
             victim.send_signal(signal.SIGKILL)
             victim.wait()
             deaths[name] = time.monotonic()
@@ -335,6 +333,30 @@ def ordered_soak(
     if not figures["ok"] and errors.exists():
         figures["worker_log_tail"] = errors.read_text()[-2000:]
     return figures
+
+
+def _wait_mid_send(log: Path, incarnation: str, deadline: float) -> None:
+    """Return once the attempt log shows ``incarnation`` with a send
+    started and not ended (or at ``deadline``)."""
+    offset, pending, open_sends = 0, b"", set()
+    while time.monotonic() < deadline:
+        if log.exists():
+            with log.open("rb") as lines:
+                lines.seek(offset)
+                chunk = lines.read()
+            offset += len(chunk)
+            *complete, pending = (pending + chunk).split(b"\n")
+            for text in complete:
+                parts = text.decode().split()
+                if len(parts) == 6 and parts[4] == incarnation:
+                    pair = (parts[1], parts[2])
+                    if parts[0] == "S":
+                        open_sends.add(pair)
+                    else:
+                        open_sends.discard(pair)
+            if open_sends:
+                return
+        time.sleep(0.001)
 
 
 def _wait_delivered(db: Path | str, expected: int, timeout: float) -> bool:
