@@ -19,7 +19,7 @@ import trio
 from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch, open_store
 from trio_dispatch.settings import WorkerSettings
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.transports import asyncio_transport
+from trio_dispatch.transports import CallableTransport, TransportResult, asyncio_transport
 from trio_dispatch.worker import DispatchWorker, WorkerStatistics
 
 from ..conftest import RawDB
@@ -435,6 +435,59 @@ async def test_a_callables_timeout_cuts_each_chained_attempt_within_the_lease(
     for dispatch_id in ids:
         assert raw.row(dispatch_id)["last_error"] == "timeout after 0.3s"
     assert started[1] - started[0] < 5  # cut at the timeout, far from the 15 s lease
+
+
+@pytest.mark.anyio
+async def test_a_callable_that_times_out_inside_the_shutdown_grace_records_its_timeout(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # Shutdown waits up to the grace (5 s) for the attempt; the callable's
+    # own 0.5 s timeout cuts it first: a failed attempt with its backoff,
+    # not a release.
+    started = anyio.Event()
+
+    async def hang(delivery: Delivery) -> None:
+        started.set()
+        await anyio.sleep(30)
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    worker = DispatchWorker(
+        store, transport=hang, timeout_seconds=0.5, grace_seconds=5, tick_seconds=3600
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"], row["last_error"]) == (
+        "pending",
+        1,
+        "timeout after 0.5s",
+    )
+    assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.retry_backoff"
+    assert row["next_attempt_at"] > time.time() + 30  # its backoff, not due at once
+
+
+@pytest.mark.anyio
+async def test_a_callable_transport_subclass_with_its_own_call_is_called(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    seen: list[str] = []
+
+    class Audited(CallableTransport):
+        async def __call__(self, delivery: Delivery) -> TransportResult:
+            seen.append(delivery.dispatch_id)
+            return await super().__call__(delivery)
+
+    async def send(delivery: Delivery) -> None:
+        pass
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    async with anyio.create_task_group() as tg:
+        await tg.start(DispatchWorker(store, transport=Audited(send), tick_seconds=3600).run)
+        await wait_for(lambda: raw.row(dispatch_id)["status"] == "delivered")
+        tg.cancel_scope.cancel()
+    assert seen == [dispatch_id]
 
 
 # -- shutdown --------------------------------------------------------------

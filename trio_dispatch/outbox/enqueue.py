@@ -196,7 +196,7 @@ async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> str:
         # Coalesced with the other plain enqueues of the same group commit;
         # alone and unkeyed, it is one statement (PostgreSQL sends it alone).
         result: EnqueueResult = await db.write_many(
-            insert_plain, (new, clock_from(now)()), new.ordering_key is None
+            insert_plain, (new, clock_from(now)()), single=new.ordering_key is None
         )
         db.notify_enqueued()
         return result.id

@@ -80,19 +80,35 @@ def transport_timeout_result(timeout: float) -> TransportResult:
     return TransportResult.failure(timeout_message(timeout))
 
 
-def share_deadline(transport: Transport, scope: anyio.CancelScope) -> float | None:
+@dataclasses.dataclass(frozen=True)
+class SharedDeadline:
+    """An in-process transport's timeout carried by the attempt's scope."""
+
+    timeout: float
+    cut: float
+    """The event-loop time the scope now ends at: a cancellation caught at
+    or after it was the timeout (an earlier one, a shutdown's)."""
+
+    def timed_out(self) -> bool:
+        return anyio.current_time() >= self.cut
+
+
+def share_deadline(transport: Transport, scope: anyio.CancelScope) -> SharedDeadline | None:
     """Let the attempt's ``scope`` (entered, cut at the lease) also stand
     for an in-process transport's own timeout, when that comes first: the
-    scope is moved forward to it and the timeout is returned (the caller
-    then runs the transport with ``scoped`` and reports a cut as that
-    timeout). None: the transport keeps its own scope, if it has one."""
-    if not isinstance(transport, CallableTransport):
+    scope is moved forward to it (the caller then runs the transport with
+    ``scoped``). None: the transport keeps its own scope, if it has one --
+    always for a subclass with its own ``__call__``, which must run."""
+    if (
+        not isinstance(transport, CallableTransport)
+        or type(transport).__call__ is not CallableTransport.__call__
+    ):
         return None
     cut = anyio.current_time() + transport.timeout
     if cut >= scope.deadline:
         return None
     scope.deadline = cut
-    return transport.timeout
+    return SharedDeadline(transport.timeout, cut)
 
 
 async def call_transport(

@@ -438,9 +438,9 @@ class DispatchWorker:
         result: AttemptResult = Interrupted()
         interrupt: BaseException | None = None
         with self._slots.scope(claim) as scope:
-            own_timeout = share_deadline(self.transport, scope)
+            shared = share_deadline(self.transport, scope)
             try:
-                result = await call_transport(self.transport, claim, own_timeout is not None)
+                result = await call_transport(self.transport, claim, shared is not None)
             except BaseException as exc:
                 if not is_interrupt(exc):
                     raise
@@ -452,12 +452,14 @@ class DispatchWorker:
                 interrupt = exc
                 self._closing = True  # no chained claim for this slot
                 result = Interrupted(INTERRUPT_REASON)
-        if scope.cancelled_caught and not self._closing:  # the timeout, or the lease's end
-            result = (
-                lease_timeout_result(self.lease_seconds)
-                if own_timeout is None
-                else transport_timeout_result(own_timeout)
-            )
+        if scope.cancelled_caught and interrupt is None:
+            # The transport's own timeout (even inside a shutdown's grace,
+            # as its own scope would have said), else the lease's end; a
+            # shutdown's cut leaves the attempt interrupted.
+            if shared is not None and shared.timed_out():
+                result = transport_timeout_result(shared.timeout)
+            elif not self._closing:
+                result = lease_timeout_result(self.lease_seconds)
         trace.record(result)
         next_claim: Claim | None = None
         if isinstance(result, Interrupted):
