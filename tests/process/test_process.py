@@ -280,6 +280,57 @@ async def test_a_closed_spawner_leaves_no_thread_helper_or_pipe_behind(
         tg.cancel_scope.cancel()
 
 
+FORK_SCRIPT = """
+import os, subprocess, sys, trio
+import trio_dispatch.transports.process as process
+from trio_dispatch.transports import CommandTransport, Delivery
+
+async def main():
+    d = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
+    assert (await CommandTransport([sys.executable, "-c", "pass"], timeout=30)(d)).ok
+
+trio.run(main)
+lifeline = process._spawner.lifeline
+inherited = lifeline._fd
+assert inherited is not None, "no lifeline helper"
+pid = os.fork()
+if pid == 0:
+    # The child's own file takes the number of the inherited pipe end.
+    os.dup2(os.open(os.devnull, os.O_RDONLY), inherited)
+    subprocess.run(["true"], check=True)  # Popen's cleanup of earlier objects
+    import gc
+    gc.collect()
+    try:
+        os.fstat(inherited)
+    except OSError:
+        os._exit(3)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_forked_child_closes_the_inherited_lifeline_pipe_once_and_quietly(
+    tmp_path: Path,
+) -> None:
+    # In the child the parent's helper pipe is closed at the fork; nothing
+    # may close that number again later (a descriptor the child opened
+    # since), nor warn that the parent's helper is "still running".
+    script = tmp_path / "fork.py"
+    script.write_text(FORK_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "child 0"
+    assert "ResourceWarning" not in done.stderr and "Exception ignored" not in done.stderr, (
+        done.stderr
+    )
+
+
 def test_a_process_exiting_normally_reaps_its_lifeline_helper_and_closes_its_pipe(
     tmp_path: Path,
 ) -> None:

@@ -105,6 +105,11 @@ def _child_setup(parent: int) -> Callable[[], None]:
     return setup
 
 
+_PARENTS_HELPERS: list[subprocess.Popen[bytes]] = []
+"""In a forked child: the parent's lifeline helpers, held so that nothing
+here finalizes them (see :meth:`_Lifeline.forget_after_fork`)."""
+
+
 class _Lifeline:
     """The helper process that kills registered groups when we die."""
 
@@ -205,8 +210,18 @@ class _Lifeline:
     def forget_after_fork(self) -> None:
         """In a forked child: close the inherited pipe end (the parent's
         lifeline must still see EOF when the parent dies) without touching
-        the parent's helper."""
-        if self._fd is not None:
+        the parent's helper. Closed through its file object, once: a
+        finalizer closing the number again later could close a descriptor
+        the child has opened since. The helper's ``Popen`` is kept, never
+        finalized here: it is the parent's child, not this process's."""
+        popen = self._popen
+        if popen is not None and popen.stdin is not None:
+            try:
+                popen.stdin.close()
+            except OSError:
+                pass
+            _PARENTS_HELPERS.append(popen)
+        elif self._fd is not None:
             try:
                 os.close(self._fd)
             except OSError:
