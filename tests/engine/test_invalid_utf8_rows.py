@@ -153,3 +153,43 @@ def test_the_worker_with_http_listen_starts_and_moves_past_a_row_not_valid_utf8(
         assert process.poll() is None
     assert raw.row(good)["status"] == "delivered"
     assert "'kind' is not valid UTF-8" in str(stored(raw, bad)["last_error"])
+
+
+@pytest.mark.anyio
+async def test_a_row_whose_id_is_not_valid_utf8_is_dead_lettered_once_not_claimed_again(
+    db_target: str, raw: RawDB
+) -> None:
+    # Every write about the row is fenced on its id: bound as the bytes
+    # read, it finds the row (as text shown with U+FFFD it would not, and
+    # the row would come back through lease recovery forever).
+    async with open_store(db_target) as db:
+        bad = await enqueue_dispatch(db, kind="k", deliver_to="seat")
+        good = await enqueue_dispatch(db, kind="k", deliver_to="s")
+    raw.execute("UPDATE dispatch_outbox SET id = CAST(x'6bff' AS TEXT) WHERE id = ?", (bad,))
+    sent: list[str] = []
+
+    async def send(delivery: Delivery) -> None:
+        sent.append(delivery.dispatch_id)
+
+    async with open_store(db_target) as db, anyio.create_task_group() as tg:
+        worker = DispatchWorker(db, transport=send, tick_seconds=3600, batch_size=1)
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"dead_letter": 1, "delivered": 1})
+        tg.cancel_scope.cancel()
+    assert sent == [good]
+    conn = sqlite3.connect(raw.path)
+    try:
+        conn.text_factory = bytes
+        row = conn.execute(
+            "SELECT status, attempt, last_error FROM dispatch_outbox "
+            "WHERE id = CAST(x'6bff' AS TEXT)"
+        ).fetchone()
+        history = conn.execute(
+            "SELECT previous_status, status FROM status_transitions "
+            "WHERE entity_id = CAST(x'6bff' AS TEXT) ORDER BY id"
+        ).fetchall()
+    finally:
+        conn.close()
+    assert row[0] == b"dead_letter" and row[1] == 1
+    assert b"'id' is not valid UTF-8" in row[2]
+    assert history == [(b"pending", b"delivering"), (b"delivering", b"dead_letter")]

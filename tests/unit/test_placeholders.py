@@ -48,3 +48,11 @@ def test_a_typed_statement_sends_binary_and_a_plain_one_text_however_they_compar
 def test_an_unknown_style_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="'named'"):
         to_paramstyle("SELECT ?", "named")
+
+
+def test_qmark_placeholders_named_as_text_are_cast_and_literals_are_left_alone() -> None:
+    sql = "UPDATE t SET a = ? WHERE b = '?' AND id = ? AND c = ?"
+    assert to_paramstyle(sql, "qmark", as_text=frozenset({1})) == (
+        "UPDATE t SET a = ? WHERE b = '?' AND id = CAST(? AS TEXT) AND c = ?"
+    )
+    assert to_paramstyle(sql, "qmark") is sql

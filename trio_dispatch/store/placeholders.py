@@ -20,14 +20,18 @@ _DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
 
 
 @functools.lru_cache(maxsize=1024)
-def to_paramstyle(sql: str, style: str, binary: bool = False) -> str:
+def to_paramstyle(
+    sql: str, style: str, binary: bool = False, as_text: frozenset[int] = frozenset()
+) -> str:
     """``sql`` (``?`` placeholders) in ``style``: ``qmark`` unchanged;
     ``format``/``pyformat`` ``%s`` with every other ``%`` doubled (psycopg
     reads ``%`` anywhere, literals included) -- ``%b`` with ``binary``,
     psycopg's placeholder of a parameter sent in binary; ``numeric_dollar``
     ``$1, $2, ...``; ``numeric`` ``:1, :2, ...``. ValueError for any other
-    style."""
-    if style == "qmark":
+    style. In ``qmark`` style, the placeholders numbered in ``as_text``
+    (from 0) are written ``CAST(? AS TEXT)``: SQLite then compares the
+    bytes bound there as text (see :class:`~.base.Undecodable`)."""
+    if style == "qmark" and not as_text:
         return sql
     if style not in PARAMSTYLES:
         raise ValueError(f"unsupported DB-API paramstyle {style!r}")
@@ -78,6 +82,10 @@ def to_paramstyle(sql: str, style: str, binary: bool = False) -> str:
                     else f"${number}"
                     if style == "numeric_dollar"
                     else f":{number}"
+                    if style == "numeric"
+                    else "CAST(? AS TEXT)"
+                    if number - 1 in as_text
+                    else "?"
                 )
             else:
                 out.append("%%" if percent and char == "%" else char)

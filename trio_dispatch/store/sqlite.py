@@ -23,11 +23,13 @@ from .base import (
     StoreError,
     StoreOptions,
     T,
+    Undecodable,
     decode_text,
     parse_target,
 )
 from .batching import BatchingStore, BatchingTransaction
 from .dialect import SQLITE
+from .placeholders import to_paramstyle
 from .schema import migrate, require_current
 
 __all__ = [
@@ -63,13 +65,15 @@ class SQLiteConn:
         self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        cursor = self._conn.execute(sql, params)
+        cursor = self._conn.execute(*_bound(sql, params))
         try:
             return cursor.rowcount
         finally:
             cursor.close()
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        if any(Undecodable in map(type, row) for row in rows):
+            return sum(self.execute(sql, row) for row in rows)
         cursor = self._conn.executemany(sql, rows)
         try:
             return cursor.rowcount
@@ -81,7 +85,7 @@ class SQLiteConn:
         # open by an error while fetching (sqlite-utils' generators leave
         # it to the garbage collector) makes every later SAVEPOINT, RELEASE
         # or COMMIT on the connection fail with "SQL statements in progress".
-        cursor = self._conn.execute(sql, params)
+        cursor = self._conn.execute(*_bound(sql, params))
         try:
             if cursor.description is None:
                 return []
@@ -101,6 +105,19 @@ class SQLiteConn:
     def utils(self) -> sqlite_utils.Database:
         """The sqlite-utils view of this connection (schema introspection)."""
         return self._db
+
+
+def _bound(sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
+    """``sql`` and ``params`` as SQLite is given them: a value read as
+    :class:`~.base.Undecodable` (stored text that is not valid UTF-8) is
+    bound as its own bytes, compared as text, so a statement about that row
+    (its id in a fence, say) finds it."""
+    if Undecodable not in map(type, params):  # the common case, checked in C
+        return sql, params
+    spoiled = frozenset(i for i, value in enumerate(params) if type(value) is Undecodable)
+    return to_paramstyle(sql, "qmark", as_text=spoiled), [
+        value.raw if i in spoiled else value for i, value in enumerate(params)
+    ]
 
 
 def _uri(path: str, mode: str, *, immutable: bool = False) -> str:
