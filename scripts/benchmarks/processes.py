@@ -161,12 +161,14 @@ def drain_with_processes(
 
 
 def server_cpu_of(postmaster: int) -> Callable[[], float]:
-    """The CPU time so far of a local server's processes: the postmaster
-    and its children (backends, WAL writer, checkpointer, autovacuum) that
-    are alive when it is read."""
+    """The CPU time so far of a local server's processes: the postmaster,
+    its children (backends, WAL writer, checkpointer, autovacuum) that are
+    alive when it is read, and those that have exited (the postmaster reaped
+    them: their time is in its children's counters) -- a backend whose
+    client disconnected before the reading still counts."""
 
     def total() -> float:
-        seconds = _cpu_seconds(postmaster)
+        seconds = _cpu_seconds(postmaster, reaped=True)
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
@@ -181,15 +183,19 @@ def server_cpu_of(postmaster: int) -> Callable[[], float]:
     return total
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_seconds(pid: int, reaped: bool = False) -> float:
     """utime + stime of a live process, from ``/proc`` (NaN elsewhere, or
-    once it has exited)."""
+    once it has exited); with ``reaped``, plus those of its children it has
+    waited for (cutime + cstime)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def ours_processes(target: str, n: int, workers: int, body: dict[str, Any] | None = None) -> float:
