@@ -469,6 +469,37 @@ async def test_a_callable_that_times_out_inside_the_shutdown_grace_records_its_t
 
 
 @pytest.mark.anyio
+async def test_a_shutdown_cut_before_the_callables_timeout_releases_however_late_it_ends(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # The grace (0.3 s) ends before the callable's timeout (0.8 s): the
+    # shutdown cuts it. Its shielded cleanup runs past the timeout's time;
+    # the row is still released (due now, no backoff), not failed.
+    started = anyio.Event()
+
+    async def slow_to_stop(delivery: Delivery) -> None:
+        started.set()
+        try:
+            await anyio.sleep(30)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.7)
+            raise
+
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    worker = DispatchWorker(
+        store, transport=slow_to_stop, timeout_seconds=0.8, grace_seconds=0.3, tick_seconds=3600
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await started.wait()
+        tg.cancel_scope.cancel()
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["attempt"], row["last_error"]) == ("pending", 1, None)
+    assert raw.transitions(dispatch_id)[-1]["reason_code"] == "dispatch.pending.released"
+
+
+@pytest.mark.anyio
 async def test_a_callable_transport_subclass_with_its_own_call_is_called(
     store: SQLiteStore, raw: RawDB
 ) -> None:

@@ -86,11 +86,8 @@ class SharedDeadline:
 
     timeout: float
     cut: float
-    """The event-loop time the scope now ends at: a cancellation caught at
-    or after it was the timeout (an earlier one, a shutdown's)."""
-
-    def timed_out(self) -> bool:
-        return anyio.current_time() >= self.cut
+    """The event-loop time the scope now ends at: the timeout's, unless a
+    shutdown cut the attempt before it."""
 
 
 def share_deadline(transport: Transport, scope: anyio.CancelScope) -> SharedDeadline | None:

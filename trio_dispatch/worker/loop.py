@@ -382,7 +382,7 @@ class DispatchWorker:
             scope = self._attempt_scope(claim)
             self._slots.take(claim, scope)
             if self._closing:  # claimed as the worker began to stop: give it back
-                scope.cancel()
+                self._slots.cut(claim)
             deliveries.start_soon(self._deliver, claim)
         if counts["attempted"]:
             self.log.info(
@@ -453,10 +453,12 @@ class DispatchWorker:
                 self._closing = True  # no chained claim for this slot
                 result = Interrupted(INTERRUPT_REASON)
         if scope.cancelled_caught and interrupt is None:
-            # The transport's own timeout (even inside a shutdown's grace,
-            # as its own scope would have said), else the lease's end; a
-            # shutdown's cut leaves the attempt interrupted.
-            if shared is not None and shared.timed_out():
+            # The transport's own timeout if its cut came first (even inside
+            # a shutdown's grace, as its own scope would have said), else
+            # the lease's end; a shutdown's earlier cut leaves the attempt
+            # interrupted, however late the transport let it end.
+            stopped_at = self._slots.cut_at(claim)
+            if shared is not None and (stopped_at is None or shared.cut <= stopped_at):
                 result = transport_timeout_result(shared.timeout)
             elif not self._closing:
                 result = lease_timeout_result(self.lease_seconds)
@@ -506,7 +508,7 @@ class DispatchWorker:
         scope = self._attempt_scope(next_claim)
         self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
-            scope.cancel()
+            self._slots.cut(next_claim)
         return next_claim
 
     def _stopped_by(self, interrupt: BaseException) -> None:

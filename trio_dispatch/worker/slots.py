@@ -20,6 +20,7 @@ class SlotTable:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._scopes: dict[Claim, anyio.CancelScope] = {}
+        self._cut_at: dict[Claim, float] = {}
         self._drained: anyio.Event | None = None
 
     def __len__(self) -> int:
@@ -45,10 +46,23 @@ class SlotTable:
     def hand_over(self, finished: Claim, claim: Claim, scope: anyio.CancelScope) -> None:
         """The slot of ``finished`` passes to ``claim`` (never free between)."""
         del self._scopes[finished]
+        self._cut_at.pop(finished, None)
         self._scopes[claim] = scope
+
+    def cut(self, claim: Claim) -> None:
+        """Cut the attempt of ``claim`` now (shutdown), noting when."""
+        self._cut_at.setdefault(claim, anyio.current_time())
+        self._scopes[claim].cancel()
+
+    def cut_at(self, claim: Claim) -> float | None:
+        """When :meth:`cut` or :meth:`cancel_all` cut ``claim``'s attempt
+        (event-loop time), or None: a cancellation its scope caught came
+        from its own deadline."""
+        return self._cut_at.get(claim)
 
     def release(self, claim: Claim) -> bool:
         """Free the slot of ``claim``; False if it held none."""
+        self._cut_at.pop(claim, None)
         if self._scopes.pop(claim, None) is None:
             return False
         if self._drained is not None and not self._scopes:
@@ -68,5 +82,5 @@ class SlotTable:
 
     def cancel_all(self) -> None:
         """Cut every running attempt now (each releases its own row)."""
-        for scope in list(self._scopes.values()):
-            scope.cancel()
+        for claim in list(self._scopes):
+            self.cut(claim)
