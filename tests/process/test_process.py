@@ -331,6 +331,65 @@ def test_a_forked_child_closes_the_inherited_lifeline_pipe_once_and_quietly(
     )
 
 
+FORK_DURING_RESTART_SCRIPT = """
+import os, subprocess, sys, threading, time, trio
+import trio_dispatch.transports.process as process
+from trio_dispatch.transports import CommandTransport, Delivery
+
+async def one():
+    d = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
+    assert (await CommandTransport([sys.executable, "-c", "pass"], timeout=30)(d)).ok
+
+trio.run(one)
+lifeline = process._spawner.lifeline
+started = threading.Event()
+plain = subprocess.Popen
+
+class SlowPopen(plain):  # widens the moment between the helper's start and its note
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if "-I" in args[0]:
+            started.set()
+            time.sleep(0.5)
+
+subprocess.Popen = SlowPopen
+os.kill(lifeline.pid, 9)
+lifeline._popen.wait()
+restart = threading.Thread(target=lifeline.register, args=(424242,))
+restart.start()
+started.wait()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    pipes = [
+        os.readlink(f"/proc/self/fd/{fd}")
+        for fd in map(int, os.listdir("/proc/self/fd"))
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    ]
+    os.write(write, " ".join(pipes).encode())
+    os._exit(0)
+os.close(write)
+restart.join()
+helper_pipe = os.readlink(f"/proc/self/fd/{lifeline._fd}")
+held = os.read(read, 65536).decode().split()
+os.waitpid(pid, 0)
+print("held" if helper_pipe in held else "free", flush=True)
+"""
+
+
+def test_a_child_forked_while_the_lifeline_restarts_holds_no_end_of_its_pipe(
+    tmp_path: Path,
+) -> None:
+    # A fork waits until the helper's pipe is noted, so the child closes it:
+    # the parent's helper still sees EOF when the parent dies.
+    script = tmp_path / "fork_restart.py"
+    script.write_text(FORK_DURING_RESTART_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "free", done.stdout + done.stderr
+
+
 def test_a_process_exiting_normally_reaps_its_lifeline_helper_and_closes_its_pipe(
     tmp_path: Path,
 ) -> None:

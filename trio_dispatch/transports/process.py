@@ -261,8 +261,29 @@ def _current_spawner() -> _Spawner:
         return _spawner
 
 
+_held_for_fork: list[threading.Lock] = []
+
+
+def _before_fork() -> None:
+    # No fork while another thread is between starting a lifeline helper
+    # and noting its pipe: a child forked then would keep the new pipe's
+    # write end without knowing it, and the helper would never see EOF. (The
+    # helper's own Popen runs no fork hooks: it has no preexec_fn.)
+    spawner = _spawner
+    if spawner is not None:
+        lock = spawner.lifeline._lock
+        lock.acquire()
+        _held_for_fork.append(lock)
+
+
+def _after_fork_in_parent() -> None:
+    while _held_for_fork:
+        _held_for_fork.pop().release()
+
+
 def _after_fork_in_child() -> None:
     global _spawner, _spawner_lock
+    _held_for_fork.clear()  # the child's lifeline gets a lock of its own
     _spawner_lock = threading.Lock()
     if _spawner is not None:
         _spawner.lifeline.forget_after_fork()
@@ -270,7 +291,11 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _close_at_exit() -> None:
