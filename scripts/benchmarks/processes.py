@@ -177,7 +177,9 @@ def server_cpu_of(postmaster: int) -> Callable[[], float]:
                             continue
                 except (OSError, ValueError, IndexError):
                     continue
-                seconds += _cpu_seconds(int(entry))
+                child = _cpu_seconds(int(entry))
+                if child == child:  # not NaN: it may have exited since it was listed
+                    seconds += child
         return seconds
 
     return total

@@ -22,6 +22,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import (
     TYPE_CHECKING,
     Any,
+    ClassVar,
     Final,
     Literal,
     Protocol,
@@ -55,10 +56,14 @@ class Undecodable(str):
     __slots__ = ("raw",)
 
     raw: bytes
+    made: ClassVar[bool] = False
+    """Whether this process has read one yet: until then no parameter can
+    be one, and binding skips looking (see ``store.sqlite``)."""
 
     def __new__(cls, raw: bytes) -> Undecodable:
         text = super().__new__(cls, raw.decode("utf-8", "replace"))
         text.raw = raw
+        Undecodable.made = True
         return text
 
     def __getnewargs__(self) -> tuple[bytes]:  # type: ignore[override]

@@ -72,7 +72,7 @@ class SQLiteConn:
             cursor.close()
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        if any(Undecodable in map(type, row) for row in rows):
+        if Undecodable.made and any(Undecodable in map(type, row) for row in rows):
             return sum(self.execute(sql, row) for row in rows)
         cursor = self._conn.executemany(sql, rows)
         try:
@@ -112,7 +112,7 @@ def _bound(sql: str, params: Sequence[Any]) -> tuple[str, Sequence[Any]]:
     :class:`~.base.Undecodable` (stored text that is not valid UTF-8) is
     bound as its own bytes, compared as text, so a statement about that row
     (its id in a fence, say) finds it."""
-    if Undecodable not in map(type, params):  # the common case, checked in C
+    if not Undecodable.made or Undecodable not in map(type, params):
         return sql, params
     spoiled = frozenset(i for i, value in enumerate(params) if type(value) is Undecodable)
     return to_paramstyle(sql, "qmark", as_text=spoiled), [
