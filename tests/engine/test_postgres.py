@@ -354,3 +354,14 @@ async def test_the_claim_and_finish_send_their_parameters_in_binary(
     for codes in formats["finish"]:  # an array of NULLs (no errors) may go as text
         assert codes.count("1") >= len(codes) - 1, codes
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivered'") == 2
+
+
+async def test_the_store_sessions_run_without_jit(store: SQLiteStore) -> None:
+    # The claim rule's subplans push a scan's estimate past jit_above_cost;
+    # compiling it cost 11 ms of a 0.1 ms read (the capped-backlog bench).
+    def jit(conn: Any) -> object:
+        row = conn.query_one("SELECT current_setting('jit') AS jit")
+        return None if row is None else row["jit"]
+
+    assert await store.read(jit) == "off"
+    assert await store.write(jit) == "off"

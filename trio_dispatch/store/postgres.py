@@ -227,6 +227,8 @@ def _configure(
     conn.adapters.register_loader("jsonb", TextLoader)
     conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
     conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+    if conn.info.server_version >= 110000:  # JIT compiled a 0.1 ms claim scan in 11 ms
+        conn.execute("SET jit = off")
     if schema is not None:
         # Every outbox statement names its tables unqualified: on every
         # connection of the store they resolve in this schema alone
