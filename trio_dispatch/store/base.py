@@ -82,6 +82,8 @@ def decode_text(raw: bytes) -> str:
 
 def undecodable_columns(row: Row) -> list[str]:
     """The columns of ``row`` whose stored text is not valid UTF-8."""
+    if not Undecodable.made:  # none read by this process yet: none in the row
+        return []
     return [column for column, value in row.items() if isinstance(value, Undecodable)]
 
 
