@@ -280,17 +280,23 @@ async def test_a_closed_spawner_leaves_no_thread_helper_or_pipe_behind(
         tg.cancel_scope.cancel()
 
 
-FORK_SCRIPT = """
-import os, subprocess, sys, trio
+LIFELINE_STARTED = """
+import os, subprocess, sys, threading, time, trio
 import trio_dispatch.transports.process as process
 from trio_dispatch.transports import CommandTransport, Delivery
 
-async def main():
+async def one():
     d = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
     assert (await CommandTransport([sys.executable, "-c", "pass"], timeout=30)(d)).ok
 
-trio.run(main)
+trio.run(one)
 lifeline = process._spawner.lifeline
+"""
+"""A script's start: one command delivered, so the lifeline helper runs."""
+
+FORK_SCRIPT = (
+    LIFELINE_STARTED
+    + """
 inherited = lifeline._fd
 assert inherited is not None, "no lifeline helper"
 pid = os.fork()
@@ -308,6 +314,7 @@ if pid == 0:
 _, status = os.waitpid(pid, 0)
 print("child", os.waitstatus_to_exitcode(status), flush=True)
 """
+)
 
 
 def test_a_forked_child_closes_the_inherited_lifeline_pipe_once_and_quietly(
@@ -331,17 +338,9 @@ def test_a_forked_child_closes_the_inherited_lifeline_pipe_once_and_quietly(
     )
 
 
-FORK_DURING_RESTART_SCRIPT = """
-import os, subprocess, sys, threading, time, trio
-import trio_dispatch.transports.process as process
-from trio_dispatch.transports import CommandTransport, Delivery
-
-async def one():
-    d = Delivery(dispatch_id="d" * 32, kind="k", deliver_to="x", attempt=1, payload="{}")
-    assert (await CommandTransport([sys.executable, "-c", "pass"], timeout=30)(d)).ok
-
-trio.run(one)
-lifeline = process._spawner.lifeline
+FORK_DURING_RESTART_SCRIPT = (
+    LIFELINE_STARTED
+    + """
 started = threading.Event()
 plain = subprocess.Popen
 
@@ -376,6 +375,7 @@ held = os.read(read, 65536).decode().split()
 os.waitpid(pid, 0)
 print("held" if helper_pipe in held else "free", flush=True)
 """
+)
 
 
 def test_a_child_forked_while_the_lifeline_restarts_holds_no_end_of_its_pipe(
