@@ -194,6 +194,12 @@ def error_type(result: TransportResult) -> str:
     return head.group(0)
 
 
+def _mark_failed(api: Any, span: Any, kind: str, description: str | None) -> None:
+    """``error.type`` and an error status (its first 200 characters) on ``span``."""
+    span.set_attribute("error.type", kind)
+    span.set_status(api.ERROR, (description or "")[:200] or None)
+
+
 def _error_type(exc: BaseException) -> str:
     cls = type(exc)
     if cls.__module__ == "builtins":
@@ -264,8 +270,7 @@ class Creations:
     ) -> None:
         for span in self.spans:
             if exc is not None:
-                span.set_attribute("error.type", _error_type(exc))
-                span.set_status(self._api.ERROR, str(exc)[:200] or None)
+                _mark_failed(self._api, span, _error_type(exc), str(exc))
             span.end()
 
 
@@ -375,8 +380,7 @@ class Processing:
 
     def _fail(self, kind: str, description: str | None) -> None:
         self._failure = kind
-        self.span.set_attribute("error.type", kind)
-        self.span.set_status(self._api.ERROR, (description or "")[:200] or None)
+        _mark_failed(self._api, self.span, kind, description)
 
     def __enter__(self) -> Processing:
         return self

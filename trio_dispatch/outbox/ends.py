@@ -203,20 +203,18 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     # PostgreSQL: the transition rows are written by the finish's own
     # statement, for the ends that applied (one actor per worker's batch).
     recorded = conn.dialect.arrays and len({end.actor for end in ends}) == 1
-    if recorded:
+    if conn.dialect.arrays:  # one array per column, the same text every time
         columns = [params[i::7] for i in range(7)]
         for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
             columns[i] = [float(v) for v in columns[i]]
-        columns += [[row[i] for row in history] for i in (4, 5, 9)]
-        finished = conn.query(
-            sql.FINISH_ATTEMPTS_RECORDED,
-            [*columns, ENTITY_TYPE, Source.SCHEDULER, ends[0].actor],
-        )
-    elif conn.dialect.arrays:  # one array per column, the same text every time
-        columns = [params[i::7] for i in range(7)]
-        for i in (2, 4, 5):
-            columns[i] = [float(v) for v in columns[i]]
-        finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
+        if recorded:
+            columns += [[row[i] for row in history] for i in (4, 5, 9)]
+            finished = conn.query(
+                sql.FINISH_ATTEMPTS_RECORDED,
+                [*columns, ENTITY_TYPE, Source.SCHEDULER, ends[0].actor],
+            )
+        else:
+            finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}

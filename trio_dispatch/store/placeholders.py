@@ -19,6 +19,17 @@ PARAMSTYLES: Final = ("qmark", "format", "pyformat", "numeric_dollar", "numeric"
 _DOLLAR_TAG: Final = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
 
 
+def _placeholder(style: str, index: int, binary: bool, as_text: bool) -> str:
+    """The placeholder of parameter ``index`` (from 0) in ``style``."""
+    if style in ("format", "pyformat"):
+        return "%b" if binary else "%s"
+    if style == "numeric_dollar":
+        return f"${index + 1}"
+    if style == "numeric":
+        return f":{index + 1}"
+    return "CAST(? AS TEXT)" if as_text else "?"
+
+
 @functools.lru_cache(maxsize=1024)
 def to_paramstyle(
     sql: str, style: str, binary: bool = False, as_text: frozenset[int] = frozenset()
@@ -75,18 +86,8 @@ def to_paramstyle(
             end = n if close < 0 else close + len(tag.group())
         else:
             if char == "?":
+                out.append(_placeholder(style, number, binary, number in as_text))
                 number += 1
-                out.append(
-                    ("%b" if binary else "%s")
-                    if percent
-                    else f"${number}"
-                    if style == "numeric_dollar"
-                    else f":{number}"
-                    if style == "numeric"
-                    else "CAST(? AS TEXT)"
-                    if number - 1 in as_text
-                    else "?"
-                )
             else:
                 out.append("%%" if percent and char == "%" else char)
             i += 1
