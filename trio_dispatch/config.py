@@ -31,8 +31,10 @@ from .settings import SETTING_CHECKS, WorkerSettings
 from .store.base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_NETWORK_TIMEOUT_SECONDS,
     DURABILITIES,
     check_busy_timeout,
+    check_network_timeout,
     check_schema_name,
     parse_target,
     store_schema,
@@ -163,6 +165,9 @@ class Config:
     """The absolute path of the file this came from; None if built in memory."""
     schedules: tuple[Schedule, ...] = ()
     """The ``schedules:`` section (SPEC section 14)."""
+    network_timeout_seconds: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
+    """PostgreSQL: how long past ``busy_timeout_seconds`` a round trip may go
+    unanswered before its connection is dropped (a silent network)."""
     schema: str | None = None
     """PostgreSQL: the schema that holds the outbox's tables (``schema``, or
     the ``search_path`` the store URL's ``options`` set); None: the server's
@@ -327,6 +332,9 @@ _SCHEMA: Final[_Schema] = {
     "busy_timeout_seconds": _Rule(
         lambda key, value: check_busy_timeout(value, key), DEFAULT_BUSY_TIMEOUT_SECONDS
     ),
+    "network_timeout_seconds": _Rule(
+        lambda key, value: check_network_timeout(value, key), DEFAULT_NETWORK_TIMEOUT_SECONDS
+    ),
     "dispatch": {
         "transport": _Rule(_check_transport, "command"),
         "max_body_bytes": _Rule(
@@ -458,6 +466,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         store=values["store"],
         durability=values["durability"],
         busy_timeout_seconds=values["busy_timeout_seconds"],
+        network_timeout_seconds=values["network_timeout_seconds"],
         dispatch=DispatchConfig(
             transport=dispatch["transport"],
             transports=transports,

@@ -70,9 +70,15 @@ def _print_config(config: Config, path: Path) -> None:
     """``check-config``'s text report: what the worker would run with."""
     print(f"{visible(path)}: ok")
     in_schema = f", schema {config.schema}" if config.schema is not None else ""
+    target = config.store_target()
+    waits = f", busy timeout {config.busy_timeout_seconds:g}s"
+    if target.startswith(("postgresql://", "postgres://")):
+        waits += (
+            f", a round trip unanswered after "
+            f"{config.busy_timeout_seconds + config.network_timeout_seconds:g}s is dropped"
+        )
     print(
-        f"  store: {visible(mask_url(config.store_target()))} "
-        f"(durability {config.durability}{in_schema})"
+        f"  store: {visible(mask_url(target))} (durability {config.durability}{in_schema}{waits})"
     )
     for line in config.dispatch.plugin.summary(config.dispatch.options):
         print(line)
@@ -137,6 +143,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 "schema": config.schema,
                 "durability": config.durability,
                 "busy_timeout_seconds": config.busy_timeout_seconds,
+                "network_timeout_seconds": config.network_timeout_seconds,
                 "transport": config.dispatch.transport,
                 **transports,
                 "retry_schedule": (

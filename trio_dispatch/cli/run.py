@@ -60,6 +60,7 @@ async def serve(
         config.store_target(),
         durability=config.durability,
         busy_timeout=config.busy_timeout_seconds,
+        network_timeout=config.network_timeout_seconds,
         max_body_bytes=config.dispatch.max_body_bytes,
         schema=config.schema,
     ) as db:
@@ -172,6 +173,7 @@ def cmd_web(args: argparse.Namespace) -> int:
             open_store(
                 choice.target,
                 busy_timeout=choice.busy_timeout,
+                network_timeout=choice.network_timeout,
                 read_only=not acting,
                 snapshot=not acting,
                 migrate=False,

@@ -76,6 +76,7 @@ def cmd_store(args: argparse.Namespace) -> int:
         async with open_store(
             choice.target,
             busy_timeout=choice.busy_timeout,
+            network_timeout=choice.network_timeout,
             read_only=reading,
             migrate=migrating,
             snapshot=reading,

@@ -24,7 +24,12 @@ from ..config import (
 from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from ..redact import register_secrets, url_secrets, visible
 from ..schedules.spec import Schedule
-from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, parse_target, store_schema
+from ..store.base import (
+    DEFAULT_BUSY_TIMEOUT_SECONDS,
+    DEFAULT_NETWORK_TIMEOUT_SECONDS,
+    parse_target,
+    store_schema,
+)
 from .output import UsageError
 
 
@@ -51,6 +56,8 @@ class StoreChoice:
     schedules: tuple[Schedule, ...] = ()
     """The configuration's ``schedules:`` (none with ``--db`` and no
     configuration found): what ``schedules`` lists and acts on."""
+    network_timeout: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
+    """The configuration's ``network_timeout_seconds`` (PostgreSQL)."""
 
 
 def resolve_store(
@@ -107,6 +114,11 @@ def resolve_store(
         schema=schema,
         ordering=loaded.dispatch.on_dead_letter if loaded is not None else DEFAULT_ORDERING_POLICY,
         schedules=loaded.schedules if loaded is not None else (),
+        network_timeout=(
+            loaded.network_timeout_seconds
+            if loaded is not None
+            else DEFAULT_NETWORK_TIMEOUT_SECONDS
+        ),
     )
     if engine == "postgres":
         return choice

@@ -97,6 +97,9 @@ async def open_store(
     ``"normal"`` (it survives a process crash; PostgreSQL:
     ``synchronous_commit=off``). ``busy_timeout`` is how long a write waits
     for another process's lock (PostgreSQL: ``lock_timeout``).
+    ``network_timeout`` (PostgreSQL) bounds a silent network: a round trip
+    with no answer after ``busy_timeout + network_timeout`` seconds fails
+    with :class:`ConnectionLostError` and its connection is dropped.
     ``max_body_bytes`` bounds an enqueue's ``body`` (bytes of JSON).
 
     ``read_only=True`` opens without writing anything (SQLite ``mode=ro``,

@@ -37,6 +37,15 @@ from ..errors import StoreError as StoreError
 from ..redact import AMBIGUOUS_URL_ERROR, ambiguous_userinfo, mask_url, url_secrets
 from ..values import replaced, show
 
+
+class KeyOrderConflict(StoreError):
+    """A unit of a shared transaction needed an ordering key's lock out of
+    the transaction's one order (a key below one it already holds) and
+    another transaction held it: waiting could close a deadlock, so the
+    group commit commits what ran before the unit and runs the unit first
+    in a transaction of its own. Never reaches a caller."""
+
+
 if TYPE_CHECKING:
     from .dialect import Dialect
 
@@ -93,6 +102,10 @@ DEFAULT_BUSY_TIMEOUT_SECONDS: Final = 10.0
 MAX_BUSY_TIMEOUT_SECONDS: Final = 2_147_483.0
 """The longest wait either engine takes: SQLite's ``busy_timeout`` and
 PostgreSQL's ``lock_timeout`` are both a 32-bit count of milliseconds."""
+DEFAULT_NETWORK_TIMEOUT_SECONDS: Final = 5.0
+"""PostgreSQL: how long the store waits for the server to answer beyond
+what a lock may take (see :attr:`StoreOptions.network_timeout`)."""
+MIN_NETWORK_TIMEOUT_SECONDS: Final = 0.1
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
 """The largest ``body`` an enqueue accepts, in bytes of JSON (SPEC 12)."""
 MIGRATE_HINT: Final = "run `trio-dispatch migrate` to create it"
@@ -135,6 +148,23 @@ def check_busy_timeout(value: object, name: str = "busy_timeout") -> float:
     return float(value)
 
 
+def check_network_timeout(value: object, name: str = "network_timeout") -> float:
+    """``value`` as seconds, if it is a number from
+    :data:`MIN_NETWORK_TIMEOUT_SECONDS` to :data:`MAX_BUSY_TIMEOUT_SECONDS`;
+    else ValueError naming it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not _finite(value)
+        or not MIN_NETWORK_TIMEOUT_SECONDS <= value <= MAX_BUSY_TIMEOUT_SECONDS
+    ):
+        raise ValueError(
+            f"{name} must be a number of seconds from {MIN_NETWORK_TIMEOUT_SECONDS:g} to "
+            f"{MAX_BUSY_TIMEOUT_SECONDS:.0f}, got {show(value)}"
+        )
+    return float(value)
+
+
 def _finite(value: float) -> bool:
     try:
         return math.isfinite(value)
@@ -148,6 +178,7 @@ class StoreOptionArgs(TypedDict, total=False):
 
     durability: Durability
     busy_timeout: float
+    network_timeout: float
     read_only: bool
     migrate: bool
     max_body_bytes: int
@@ -167,6 +198,14 @@ class StoreOptions:
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT_SECONDS
     """How long a write waits for another process's lock (PostgreSQL:
     ``lock_timeout``)."""
+    network_timeout: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
+    """PostgreSQL: a round trip to the server that has no answer after
+    ``busy_timeout + network_timeout`` seconds is abandoned and its
+    connection dropped (a silent network: no reset ever comes); the server
+    ends a session of the store's left idle in a transaction, or running
+    one statement, as long. Connecting waits ``network_timeout`` (at least
+    2 s), and a connection dropped this way is not tried again for as long.
+    SQLite ignores it."""
     read_only: bool = False
     """Open without writing anything; never create or migrate."""
     migrate: bool = True
@@ -184,6 +223,7 @@ class StoreOptions:
                 f"durability must be one of {DURABILITIES}, got {show(self.durability)}"
             )
         object.__setattr__(self, "busy_timeout", check_busy_timeout(self.busy_timeout))
+        object.__setattr__(self, "network_timeout", check_network_timeout(self.network_timeout))
         limit = self.max_body_bytes
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_body_bytes must be an int >= 1, got {show(limit)}")

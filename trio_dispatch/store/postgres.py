@@ -23,13 +23,32 @@ uses it. Work that was running when its connection ended fails with
 :class:`~.base.ConnectionLostError`: nothing of it was committed, except
 when the COMMIT itself went unanswered, which the error says
 (``outcome_unknown``).
+
+A network that goes silent (a partition; a NAT, pooler or load balancer
+that stops forwarding without a reset) is noticed by a deadline on every
+round trip, not by TCP: a round trip with no answer after ``busy_timeout +
+network_timeout`` seconds is cut by a :class:`~.watchdog.Watchdog` (its
+socket shut down) and fails with :class:`~.base.ConnectionLostError`, said
+once in a WARNING until the server answers again. The writer then waits
+``network_timeout`` before it tries to connect again, and writes that come
+meanwhile fail at once, so nothing waits behind a dead link (a worker stops
+within its grace plus one deadline). On the server, each of the store's
+sessions ends a transaction left idle, or a statement running, for as
+long (``idle_in_transaction_session_timeout``, ``statement_timeout``), so a
+row lock held by a session whose client went silent is let go. Connecting
+waits ``network_timeout`` (libpq's ``connect_timeout``, at least 2 s), and
+TCP keepalives and ``tcp_user_timeout`` are set from it unless the URL sets
+them. An idle listener checks its session with a round trip every
+:data:`LISTEN_CHECK_FACTOR` network timeouts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import select
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, NoReturn
 
 import anyio
@@ -54,6 +73,7 @@ from .batching import BatchingStore
 from .dialect import POSTGRES, Typed
 from .placeholders import to_paramstyle
 from .schema import migrate, require_current
+from .watchdog import Watch, Watchdog, shut_socket
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     import psycopg
@@ -72,7 +92,48 @@ try is at once); each failure doubles it up to :data:`RECONNECT_MAX_DELAY`."""
 RECONNECT_MAX_DELAY: Final = 2.0
 """The longest wait between two tries to reconnect, in seconds."""
 
+LISTEN_CHECK_FACTOR: Final = 6
+"""An idle listener sends a round trip after this many network timeouts
+without a word from the server (30 s by default): a session a silent
+network cut would otherwise never be noticed, and enqueues never wake."""
+KEEPALIVE_COUNT: Final = 3
+
 log = scrubbed_logger("trio_dispatch.store")
+
+
+def connection_parameters(url: str, network_timeout: float) -> dict[str, Any]:
+    """libpq parameters that bound connecting and a dead peer, from
+    ``network_timeout``; a parameter the URL sets itself is left to it."""
+    seconds = max(1, math.ceil(network_timeout))
+    wanted: dict[str, Any] = {
+        "connect_timeout": max(2, seconds),
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, math.ceil(network_timeout / KEEPALIVE_COUNT)),
+        "keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": int(network_timeout * 1000),
+    }
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+def silence(seconds: float) -> str:
+    """What a round trip cut by its deadline says."""
+    return (
+        f"no answer from the server in {seconds:g}s "
+        "(busy_timeout_seconds + network_timeout_seconds); the connection was dropped"
+    )
+
+
+def _shut(conn: psycopg.Connection[Any]) -> None:
+    """Cut ``conn``'s socket under whatever call is blocked on it."""
+    if conn.closed:
+        return
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:
+        return
+    shut_socket(fd)
 
 
 def _placeholders(sql: str) -> str:
@@ -135,13 +196,41 @@ class PostgresConn:
 
     dialect = POSTGRES
 
-    __slots__ = ("_conn", "begin_pending", "single", "where")
+    __slots__ = ("_conn", "begin_pending", "dog", "held_keys", "seconds", "single", "where")
 
-    def __init__(self, conn: psycopg.Connection[Any], where: str = "the server") -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        where: str = "the server",
+        dog: Watchdog | None = None,
+        seconds: float = 0.0,
+    ) -> None:
         self._conn = conn
         self.begin_pending = False
         self.single: bool | None = None  # None: not a single; False: its statement went
         self.where = where  # the masked URL, for messages
+        self.dog = dog  # cuts a round trip still unanswered after ``seconds``
+        self.seconds = seconds
+        self.held_keys: set[str] | None = None
+        """The ordering keys whose locks this transaction holds, kept where
+        the group commit composes the transaction (see
+        :func:`~trio_dispatch.outbox.ordering.lock_keys`); None elsewhere."""
+
+    @contextlib.contextmanager
+    def watched(self) -> Iterator[Watch | None]:
+        """Around one round trip: cut it if no answer comes in time."""
+        if self.dog is None:
+            yield None
+            return
+        with self.dog.watch(self.seconds, self._cut) as watch:
+            yield watch
+
+    def _cut(self) -> None:
+        _shut(self._conn)
+
+    def why(self, exc: BaseException, watch: Watch | None) -> str:
+        """Why a round trip failed, in one password-free line."""
+        return silence(self.seconds) if watch is not None and watch.fired else _reason(exc)
 
     def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
         single = self.single
@@ -151,19 +240,21 @@ class PostgresConn:
             raise StoreError("a single-statement write ran a second statement")
         if single:
             self.single = False
+        watch: Watch | None = None
         try:
-            self._send_once(send, pipelined)
+            with self.watched() as watch:
+                self._send_once(send, pipelined)
         except psycopg.OperationalError as exc:
             if not _lost(self._conn):
                 raise
             if single:
                 raise ConnectionLostError(
                     f"the connection to {self.where} ended while its statement ran "
-                    f"({_reason(exc)}); the outcome is unknown: it may or may not have "
-                    "been committed",
+                    f"({self.why(exc, watch)}); the outcome is unknown: it may or may not "
+                    "have been committed",
                     outcome_unknown=True,
                 ) from None
-            _raise_lost(exc, self.where)
+            _raise_lost(self.why(exc, watch), self.where)
 
     def _send_once(self, send: Callable[[], object], pipelined: bool) -> None:
         if not self.begin_pending:
@@ -207,9 +298,9 @@ class PostgresConn:
         self.execute(POSTGRES.notify)
 
 
-def _raise_lost(exc: BaseException, where: str) -> NoReturn:
+def _raise_lost(reason: str, where: str) -> NoReturn:
     raise ConnectionLostError(
-        f"the connection to {where} ended during this transaction ({_reason(exc)}): "
+        f"the connection to {where} ended during this transaction ({reason}): "
         "nothing in it was committed"
     ) from None
 
@@ -219,47 +310,32 @@ def _configure(
     *,
     durability: str,
     lock_timeout: float,
+    deadline: float,
     read_only: bool = False,
     schema: str | None = None,
 ) -> None:
     # JSON columns come back as their text, as stored (the payload is sent as is).
     conn.adapters.register_loader("json", TextLoader)
     conn.adapters.register_loader("jsonb", TextLoader)
-    conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
-    conn.execute(f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'")
+    settings = [
+        f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}",
+        f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'",
+        # A session whose client went silent lets its locks go after the
+        # deadline the client gives up at, instead of holding them forever.
+        f"SET idle_in_transaction_session_timeout = '{math.ceil(deadline * 1000)}ms'",
+        f"SET statement_timeout = '{math.ceil(deadline * 1000)}ms'",
+    ]
     if conn.info.server_version >= 110000:  # JIT compiled a 0.1 ms claim scan in 11 ms
-        conn.execute("SET jit = off")
+        settings.append("SET jit = off")
     if schema is not None:
         # Every outbox statement names its tables unqualified: on every
         # connection of the store they resolve in this schema alone
         # (pg_catalog, always searched first, still serves the built-ins).
         # The name is a checked identifier (store_schema).
-        conn.execute(f'SET search_path TO "{schema}"')
+        settings.append(f'SET search_path TO "{schema}"')
     if read_only:
-        conn.execute("SET default_transaction_read_only = on")
-
-
-def _connect(
-    url: str,
-    *,
-    durability: str,
-    lock_timeout: float,
-    read_only: bool = False,
-    schema: str | None = None,
-) -> psycopg.Connection[Any]:
-    conn = psycopg.connect(url, autocommit=True)
-    try:
-        _configure(
-            conn,
-            durability=durability,
-            lock_timeout=lock_timeout,
-            read_only=read_only,
-            schema=schema,
-        )
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+        settings.append("SET default_transaction_read_only = on")
+    conn.execute("; ".join(settings))  # one round trip (the simple protocol)
 
 
 class PostgresStore(BatchingStore):
@@ -278,6 +354,12 @@ class PostgresStore(BatchingStore):
         register_secrets(url_secrets(url))
         self.durability = options.durability
         self.busy_timeout = options.busy_timeout
+        self.network_timeout = options.network_timeout
+        self.deadline = options.busy_timeout + options.network_timeout
+        """Seconds a round trip may go unanswered before it is cut."""
+        self._parameters = connection_parameters(url, options.network_timeout)
+        self._dog = Watchdog(f"trio_dispatch watchdog {id(self):#x}", self._noticed)
+        self._silent = False  # a round trip was cut; no connection has answered since
         self.schema = store_schema(url, options.schema)
         """The schema that holds the outbox's tables (None: the first of the
         server's ``search_path``)."""
@@ -295,28 +377,50 @@ class PostgresStore(BatchingStore):
         self.reconnects = {"writer": 0, "listener": 0}
         """Connections replaced after their session ended, by role."""
 
-    def _connect(self) -> psycopg.Connection[Any]:
-        return _connect(
-            self._dsn,
-            durability=self.durability,
-            lock_timeout=self.busy_timeout,
-            read_only=self.read_only,
-            schema=self.schema,
+    def _noticed(self, seconds: float) -> None:
+        """The watchdog cut a round trip (its thread): said once an outage."""
+        if self._silent:
+            return
+        self._silent = True
+        log.warning(
+            "store %s: no answer from the server in %gs; its connection is dropped, and "
+            "work on the store fails until the server answers again",
+            self.url,
+            seconds,
         )
+
+    def _watched(self, conn: psycopg.Connection[Any]) -> PostgresConn:
+        """``conn`` as a :class:`PostgresConn` whose round trips have the deadline."""
+        return PostgresConn(conn, self.url, self._dog, self.deadline)
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        with self._watched(conn).watched():
+            _configure(
+                conn,
+                durability=self.durability,
+                lock_timeout=self.busy_timeout,
+                deadline=self.deadline,
+                read_only=self.read_only,
+                schema=self.schema,
+            )
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self._dsn, autocommit=True, **self._parameters)
+        try:
+            self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _read_pool(self) -> ConnectionPool[Any]:
         return ConnectionPool(
             self._dsn,
             min_size=1,
             max_size=READERS,
-            kwargs={"autocommit": True},
-            configure=lambda conn: _configure(
-                conn,
-                durability=self.durability,
-                lock_timeout=self.busy_timeout,
-                read_only=self.read_only,
-                schema=self.schema,
-            ),
+            kwargs={"autocommit": True, **self._parameters},
+            configure=self._configure,
+            timeout=self.deadline,
             open=True,
         )
 
@@ -334,6 +438,8 @@ class PostgresStore(BatchingStore):
             if self.migrate:
                 with writer.transaction():  # one migrator at a time, on any host
                     conn = PostgresConn(writer)
+                    # Building an index on a large table may take minutes.
+                    conn.execute("SET LOCAL statement_timeout = 0")
                     conn.execute(POSTGRES.migration_lock)
                     self.found_schema_version = migrate(conn, self._where, self.schema)
             else:
@@ -343,7 +449,7 @@ class PostgresStore(BatchingStore):
             writer.close()
             raise
         self._writer, self._readers = writer, readers
-        self._writer_conn = self._lazy = PostgresConn(writer, self.url)
+        self._writer_conn = self._lazy = self._watched(writer)
 
     def _ensure_writer(self) -> None:
         """Replace the writer connection if its session has ended; on
@@ -356,15 +462,29 @@ class PostgresStore(BatchingStore):
         now = time.monotonic()
         if self._lost_at is None:
             self._lost_at, self._tries, self._delay, self._next_try_at = now, 0, 0.0, now
+            if self._silent:  # cut by its deadline: the network, not the server
+                self._delay = self.network_timeout
+                self._next_try_at = now + self._delay
             if writer is not None:
                 writer.close()
         if self._next_try_at > now:
+            if self._silent:
+                # Nothing waits behind a silent network: every write fails
+                # at once until the next try (a worker stopping meanwhile
+                # releases what it can and leaves the rest to their leases).
+                raise ConnectionLostError(
+                    f"the server at {self.url} has not answered since "
+                    f"{now - self._lost_at:.1f}s ago; the next try to connect is in "
+                    f"{self._next_try_at - now:.1f}s"
+                )
             time.sleep(self._next_try_at - now)
         self._tries += 1
         try:
             writer = self._connect()
         except psycopg.Error as exc:
             self._delay = _next_delay(self._delay)
+            if self._silent:
+                self._delay = max(self._delay, self.network_timeout)
             self._next_try_at = time.monotonic() + self._delay
             raise ConnectionLostError(
                 f"the connection to {self.url} ended and reconnecting failed "
@@ -372,6 +492,7 @@ class PostgresStore(BatchingStore):
             ) from None
         self._writer = self._lazy._conn = writer
         self.reconnects["writer"] += 1
+        self._silent = False
         log.warning(
             "store %s: the writer's connection had ended; reconnected (%d tries, %.2fs)",
             self.url,
@@ -389,6 +510,7 @@ class PostgresStore(BatchingStore):
         assert self._lazy is not None
         self._ensure_writer()
         self._lazy.begin_pending = True
+        self._lazy.held_keys = set()
 
     def _begin_single(self) -> None:
         # The writer's session is in autocommit: a statement sent without
@@ -397,6 +519,7 @@ class PostgresStore(BatchingStore):
         assert self._lazy is not None
         self._ensure_writer()
         self._lazy.single = True
+        self._lazy.held_keys = set()
 
     def _commit(self) -> None:
         assert self._writer is not None and self._lazy is not None
@@ -413,16 +536,21 @@ class PostgresStore(BatchingStore):
             raise StoreError(
                 "the transaction was aborted by an earlier error in it; nothing was committed"
             )
+        watch: Watch | None = None
         try:
-            self._writer.execute("COMMIT")
+            with self._lazy.watched() as watch:
+                self._writer.execute("COMMIT")
+            if self._silent:  # the server answers again
+                self._silent = False
         except psycopg.OperationalError as exc:
             if not _lost(self._writer):
                 raise
             # The server may have committed and its answer been lost:
             # never report success, nor claim a rollback.
             raise ConnectionLostError(
-                f"the connection to {self.url} ended while committing ({_reason(exc)}); "
-                "the outcome is unknown: the transaction may or may not have been committed",
+                f"the connection to {self.url} ended while committing "
+                f"({self._lazy.why(exc, watch)}); the outcome is unknown: the transaction "
+                "may or may not have been committed",
                 outcome_unknown=True,
             ) from None
 
@@ -435,15 +563,31 @@ class PostgresStore(BatchingStore):
             self._lazy.begin_pending = False
             return
         if self._in_transaction():
-            assert self._writer is not None
+            assert self._writer is not None and self._lazy is not None
             try:
-                self._writer.execute("ROLLBACK")
+                with self._lazy.watched():
+                    self._writer.execute("ROLLBACK")
             except psycopg.Error:
                 # Never leave a session idle in a transaction: closing ends
                 # it on the server (a rollback), and the next transaction
                 # reconnects. This runs on error paths: the first error is
                 # the one to report.
                 self._writer.close()
+
+    def _owned_by_caller(self) -> None:
+        # The caller composes its own transaction: its key locks wait in
+        # the order it asks for them, as on the caller's own connection.
+        assert self._lazy is not None
+        self._lazy.held_keys = None
+
+    def _settled_error(self, exc: BaseException) -> BaseException | None:
+        if isinstance(exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
+            return None  # the server aborted this transaction to let another go on
+        if isinstance(exc, psycopg.Error):
+            error = StoreError(f"store {self.url}: {_reason(exc)}")
+            error.__cause__ = exc
+            return error
+        return exc
 
     def _in_transaction(self) -> bool:
         if self._lazy is not None and self._lazy.begin_pending:
@@ -455,11 +599,14 @@ class PostgresStore(BatchingStore):
         )
 
     def _close_connections(self) -> None:
-        if self._readers is not None:
-            self._readers.close()
-        if self._writer is not None:
-            self._writer.close()
-        self._readers, self._writer, self._lazy = None, None, None
+        try:
+            if self._readers is not None:
+                self._readers.close()
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._readers, self._writer, self._lazy = None, None, None
+            self._dog.stop()
 
     # -- reads -----------------------------------------------------------------
 
@@ -481,10 +628,10 @@ class PostgresStore(BatchingStore):
             for _ in range(READERS):
                 with readers.connection() as reader:
                     if _alive(reader):
-                        return _read(reader, work, self.url)
+                        return _read(self._watched(reader), work)
                     reader.close()
             with readers.connection() as reader:
-                return _read(reader, work, self.url)
+                return _read(self._watched(reader), work)
 
         return await anyio.to_thread.run_sync(run, limiter=self._read_limiter)
 
@@ -505,7 +652,12 @@ class PostgresStore(BatchingStore):
             task_status.started()
             while True:
                 try:
-                    await _relay(conn, callback)
+                    await _relay(
+                        conn,
+                        callback,
+                        self._watched(conn),
+                        self.network_timeout * LISTEN_CHECK_FACTOR,
+                    )
                 except psycopg.OperationalError as exc:
                     if not _lost(conn):
                         raise
@@ -521,7 +673,8 @@ class PostgresStore(BatchingStore):
         """A new connection that listens for enqueues (``POSTGRES.listen``)."""
         conn = self._connect()
         try:
-            conn.execute(POSTGRES.listen)
+            with self._watched(conn).watched():
+                conn.execute(POSTGRES.listen)
         except BaseException:
             conn.close()
             raise
@@ -556,34 +709,62 @@ class PostgresStore(BatchingStore):
             return conn
 
 
-def _read(reader: psycopg.Connection[Any], work: Callable[[PostgresConn], T], where: str) -> T:
-    """``work`` in a read-only snapshot on ``reader``, which is left with
-    no transaction open (or closed, and so dropped by the pool)."""
+def _read(watched: PostgresConn, work: Callable[[PostgresConn], T]) -> T:
+    """``work`` in a read-only snapshot on ``watched``'s connection, which
+    is left with no transaction open (or closed, and so dropped by the
+    pool). The whole read has one deadline."""
+    reader = watched._conn
+    watch: Watch | None = None
     try:
-        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return work(PostgresConn(reader, where))
+        with watched.watched() as watch:
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            return work(PostgresConn(reader, watched.where))
     except psycopg.OperationalError as exc:
         if not _lost(reader):
             raise
-        _raise_lost(exc, where)
+        _raise_lost(watched.why(exc, watch), watched.where)
     finally:
         if not _lost(reader):
             try:
-                reader.execute("ROLLBACK")
+                with watched.watched():
+                    reader.execute("ROLLBACK")
             except psycopg.Error:
                 reader.close()  # the first error is the one to report
 
 
-async def _relay(conn: psycopg.Connection[Any], callback: Callable[[], None]) -> NoReturn:
+async def _relay(
+    conn: psycopg.Connection[Any],
+    callback: Callable[[], None],
+    watched: PostgresConn,
+    check_every: float,
+) -> NoReturn:
     """Call ``callback`` for each batch of notifications on ``conn`` until
-    its session ends (psycopg's OperationalError)."""
+    its session ends (psycopg's OperationalError). After ``check_every``
+    seconds without a word, a round trip with the deadline checks that the
+    session still answers."""
     fd = conn.fileno()
+    heard: list[object] = []
+    conn.add_notify_handler(heard.append)  # what arrives during a check
     while True:
         # The event loop watches the socket: cancellation is at once,
         # and no thread sits in a timed wait.
-        await anyio.wait_readable(fd)
+        with anyio.move_on_after(check_every) as quiet:
+            await anyio.wait_readable(fd)
+        if quiet.cancelled_caught:
+            await anyio.to_thread.run_sync(_check, watched)
+            if heard:
+                heard.clear()
+                callback()
+            continue
         if _drain_notifications(conn):
             callback()
+
+
+def _check(watched: PostgresConn) -> None:
+    """One round trip on an idle listening connection, with the deadline
+    (raises psycopg's OperationalError if it is cut or the session ended)."""
+    with watched.watched():
+        watched._conn.execute("SELECT 1")
 
 
 def _drain_notifications(conn: psycopg.Connection[Any]) -> int:

@@ -67,6 +67,20 @@ def attempt_deadline(claim: Claim, clock: Callable[[], float] = time.time) -> fl
     return anyio.current_time() + remaining
 
 
+def late_claim(claim: Claim, clock: Callable[[], float] = time.time) -> TransportResult | None:
+    """None if ``claim``'s attempt may start now; else (its lease, less
+    :data:`LEASE_SAFETY_SECONDS`, has already run out: the store answered
+    the claim that late) the result that gives the row back unsent and
+    uncounted -- a send now could overlap a second claimant's."""
+    late = clock() - (claim.lease_until - LEASE_SAFETY_SECONDS)
+    if late < 0:
+        return None
+    return TransportResult.not_sent(
+        f"the claim reached the worker {late:.1f}s after its lease allowed a send to "
+        "start (the store answered late); not sent"
+    )
+
+
 def lease_timeout_result(lease_seconds: float) -> TransportResult:
     """The failure of a call cut at its :func:`attempt_deadline`."""
     return TransportResult.failure(
@@ -216,11 +230,12 @@ async def _deliver_each(
         counts["expired"] += scanned["expired"]
         counts["dead_letter"] += scanned["dead_letter"]
         for claim in claims:
-            result: TransportResult | None = None
+            result: TransportResult | None = late_claim(claim, clock)
             with tracing.processing(claim) as trace:
                 with anyio.CancelScope(deadline=attempt_deadline(claim, clock)):
                     try:
-                        result = await call_transport(sender, claim)
+                        if result is None:
+                            result = await call_transport(sender, claim)
                     except BaseException as exc:
                         if is_interrupt(exc):  # Ctrl-C: no row may wait for its lease
                             with anyio.CancelScope(shield=True):

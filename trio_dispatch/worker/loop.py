@@ -76,6 +76,7 @@ from .attempts import (
     INTERRUPT_REASON,
     attempt_deadline,
     call_transport,
+    late_claim,
     lease_timeout_result,
     share_deadline,
     transport_timeout_result,
@@ -437,10 +438,14 @@ class DispatchWorker:
         started = time.monotonic()
         result: AttemptResult = Interrupted()
         interrupt: BaseException | None = None
+        late = None if self._closing else late_claim(claim, self.clock)
         with self._slots.scope(claim) as scope:
-            shared = share_deadline(self.transport, scope)
+            shared = None if late is not None else share_deadline(self.transport, scope)
             try:
-                result = await call_transport(self.transport, claim, shared is not None)
+                if late is not None:  # its lease ran out before it came back: never sent
+                    result = late
+                else:
+                    result = await call_transport(self.transport, claim, shared is not None)
             except BaseException as exc:
                 if not is_interrupt(exc):
                     raise
@@ -551,6 +556,7 @@ class DispatchWorker:
             self._caps,
             self.log,
             self.ordering_on_dead_letter,
+            stopping=self._closing,
         )
 
     async def _settle_and_claim(

@@ -23,7 +23,7 @@ from ..outbox import (
 )
 from ..outbox.caps import DestinationCaps
 from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
-from ..store.base import Store
+from ..store.base import ConnectionLostError, Store
 from ..transports import TransportResult
 from .report import AttemptResult, Interrupted
 
@@ -52,11 +52,16 @@ class OutcomeWriter:
     caps: DestinationCaps | None
     log: logging.Logger
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    stopping: bool = False
+    """The worker is stopping: a write that lost its connection is not
+    tried again (the lease brings the row back), so a worker cut off from
+    its store stops within its grace and one store deadline."""
 
     async def settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
-        the store fails; None if every try failed (the lease will bring the
-        row back)."""
+        the store fails (unless :attr:`stopping` and the connection was
+        lost); None if every try failed (the lease will bring the row
+        back)."""
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
@@ -72,13 +77,15 @@ class OutcomeWriter:
                     clock=self.clock,
                     retry_schedule=self.retry_schedule,
                 )
-            except Exception:
+            except Exception as exc:
                 self.log.exception(
                     "dispatch %s attempt %d: recording the outcome failed",
                     claim.dispatch_id,
                     claim.attempt,
                 )
                 if pause is None or self.clock() + pause >= claim.lease_until:
+                    return None
+                if self.stopping and isinstance(exc, ConnectionLostError):
                     return None
                 await anyio.sleep(pause)
         return None
@@ -141,7 +148,7 @@ class ClaimPause:
         )
         self._until = max(self._until, anyio.current_time() + pause)
         log.warning(
-            "local resource error (%s): the row is released, the attempt not counted; "
+            "attempt not made (%s): the row is released, the attempt not counted; "
             "claiming paused for %gs",
             result.error,
             pause,
