@@ -166,7 +166,9 @@ class RawDB:
     """Reads the test's database file through a separate plain sqlite3
     connection: what is committed, not what the store believes."""
 
-    error: type[Exception] = sqlite3.DatabaseError
+    error: type[Exception] | tuple[type[Exception], ...] = sqlite3.DatabaseError
+    """What a failed statement raises: the driver's error (on PostgreSQL,
+    the store's group commit reports it as a StoreError)."""
     """What a refused write raises."""
 
     def __init__(self, path: Path) -> None:
@@ -231,7 +233,9 @@ class PostgresRaw(RawDB):
         import psycopg
 
         self.url = self.target = url
-        self.error = psycopg.Error
+        from trio_dispatch.store import StoreError
+
+        self.error = (psycopg.Error, StoreError)
 
     def _connect(self) -> Any:
         import psycopg

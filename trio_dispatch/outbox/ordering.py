@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
-from ..store.base import Conn, Row
+from ..store.base import Conn, KeyOrderConflict, Row
 from ..validate import require_text
 from ..values import show
 
@@ -115,10 +115,34 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     """Hold these keys' locks until the transaction ends (PostgreSQL; a no-op
     where the write lock serializes every writer). Call before the
     transaction's first write to a row of these keys: a lock taken after a
-    row lock could close a cycle with an operator's write."""
+    row lock could close a cycle with an operator's write.
+
+    Every transaction takes its key locks in one order (by code point), so
+    two never wait for each other's: where the connection keeps the keys
+    its transaction holds (the store's own, whose transaction several units
+    share), a key below one already held is only tried, never waited for,
+    and if another transaction holds it :class:`KeyOrderConflict` is raised
+    (the group commit then runs the unit first in a transaction of its own,
+    where it waits in order)."""
     wanted = sorted({key for key in keys if key is not None})
-    if wanted and conn.dialect.key_locks:
+    if not wanted or not conn.dialect.key_locks:
+        return
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    if held is None:
         conn.query(conn.dialect.key_locks, (wanted,))
+        return
+    fresh = [key for key in wanted if key not in held]
+    if not fresh:
+        return
+    if held and fresh[0] < max(held):
+        taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (fresh,))}
+        if len(taken) < len(fresh):
+            raise KeyOrderConflict(
+                f"ordering key {show(min(set(fresh) - taken))} is held by another transaction"
+            )
+    else:
+        conn.query(conn.dialect.key_locks, (fresh,))
+    held.update(fresh)
 
 
 PROMOTE_ARRAY: Final = (
@@ -166,6 +190,9 @@ def take_keys(conn: Conn, rows: Sequence[Row], policy: OrderingPolicy) -> list[R
             conn.dialect.key_try_locks, (sorted({str(row["ordering_key"]) for row in keyed}),)
         )
     }
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    if held is not None:
+        held.update(taken)
     candidates = [str(row["id"]) for row in keyed if row["ordering_key"] in taken]
     still = still_claimable(conn, candidates, policy)
     return [row for row in rows if row.get("ordering_key") is None or row["id"] in still]

@@ -47,7 +47,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
@@ -58,12 +58,17 @@ from .base import (
     Conn,
     ConnectionLostError,
     ItemT,
+    KeyOrderConflict,
     ResultT,
     Row,
     StoreError,
     StoreOptions,
     T,
 )
+
+CONFLICT_TRIES: Final = 3
+"""How many times a unit whose transaction the database aborted to break a
+deadlock is run again before the deadlock is reported."""
 
 
 class _State(enum.Enum):
@@ -77,7 +82,18 @@ class _Unit:
     ``many(conn, items)``, which handles every queued item of the same
     ``many`` in one call and returns their results in order."""
 
-    __slots__ = ("alone", "error", "item", "many", "result", "single", "state", "work")
+    __slots__ = (
+        "alone",
+        "error",
+        "first",
+        "item",
+        "many",
+        "result",
+        "single",
+        "state",
+        "tries",
+        "work",
+    )
 
     def __init__(
         self,
@@ -91,6 +107,8 @@ class _Unit:
         self.item = item
         self.single = single  # alone in its transaction, it is one statement
         self.alone = False  # set after its group failed: run it by itself
+        self.first = False  # set after a key-order conflict: first in its transaction
+        self.tries = 0  # transactions the database aborted under it (deadlocks)
         self.state = _State.QUEUED
         self.result: Any = None
         self.error: BaseException | None = None
@@ -199,6 +217,19 @@ class BatchingStore(abc.ABC):
     @abc.abstractmethod
     def _close_connections(self) -> None:
         """Close every connection (the store is idle)."""
+
+    def _owned_by_caller(self) -> None:
+        """The transaction just begun is a caller's own (one the group
+        commit does not compose): by default nothing changes."""
+        return
+
+    def _settled_error(self, exc: BaseException) -> BaseException | None:
+        """What a unit that raised ``exc`` reports: None if the database
+        aborted the transaction to resolve a conflict that running it again
+        may not meet (a deadlock), else the error (by default ``exc``
+        itself; an engine may turn its driver's errors into
+        :class:`StoreError`)."""
+        return exc
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -335,13 +366,50 @@ class BatchingStore(abc.ABC):
 
     def _run_units(self, conn: Conn, units: list[_Unit]) -> list[_Unit]:
         """Run ``units`` in the open transaction and commit; return the units
-        to run again in a new transaction (empty when this one settled)."""
+        to run again in a new transaction (empty when this one settled).
+        A unit marked ``first`` (after a key-order conflict) that is not
+        first here ends this transaction before it: what ran commits, and
+        it starts the next."""
         try:
-            for step in _steps(units):
+            steps = _steps(units)
+            for index, step in enumerate(steps):
+                if index and any(unit.first for unit in step):
+                    ran = [unit for done in steps[:index] for unit in done]
+                    try:
+                        self._commit()
+                    except BaseException as exc:
+                        for unit in ran:
+                            unit.result, unit.error = None, exc
+                        self._rollback()
+                    return [unit for later in steps[index:] for unit in later]
                 try:
                     _run_step(conn, step)
                 except BaseException as exc:
                     self._rollback()
+                    settled = (
+                        None if isinstance(exc, KeyOrderConflict) else self._settled_error(exc)
+                    )
+                    if settled is None:
+                        # Nothing committed; every unit runs again, this step
+                        # first in its own transaction (it then takes its
+                        # key locks in order). A deadlock is tried again a
+                        # few times before it is reported.
+                        for unit in step:
+                            unit.first = True
+                            if not isinstance(exc, KeyOrderConflict):
+                                unit.tries += 1
+                        exhausted = [unit for unit in step if unit.tries > CONFLICT_TRIES]
+                        for unit in exhausted:
+                            unit.error = StoreError(
+                                f"store {self.url}: the database aborted this write "
+                                f"{CONFLICT_TRIES + 1} times to resolve a conflict with "
+                                "another transaction (a deadlock); nothing was committed"
+                            )
+                        rerun = [unit for unit in units if unit not in exhausted]
+                        rerun.sort(key=lambda unit: not unit.first)
+                        for other in rerun:
+                            other.result = None
+                        return rerun
                     if isinstance(exc, ConnectionLostError):
                         # The step was on the wire when the connection ended:
                         # its units fail (nothing of them committed). The
@@ -356,7 +424,7 @@ class BatchingStore(abc.ABC):
                             unit.alone = True
                         rerun = units
                     else:
-                        step[0].error = exc
+                        step[0].error = settled
                         rerun = [unit for unit in units if unit is not step[0]]
                     for other in rerun:
                         other.result = None
@@ -467,6 +535,7 @@ class BatchingTransaction:
             raise self._lost
         if not self._begun:
             self._store._begin()  # waits for other processes' writers as the engine allows
+            self._store._owned_by_caller()
             self._begun = True
         try:
             return fn()

@@ -84,8 +84,9 @@ class Dialect:
     transaction ends (empty: the write lock already does)."""
     key_locks: str = ""
     """A statement taking an array of ordering keys that holds each key's
-    lock until the transaction ends, waiting for it, in sorted order (empty:
-    the write lock already serializes every writer)."""
+    lock until the transaction ends, waiting for it, in code-point order
+    (as Python sorts strings: every transaction's one order; empty: the
+    write lock already serializes every writer)."""
     key_try_locks: str = ""
     """Like :attr:`key_locks` without waiting: answers the keys (column
     ``key``) it took; a key another transaction holds is left out."""
@@ -198,10 +199,12 @@ POSTGRES: Final = Dialect(
     migration_lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK}) AS locked",
     key_locks=(
         f"SELECT COUNT(pg_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))) AS locked "
-        "FROM (SELECT DISTINCT k FROM unnest(?::text[]) AS u(k) ORDER BY k) AS sorted"
+        'FROM (SELECT DISTINCT k COLLATE "C" AS k FROM unnest(?::text[]) AS u(k) '
+        "ORDER BY k) AS sorted"
     ),
     key_try_locks=(
-        "SELECT k AS key FROM (SELECT DISTINCT k FROM unnest(?::text[]) AS u(k) ORDER BY k) "
+        'SELECT k AS key FROM (SELECT DISTINCT k COLLATE "C" AS k FROM unnest(?::text[]) '
+        "AS u(k) ORDER BY k) "
         f"AS sorted WHERE pg_try_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))"
     ),
 )
