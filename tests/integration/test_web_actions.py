@@ -158,6 +158,45 @@ async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origi
         assert answer.status_code == 403 and raw.row(ids["expired"])["status"] == "expired"
 
 
+@pytest.mark.sqlite_only  # sessions live in the server's memory, not in the store
+async def test_a_flood_of_viewer_logins_never_logs_an_operator_out(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    from trio_dispatch.web.auth import MAX_SESSIONS, SESSION_COOKIE
+
+    ids = await populate(store, raw)
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as operator:
+        csrf = await login(operator)
+        origin = str(operator.base_url).rstrip("/")
+        viewer_sessions = []
+        async with httpx.AsyncClient(base_url=operator.base_url, timeout=10) as viewer:
+            for _ in range(MAX_SESSIONS + 6):
+                answer = await viewer.post(
+                    "/login", data={"token": VIEWER}, headers={"origin": origin}
+                )
+                assert answer.status_code == 303
+                viewer_sessions.append(answer.cookies[SESSION_COOKIE])
+            # The viewers' own cap still holds: their oldest sessions ended.
+            viewer.cookies.clear()
+            first = await viewer.get(
+                "/", headers={"cookie": f"{SESSION_COOKIE}={viewer_sessions[0]}"}
+            )
+            assert first.status_code == 401
+            last = await viewer.get(
+                "/", headers={"cookie": f"{SESSION_COOKIE}={viewer_sessions[-1]}"}
+            )
+            assert last.status_code == 200
+        page = await operator.get("/")
+        assert page.status_code == 200 and "Log out" in page.text
+        answer = await operator.post(
+            f"/dispatches/{ids['dead_letter']}/retry",
+            data={"csrf": csrf},
+            headers={"origin": origin},
+        )
+        assert answer.status_code == 200, answer.text
+    assert raw.row(ids["dead_letter"])["status"] == "pending"
+
+
 async def test_a_login_needs_a_token_that_proves_a_role_and_this_origin(
     store: SQLiteStore, raw: RawDB
 ) -> None:
