@@ -158,6 +158,22 @@ async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origi
         assert answer.status_code == 403 and raw.row(ids["expired"])["status"] == "expired"
 
 
+@pytest.mark.parametrize("role", ["viewer", "operator"])
+async def test_a_bearer_logout_is_refused_with_the_reason_and_ends_nothing(
+    store: SQLiteStore, raw: RawDB, role: str
+) -> None:
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        answer = await client.post(
+            "/logout", headers={**BEARER[role], "accept": "application/json"}
+        )
+        assert answer.status_code == 403
+        error = answer.json()["error"]
+        assert error.startswith("a bearer token has no session to end: /logout ends a browser")
+        page = await client.post("/logout", headers=BEARER[role])
+        assert page.status_code == 403 and "a bearer token has no session to end" in page.text
+        assert (await client.get("/", headers=BEARER[role])).status_code == 200
+
+
 @pytest.mark.sqlite_only  # sessions live in the server's memory, not in the store
 async def test_a_flood_of_viewer_logins_never_logs_an_operator_out(
     store: SQLiteStore, raw: RawDB

@@ -35,6 +35,15 @@ ACTOR: Final = "web"
 _ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|purge)")
 _BULK: Final = re.compile(r"/actions/(retry|purge)")
 HTML: Final = b"text/html; charset=utf-8"
+NO_SESSION: Final = {
+    "bearer": "a bearer token has no session to end: /logout ends a browser's login "
+    "(stop sending the token instead)",
+    "basic": "a Basic login has no session to end: /logout ends a login made at /login "
+    "(the browser forgets a Basic login when it closes)",
+    "anonymous": "not logged in: there is no session to end",
+}
+"""Why ``POST /logout`` without a session ends nothing, by how the request
+proved its role."""
 JSON: Final = b"application/json"
 
 log = scrubbed_logger("trio_dispatch.web")
@@ -163,9 +172,12 @@ class Actions:
     def logout(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
     ) -> Reply:
+        if identity.session is None:
+            message = NO_SESSION.get(identity.via, NO_SESSION["anonymous"])
+            return self._answer(scope, 403, {"error": message}, message)
         refused = forgery(identity, scope, form.get("csrf"))
-        if refused is not None or identity.session is None:
-            return self._answer(scope, 403, {"error": refused}, refused or "not logged in")
+        if refused is not None:
+            return self._answer(scope, 403, {"error": refused}, refused)
         self.auth.logout(identity.session)
         secure = scope.get("scheme") == "https"
         return Reply(
