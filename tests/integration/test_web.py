@@ -652,6 +652,32 @@ async def test_a_wildcard_listener_answers_to_ip_addresses_and_localhost_not_to_
         tg.cancel_scope.cancel()
 
 
+def test_http_allowed_hosts_is_a_list_of_hosts_checked_at_load() -> None:
+    assert parse_config(None).http.allowed_hosts is None
+    config = parse_config(
+        {"http": {"allowed_hosts": ["Dash.Example.com", "10.0.0.5:9464", "[0::1]"]}}
+    )
+    assert config.http.allowed_hosts == ("dash.example.com", "10.0.0.5:9464", "[::1]")
+    for bad, message in (
+        (
+            "dash.example.com",
+            "http.allowed_hosts must be a non-empty list of host names or "
+            "HOST:PORT (e.g. [dash.example.com, 10.0.0.5:9464]), got 'dash.example.com'",
+        ),
+        ([], "http.allowed_hosts must be a non-empty list of host names or HOST:PORT"),
+        (
+            ["ok.example", "http://dash.example.com/"],
+            "http.allowed_hosts: 'http://dash.example.com/' is not a host name or HOST:PORT",
+        ),
+        (["dash.example.com:99999"], "'dash.example.com:99999' is not a host name"),
+        (["*"], "http.allowed_hosts: '*' is not a host name or HOST:PORT"),
+        ([9464], "http.allowed_hosts: 9464 is not a host name or HOST:PORT"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config({"http": {"allowed_hosts": bad}})
+        assert message in str(info.value) and "\n" not in str(info.value), bad
+
+
 def test_listening_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"http": {"listen": "0.0.0.0:9464"}})
@@ -724,6 +750,35 @@ def running(
                 process.wait(timeout=20)
             finally:
                 process.kill()
+
+
+def test_the_worker_and_the_web_command_answer_only_to_the_configured_hosts(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": "o.db",
+                "dispatch": {"notify_template": ["true"]},
+                "http": {"allowed_hosts": ["dash.example.com"]},
+            }
+        )
+    )
+    commands = (
+        (
+            ["worker", "--http", "127.0.0.1:0"],
+            r"http: metrics, health and dashboard at (http://\S+)/",
+        ),
+        (["web", "--listen", "127.0.0.1:0"], r"dashboard \(read-only\) at (http://\S+)/"),
+    )
+    for command, pattern in commands:
+        with running(["--config", str(config), *command], tmp_path, pattern) as (url, _):
+            named = httpx.get(url + "/healthz", headers={"host": "dash.example.com"}, timeout=10)
+            assert named.status_code == 200, command
+            own = httpx.get(url + "/metrics", timeout=10)  # the listener's address: not listed
+            assert own.status_code == 400, command
+            assert "add it to http.allowed_hosts" in own.text
 
 
 def test_the_worker_serves_metrics_and_health_next_to_its_deliveries(tmp_path: Path) -> None:

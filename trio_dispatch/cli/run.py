@@ -77,6 +77,7 @@ async def serve(
                         worker=worker,
                         token=config.http.token,
                         operator_token=config.http.operator_token,
+                        allowed_hosts=config.http.allowed_hosts,
                     )
                     try:
                         url = await tg.start(
@@ -189,6 +190,7 @@ def cmd_web(args: argparse.Namespace) -> int:
                             operator_token=config.http.operator_token,
                             ordering=choice.ordering,
                             schedules=choice.schedules,
+                            allowed_hosts=config.http.allowed_hosts,
                         ),
                         listen,
                     )
