@@ -54,6 +54,7 @@ from .web.binding import (
     DEFAULT_MAX_CONNECTIONS,
     Listen,
     check_binding,
+    parse_allowed_hosts,
     parse_listen,
     parse_max_connections,
     parse_token,
@@ -150,6 +151,9 @@ class HttpConfig:
     (SPEC section 15); without it, the web view is read-only."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Connections the server keeps open at once; more are closed as they arrive."""
+    allowed_hosts: tuple[str, ...] | None = None
+    """The ``Host`` values the server answers to (``NAME`` or ``NAME:PORT``);
+    None: the listener's own names."""
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,7 @@ _SCHEMA: Final[_Schema] = {
         "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
         "operator_token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
         "max_connections": _Rule(parse_max_connections, DEFAULT_MAX_CONNECTIONS),
+        "allowed_hosts": _Rule(parse_allowed_hosts, None),
     },
     "log_level": _Rule(_check_log_level, "INFO"),
     "schedules": _Rule(schedules_from_config, None),

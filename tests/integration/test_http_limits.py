@@ -153,8 +153,9 @@ async def test_a_request_without_the_token_gets_401_and_its_connection_closed(
         )
 
         def unauthenticated() -> tuple[bytes, bool]:
-            with flood(port_of(url), 1) as (sock,):
-                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n")
+            port = port_of(url)
+            with flood(port, 1) as (sock,):
+                sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
                 answer = b""
                 sock.settimeout(5)
                 while b"\r\n\r\n" not in answer:

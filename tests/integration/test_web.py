@@ -4,6 +4,7 @@ by hypercorn on real sockets over real stores, on both anyio backends."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -543,6 +544,140 @@ async def test_with_a_token_every_request_must_carry_it(store: SQLiteStore) -> N
         assert browser.status_code == 200
 
 
+def port_of(client: httpx.AsyncClient) -> int:
+    port = client.base_url.port
+    assert port is not None
+    return port
+
+
+async def test_a_request_for_another_host_reads_nothing_on_any_route(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DNS rebinding: a page whose name resolves to this machine sends its
+    own name as Host; with the loopback default and no token it must not
+    read a page, a payload, the metrics or the health."""
+    ids = await populate(store, raw)
+    routes = [
+        "/",
+        "/metrics",
+        "/healthz",
+        "/blocked",
+        "/schedules",
+        f"/dispatch/{ids['dead_letter']}",
+    ]
+    async with serving(WebApp(store)) as client:
+        port = port_of(client)
+        for path in routes:
+            for host in (
+                f"attacker.example:{port}",
+                "attacker.example",
+                f"127.0.0.1.nip.io:{port}",
+            ):
+                refused = await client.get(path, headers={"host": host})
+                assert refused.status_code == 400, (path, host)
+                assert refused.text == (
+                    f"Host {host!r} is not a name this dashboard answers to: "
+                    "add it to http.allowed_hosts if it should be\n"
+                )
+                assert refused.headers["connection"] == "close"
+        assert (await client.post("/", headers={"host": "attacker.example"})).status_code == 400
+        # The listener's own names on its port answer, as a scraper sends them.
+        for host in (
+            f"127.0.0.1:{port}",
+            f"localhost:{port}",
+            f"[::1]:{port}",
+            f"LocalHost:{port}",
+        ):
+            for path in routes:
+                answer = await client.get(path, headers={"host": host})
+                assert answer.status_code == 200, (path, host)
+        # Another port is another origin.
+        assert (await client.get("/", headers={"host": "127.0.0.1"})).status_code == 400
+        assert (await client.get("/", headers={"host": f"localhost:{port + 1}"})).status_code == 400
+        # An HTTP/1.0 request may leave Host out; it is refused too.
+        with anyio.fail_after(10):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(b"GET /metrics HTTP/1.0\r\n\r\n")
+                received = b""
+                with contextlib.suppress(anyio.EndOfStream):
+                    while True:
+                        received += await stream.receive()
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") or head.startswith(b"HTTP/1.0 400 "), head
+        assert (
+            body
+            == b"the request has no Host header: this dashboard answers only to its own names\n"
+        )
+    # Refusals are logged at most once a minute, naming the host and what is allowed.
+    lines = [
+        r.getMessage() for r in caplog.records if "refused a request for host" in r.getMessage()
+    ]
+    assert lines == [
+        f"http: refused a request for host 'attacker.example:{port}' from 127.0.0.1 (answers to "
+        f"localhost:{port}, 127.0.0.1:{port}, [::1]:{port}; http.allowed_hosts), 1 so far"
+    ]
+
+
+async def test_allowed_hosts_replace_the_listeners_names(store: SQLiteStore) -> None:
+    app = WebApp(store, allowed_hosts=["Dash.Example.com", "10.0.0.5:9464", "[::1]"])
+    async with serving(app) as client:
+        port = port_of(client)
+        for host in (
+            "dash.example.com",
+            f"dash.example.com:{port}",
+            "10.0.0.5:9464",
+            f"[::1]:{port}",
+        ):
+            assert (await client.get("/metrics", headers={"host": host})).status_code == 200, host
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "10.0.0.5:80", "evil.example"):
+            assert (await client.get("/metrics", headers={"host": host})).status_code == 400, host
+    with pytest.raises(ValueError, match=re.escape("allowed_hosts: '*' is not a host name")):
+        WebApp(store, allowed_hosts=["*"])
+
+
+async def test_a_wildcard_listener_answers_to_ip_addresses_and_localhost_not_to_names(
+    store: SQLiteStore,
+) -> None:
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(serve_app, WebApp(store, token=TOKEN), parse_listen("t", "0.0.0.0:0"))
+        port = int(url.rsplit(":", 1)[1])
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            for host in (f"10.9.8.7:{port}", f"[2001:db8::7]:{port}", f"localhost:{port}"):
+                answer = await client.get("/healthz", headers={**bearer, "host": host})
+                assert answer.status_code == 200, host
+            for host in (f"dash.example.com:{port}", "10.9.8.7:80"):
+                answer = await client.get("/healthz", headers={**bearer, "host": host})
+                assert answer.status_code == 400, host  # the token does not change that
+        tg.cancel_scope.cancel()
+
+
+def test_http_allowed_hosts_is_a_list_of_hosts_checked_at_load() -> None:
+    assert parse_config(None).http.allowed_hosts is None
+    config = parse_config(
+        {"http": {"allowed_hosts": ["Dash.Example.com", "10.0.0.5:9464", "[0::1]"]}}
+    )
+    assert config.http.allowed_hosts == ("dash.example.com", "10.0.0.5:9464", "[::1]")
+    for bad, message in (
+        (
+            "dash.example.com",
+            "http.allowed_hosts must be a non-empty list of host names or "
+            "HOST:PORT (e.g. [dash.example.com, 10.0.0.5:9464]), got 'dash.example.com'",
+        ),
+        ([], "http.allowed_hosts must be a non-empty list of host names or HOST:PORT"),
+        (
+            ["ok.example", "http://dash.example.com/"],
+            "http.allowed_hosts: 'http://dash.example.com/' is not a host name or HOST:PORT",
+        ),
+        (["dash.example.com:99999"], "'dash.example.com:99999' is not a host name"),
+        (["*"], "http.allowed_hosts: '*' is not a host name or HOST:PORT"),
+        ([9464], "http.allowed_hosts: 9464 is not a host name or HOST:PORT"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_config({"http": {"allowed_hosts": bad}})
+        assert message in str(info.value) and "\n" not in str(info.value), bad
+
+
 def test_listening_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config({"http": {"listen": "0.0.0.0:9464"}})
@@ -615,6 +750,35 @@ def running(
                 process.wait(timeout=20)
             finally:
                 process.kill()
+
+
+def test_the_worker_and_the_web_command_answer_only_to_the_configured_hosts(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "store": "o.db",
+                "dispatch": {"notify_template": ["true"]},
+                "http": {"allowed_hosts": ["dash.example.com"]},
+            }
+        )
+    )
+    commands = (
+        (
+            ["worker", "--http", "127.0.0.1:0"],
+            r"http: metrics, health and dashboard at (http://\S+)/",
+        ),
+        (["web", "--listen", "127.0.0.1:0"], r"dashboard \(read-only\) at (http://\S+)/"),
+    )
+    for command, pattern in commands:
+        with running(["--config", str(config), *command], tmp_path, pattern) as (url, _):
+            named = httpx.get(url + "/healthz", headers={"host": "dash.example.com"}, timeout=10)
+            assert named.status_code == 200, command
+            own = httpx.get(url + "/metrics", timeout=10)  # the listener's address: not listed
+            assert own.status_code == 400, command
+            assert "add it to http.allowed_hosts" in own.text
 
 
 def test_the_worker_serves_metrics_and_health_next_to_its_deliveries(tmp_path: Path) -> None:

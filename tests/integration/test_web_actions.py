@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.web import WebApp
+from trio_dispatch.web.throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS
 
 from ..conftest import RawDB
 from .test_web import populate, serving
@@ -158,6 +160,61 @@ async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origi
         assert answer.status_code == 403 and raw.row(ids["expired"])["status"] == "expired"
 
 
+@pytest.mark.parametrize("role", ["viewer", "operator"])
+async def test_a_bearer_logout_is_refused_with_the_reason_and_ends_nothing(
+    store: SQLiteStore, raw: RawDB, role: str
+) -> None:
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        answer = await client.post(
+            "/logout", headers={**BEARER[role], "accept": "application/json"}
+        )
+        assert answer.status_code == 403
+        error = answer.json()["error"]
+        assert error.startswith("a bearer token has no session to end: /logout ends a browser")
+        page = await client.post("/logout", headers=BEARER[role])
+        assert page.status_code == 403 and "a bearer token has no session to end" in page.text
+        assert (await client.get("/", headers=BEARER[role])).status_code == 200
+
+
+@pytest.mark.sqlite_only  # sessions live in the server's memory, not in the store
+async def test_a_flood_of_viewer_logins_never_logs_an_operator_out(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    from trio_dispatch.web.auth import MAX_SESSIONS, SESSION_COOKIE
+
+    ids = await populate(store, raw)
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as operator:
+        csrf = await login(operator)
+        origin = str(operator.base_url).rstrip("/")
+        viewer_sessions = []
+        async with httpx.AsyncClient(base_url=operator.base_url, timeout=10) as viewer:
+            for _ in range(MAX_SESSIONS + 6):
+                answer = await viewer.post(
+                    "/login", data={"token": VIEWER}, headers={"origin": origin}
+                )
+                assert answer.status_code == 303
+                viewer_sessions.append(answer.cookies[SESSION_COOKIE])
+            # The viewers' own cap still holds: their oldest sessions ended.
+            viewer.cookies.clear()
+            first = await viewer.get(
+                "/", headers={"cookie": f"{SESSION_COOKIE}={viewer_sessions[0]}"}
+            )
+            assert first.status_code == 401
+            last = await viewer.get(
+                "/", headers={"cookie": f"{SESSION_COOKIE}={viewer_sessions[-1]}"}
+            )
+            assert last.status_code == 200
+        page = await operator.get("/")
+        assert page.status_code == 200 and "Log out" in page.text
+        answer = await operator.post(
+            f"/dispatches/{ids['dead_letter']}/retry",
+            data={"csrf": csrf},
+            headers={"origin": origin},
+        )
+        assert answer.status_code == 200, answer.text
+    assert raw.row(ids["dead_letter"])["status"] == "pending"
+
+
 async def test_a_login_needs_a_token_that_proves_a_role_and_this_origin(
     store: SQLiteStore, raw: RawDB
 ) -> None:
@@ -171,6 +228,83 @@ async def test_a_login_needs_a_token_that_proves_a_role_and_this_origin(
             "/login", data={"token": OPERATOR}, headers={"origin": "http://evil.example"}
         )
         assert foreign.status_code == 403 and "set-cookie" not in foreign.headers
+
+
+class Clock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def login_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "login" in r.getMessage()
+    ]
+
+
+@pytest.mark.sqlite_only  # the throttle lives in the server's memory, not in the store
+async def test_wrong_tokens_at_the_login_form_are_throttled_per_client(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    clock = Clock()
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR, clock=clock)) as client:
+        origin = str(client.base_url).rstrip("/")
+
+        async def attempt(token: str, http: httpx.AsyncClient = client) -> httpx.Response:
+            return await http.post("/login", data={"token": token}, headers={"origin": origin})
+
+        answers = [await attempt(f"wrong-token-{n:010d}") for n in range(300)]
+        statuses = [answer.status_code for answer in answers]
+        assert statuses == [401] * LOGIN_FAILURES + [429] * (300 - LOGIN_FAILURES)
+        assert answers[-1].headers["retry-after"] == str(int(LOGIN_WINDOW_SECONDS))
+        assert "too many wrong tokens from your address: try again in 60s" in answers[-1].text
+        # While it waits, even the right token is not heard: no session.
+        right = await attempt(OPERATOR)
+        assert right.status_code == 429 and "set-cookie" not in right.headers
+        # Bearer requests and other clients are not slowed down.
+        assert (await client.get("/", headers=BEARER["operator"])).status_code == 200
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        async with httpx.AsyncClient(
+            base_url=client.base_url, transport=other, timeout=10
+        ) as neighbour:
+            assert (await attempt(OPERATOR, neighbour)).status_code == 303
+        # The burst over, the client is heard again.
+        clock.now += LOGIN_WINDOW_SECONDS - 1
+        waiting = await attempt(OPERATOR)
+        assert waiting.status_code == 429 and waiting.headers["retry-after"] == "1"
+        clock.now += 1
+        assert (await attempt(OPERATOR)).status_code == 303
+
+
+@pytest.mark.sqlite_only  # the throttle lives in the server's memory, not in the store
+async def test_a_burst_of_wrong_tokens_logs_one_line_without_a_token(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch.web")
+    clock = Clock()
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR, clock=clock)) as client:
+        origin = str(client.base_url).rstrip("/")
+
+        async def attempt(token: str) -> int:
+            answer = await client.post("/login", data={"token": token}, headers={"origin": origin})
+            return answer.status_code
+
+        for n in range(300):
+            assert await attempt(f"wrong-token-{n:010d}") in (401, 429)
+        lines = login_warnings(caplog)
+        assert len(lines) == 1, lines[:3]
+        assert lines[0].startswith("web: a login from 127.0.0.1 was refused (wrong token)")
+        # A burst after this one is one more line.
+        clock.now += LOGIN_WINDOW_SECONDS
+        assert await attempt("wrong-token-again-0123") == 401
+        assert len(login_warnings(caplog)) == 2
+    assert not any("wrong-token-" in r.getMessage() for r in caplog.records)
 
 
 async def test_actions_answer_404_and_409_with_the_reason_and_json_when_asked(

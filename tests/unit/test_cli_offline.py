@@ -157,6 +157,27 @@ def test_http_max_connections_defaults_to_64_and_is_validated() -> None:
             parse_config({"http": {"max_connections": bad}})
 
 
+def test_check_config_reports_the_hosts_the_dashboard_answers_to(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("store: o.db\nhttp:\n  listen: 127.0.0.1:9464\n")
+    text = run_cli("check-config", str(config))
+    assert text.stdout.count("allowed_hosts") == 1
+    assert (
+        "allowed_hosts the listener's own: localhost:9464, 127.0.0.1:9464, [::1]:9464"
+    ) in text.stdout
+    config.write_text(
+        "store: o.db\nhttp:\n  listen: 127.0.0.1:9464\n"
+        "  allowed_hosts: [Dash.Example.com, '10.0.0.5:9464']\n"
+    )
+    text = run_cli("check-config", str(config))
+    assert "max_connections 64, allowed_hosts dash.example.com, 10.0.0.5:9464" in text.stdout
+    data = json.loads(run_cli("check-config", "--json", str(config)).stdout)
+    assert data["http"]["allowed_hosts"] == ["dash.example.com", "10.0.0.5:9464"]
+    config.write_text("store: o.db\nhttp:\n  allowed_hosts: [dash.example.com/admin]\n")
+    refused = run_cli("check-config", str(config))
+    assert_one_line_error(refused, 2, "http.allowed_hosts", "'dash.example.com/admin'")
+
+
 def test_check_config_reports_http_max_connections(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text("store: o.db\nhttp:\n  listen: 127.0.0.1:9464\n  max_connections: 12\n")
@@ -172,6 +193,7 @@ def test_check_config_reports_http_max_connections(tmp_path: Path) -> None:
         "token": False,
         "operator_token": False,
         "max_connections": 12,
+        "allowed_hosts": None,
     }
     bad = tmp_path / "bad.yaml"
     bad.write_text("http:\n  max_connections: 0\n  listen: nowhere\n")

@@ -8,6 +8,13 @@ import base64
 import pytest
 
 from trio_dispatch.web.auth import SESSION_COOKIE, SESSION_SECONDS, Auth, Role, forgery
+from trio_dispatch.web.throttle import (
+    LOGIN_FAILURES,
+    LOGIN_WINDOW_SECONDS,
+    MAX_CLIENTS,
+    LoginThrottle,
+    client_key,
+)
 
 VIEWER = "viewer-token-0123456789"
 OPERATOR = "operator-token-0123456789"
@@ -102,3 +109,44 @@ def test_a_cookie_post_needs_the_csrf_token_and_the_servers_own_origin() -> None
     browser = scope(("authorization", basic(OPERATOR)), ("origin", "http://dash:9464"))
     identity = auth.identify(browser)
     assert identity is not None and "Basic" in str(forgery(identity, browser, None))
+
+
+@pytest.mark.parametrize(
+    "address, key",
+    [
+        ("203.0.113.7", "203.0.113.7"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),
+        ("fe80::1%eth0", "fe80::/64"),
+        ("::ffff:203.0.113.7", "203.0.113.7"),
+        ("unknown", "unknown"),
+    ],
+)
+def test_a_client_is_its_address_or_its_ipv6_64(address: str, key: str) -> None:
+    assert client_key(address) == key
+
+
+def test_one_ipv6_host_cannot_dodge_the_throttle_by_changing_its_address() -> None:
+    throttle = LoginThrottle(Clock())
+    for n in range(LOGIN_FAILURES):
+        throttle.failed(f"2001:db8:1:2::{n + 1:x}")
+    assert throttle.retry_after("2001:db8:1:2::beef") == int(LOGIN_WINDOW_SECONDS)
+    assert throttle.retry_after("2001:db8:1:3::1") is None
+
+
+def test_the_throttle_keeps_at_most_max_clients_bursts() -> None:
+    clock = Clock()
+    throttle = LoginThrottle(clock)
+    for n in range(MAX_CLIENTS + 500):
+        assert throttle.failed(f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}")
+        clock.now += 0.001
+    assert len(throttle) == MAX_CLIENTS
+    # The newest bursts are kept; the oldest made room.
+    newest = MAX_CLIENTS + 499
+    for _ in range(LOGIN_FAILURES - 1):
+        throttle.failed(f"10.{newest >> 16 & 255}.{newest >> 8 & 255}.{newest & 255}")
+    assert throttle.retry_after(f"10.{newest >> 16 & 255}.{newest >> 8 & 255}.{newest & 255}")
+    # Ended bursts go first when room is needed.
+    clock.now += LOGIN_WINDOW_SECONDS
+    assert throttle.failed("192.0.2.1")
+    assert len(throttle) == 1

@@ -18,6 +18,7 @@ from ..config import (
     DEFAULT_CONFIG_NAME,
     Config,
     ConfigError,
+    HttpConfig,
     find_config_path,
     load_config,
 )
@@ -26,6 +27,7 @@ from ..schedules.runs import iso
 from ..schedules.spec import Schedule
 from ..times import format_time
 from ..transports.plugins import transport_plugins
+from ..web.binding import AllowedHosts
 from .output import EXIT_OK, UsageError, emit_json
 
 
@@ -64,6 +66,15 @@ def _print_schedules(schedules: Sequence[Schedule], now: float) -> None:
             f"missed {schedule.missed} (catch-up {schedule.catch_up_seconds:g}s), "
             f"next fire {format_time(schedule.next_fire(now), now)}"
         )
+
+
+def _allowed_hosts(http: HttpConfig) -> str:
+    """The ``Host`` values the server would answer to, for people."""
+    if http.allowed_hosts is not None:
+        return ", ".join(http.allowed_hosts)
+    if http.listen is None or http.listen.port == 0:
+        return "the listener's own names on its port"
+    return f"the listener's own: {AllowedHosts.of_listener(http.listen)}"
 
 
 def _print_config(config: Config, path: Path) -> None:
@@ -105,7 +116,7 @@ def _print_config(config: Config, path: Path) -> None:
         f"token {'set' if http.token else 'none'}, "
         f"operator_token {'set' if http.operator_token else 'none'} "
         f"({'operators may act' if http.operator_token else 'read-only'}), "
-        f"max_connections {http.max_connections}"
+        f"max_connections {http.max_connections}, allowed_hosts {_allowed_hosts(http)}"
     )
     _print_schedules(config.schedules, time.time())
 
@@ -159,6 +170,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                     "token": config.http.token is not None,
                     "operator_token": config.http.operator_token is not None,
                     "max_connections": config.http.max_connections,
+                    "allowed_hosts": (
+                        None
+                        if config.http.allowed_hosts is None
+                        else list(config.http.allowed_hosts)
+                    ),
                 },
                 "log_level": config.log_level,
                 "schedules": [_schedule_document(s, time.time()) for s in config.schedules],

@@ -78,6 +78,7 @@ async def serve(
                         worker=worker,
                         token=config.http.token,
                         operator_token=config.http.operator_token,
+                        allowed_hosts=config.http.allowed_hosts,
                     )
                     try:
                         url = await tg.start(
@@ -191,6 +192,7 @@ def cmd_web(args: argparse.Namespace) -> int:
                             operator_token=config.http.operator_token,
                             ordering=choice.ordering,
                             schedules=choice.schedules,
+                            allowed_hosts=config.http.allowed_hosts,
                         ),
                         listen,
                     )

@@ -7,7 +7,8 @@ Every action is a POST, checked on the server: an operator's role (else
 transitions (source ``operator``, actor ``web``, the client's address in
 the transition's metadata) and logs one line, never a token. Answers are
 HTML, or JSON for ``Accept: application/json``; one that does not apply is
-404 or 409 with the reason.
+404 or 409 with the reason. Wrong tokens at ``/login`` are slowed down per
+client (:mod:`.throttle`): one log line per burst, then 429.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..redact import scrubbed_logger, visible
 from ..store.base import Database
 from . import pages
 from .auth import Auth, Identity, Role, forgery, header, same_origin
+from .throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS, LoginThrottle
 
 MAX_FORM_BYTES: Final = 16 * 1024
 """A form body larger than this is refused unread (413)."""
@@ -35,6 +37,15 @@ ACTOR: Final = "web"
 _ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|purge)")
 _BULK: Final = re.compile(r"/actions/(retry|purge)")
 HTML: Final = b"text/html; charset=utf-8"
+NO_SESSION: Final = {
+    "bearer": "a bearer token has no session to end: /logout ends a browser's login "
+    "(stop sending the token instead)",
+    "basic": "a Basic login has no session to end: /logout ends a login made at /login "
+    "(the browser forgets a Basic login when it closes)",
+    "anonymous": "not logged in: there is no session to end",
+}
+"""Why ``POST /logout`` without a session ends nothing, by how the request
+proved its role."""
 JSON: Final = b"application/json"
 
 log = scrubbed_logger("trio_dispatch.web")
@@ -112,6 +123,7 @@ class Actions:
         self.db = db
         self.auth = auth
         self.store_label = store_label
+        self.throttle = LoginThrottle(auth.clock)
 
     def _page(
         self,
@@ -135,23 +147,40 @@ class Actions:
         body = f'<p>{pages.text(message)}</p><p><a href="{pages.text(back)}">back</a></p>'
         return self._page("Done" if status < 400 else "Not applied", body, status)
 
-    def login_page(self, error: str = "", status: int = 200) -> Reply:
+    def login_page(
+        self, error: str = "", status: int = 200, headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> Reply:
         note = f"<p class=error>{pages.text(error)}</p>" if error else ""
         body = (
             f"<h1>Log in</h1>{note}<form method=post action=/login class=login>"
             "<label>Token <input type=password name=token autocomplete=current-password "
             "required></label> <button type=submit>Log in</button></form>"
         )
-        return self._page("Log in", body, status)
+        return self._page("Log in", body, status, headers)
 
     async def login(self, scope: Mapping[str, Any], form: Mapping[str, str]) -> Reply:
         if not same_origin(scope):
             return self.login_page("the request's Origin is not this dashboard", 403)
+        address = client(scope)
+        wait = self.throttle.retry_after(address)
+        if wait is not None:  # refused unheard: no token is compared
+            return self.login_page(
+                f"too many wrong tokens from your address: try again in {wait}s",
+                429,
+                ((b"retry-after", str(wait).encode()),),
+            )
         session = self.auth.login(form.get("token", ""))
         if session is None:
-            log.warning("web: a login from %s was refused (wrong token)", client(scope))
+            if self.throttle.failed(address):
+                log.warning(
+                    "web: a login from %s was refused (wrong token); more wrong tokens from it "
+                    "in the next %gs go unlogged, and %d in that time make its logins wait (429)",
+                    address,
+                    LOGIN_WINDOW_SECONDS,
+                    LOGIN_FAILURES,
+                )
             return self.login_page("that token proves no role", 401)
-        log.info("web: %s logged in from %s", session.role, client(scope))
+        log.info("web: %s logged in from %s", session.role, address)
         secure = scope.get("scheme") == "https"
         return Reply(
             303,
@@ -163,9 +192,12 @@ class Actions:
     def logout(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
     ) -> Reply:
+        if identity.session is None:
+            message = NO_SESSION.get(identity.via, NO_SESSION["anonymous"])
+            return self._answer(scope, 403, {"error": message}, message)
         refused = forgery(identity, scope, form.get("csrf"))
-        if refused is not None or identity.session is None:
-            return self._answer(scope, 403, {"error": refused}, refused or "not logged in")
+        if refused is not None:
+            return self._answer(scope, 403, {"error": refused}, refused)
         self.auth.logout(identity.session)
         secure = scope.get("scheme") == "https"
         return Reply(

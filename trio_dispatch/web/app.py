@@ -16,6 +16,12 @@ under the policy of the worker, or the one given.
 the configuration's, for ``trio-dispatch web``) with their state in the
 store; the index page counts them and the paused ones.
 
+Every request, ``/metrics`` and ``/healthz`` included, must name in its
+``Host`` header a host this server answers to (:class:`~.binding.AllowedHosts`:
+``allowed_hosts``, else the listener's own names); any other is a 400 with
+one line, before any credential is looked at, so a page whose name an
+attacker points at this machine (DNS rebinding) reads nothing.
+
 ``/?refresh=N`` reloads the index page every ``N`` seconds
 (:data:`REFRESH_MIN`..:data:`REFRESH_MAX`, a meta refresh: the page still
 runs no script); any other value is a 400 naming it.
@@ -59,8 +65,9 @@ from ..schedules.runs import listing, states
 from ..store.base import Database
 from ..values import show
 from . import pages
-from .actions import Actions, FormTooLarge, Reply, action_form, read_form
-from .auth import Auth, Identity, Role
+from .actions import Actions, FormTooLarge, Reply, action_form, client, read_form
+from .auth import Auth, Identity, Role, header
+from .binding import LOOPBACK_NAMES, AllowedHosts, Listen, parse_allowed_hosts
 from .metrics import CONTENT_TYPE, families, render
 
 if TYPE_CHECKING:
@@ -80,6 +87,8 @@ BLOCKED_PAGE: Final = 100
 REFRESH_MIN: Final = 2
 REFRESH_MAX: Final = 3600
 """Bounds of ``?refresh=N``, in seconds."""
+HOST_LOG_INTERVAL_SECONDS: Final = 60.0
+"""At most one warning this often while requests for other hosts are refused."""
 SECURITY_HEADERS: Final = (
     (
         b"content-security-policy",
@@ -123,7 +132,11 @@ def refresh_seconds(value: str | None) -> int | None:
 class WebApp:
     """Serve ``db`` (and, given one, a running ``worker``'s state).
     ``token`` is the viewer's token, ``operator_token`` the operator's:
-    without it nothing can act."""
+    without it nothing can act. ``allowed_hosts`` (``NAME``, ``NAME:PORT``,
+    ``[IPv6]:PORT``; a bad one is a ValueError naming it) are the ``Host``
+    values it answers to; by default the names of the listener
+    :func:`~.server.serve_app` reports (:meth:`listening_on`), else those of
+    the address each connection reached."""
 
     def __init__(
         self,
@@ -136,8 +149,17 @@ class WebApp:
         ordering: OrderingPolicy | None = None,
         operator_token: str | None = None,
         schedules: Sequence[Schedule] | None = None,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
         self.db = db
+        entries = parse_allowed_hosts("allowed_hosts", allowed_hosts)
+        self.allowed_hosts: AllowedHosts | None = (
+            None if entries is None else AllowedHosts.configured(entries)
+        )
+        """The configured ``Host`` values; None: the listeners' names."""
+        self._listeners: list[AllowedHosts] = []
+        self._hosts_refused = 0
+        self._hosts_warned_at: float | None = None
         self.worker = worker
         # The schedules shown: the ones given, else the worker's.
         if schedules is None and worker is not None and worker.scheduler is not None:
@@ -166,6 +188,53 @@ class WebApp:
         :data:`STORE_CHECK_SECONDS`."""
         self._probes = task_group
 
+    def listening_on(self, listen: Listen) -> None:
+        """A listener's address, its bound port included
+        (:func:`~.server.serve_app` reports it): without ``allowed_hosts``,
+        the app answers to the names of every listener it was told of."""
+        self._listeners.append(AllowedHosts.of_listener(listen))
+
+    def _host_refusal(self, scope: Scope) -> bytes | None:
+        """The 400's line when the request's ``Host`` is not one this server
+        answers to, else None."""
+        if self.allowed_hosts is not None:
+            allowed = [self.allowed_hosts]
+        elif self._listeners:
+            allowed = self._listeners
+        else:  # served by another server: the address this connection reached
+            server = scope.get("server")
+            allowed = [
+                AllowedHosts.of_listener(Listen(str(server[0]), int(server[1])))
+                if server
+                else AllowedHosts.configured(LOOPBACK_NAMES)
+            ]
+        host = header(scope, b"host")
+        text = None if host is None else host.decode("latin-1")
+        scheme = str(scope.get("scheme", "http"))
+        if any(hosts.allows(text, scheme) for hosts in allowed):
+            return None
+        self._hosts_refused += 1
+        now = time.monotonic()
+        if (
+            self._hosts_warned_at is None
+            or now - self._hosts_warned_at >= HOST_LOG_INTERVAL_SECONDS
+        ):
+            self._hosts_warned_at = now
+            log.warning(
+                "http: refused a request for host %s from %s (answers to %s; "
+                "http.allowed_hosts), %d so far",
+                "none" if text is None else show(text),
+                client(scope),
+                "; ".join(map(str, allowed)),
+                self._hosts_refused,
+            )
+        if text is None:
+            return b"the request has no Host header: this dashboard answers only to its own names\n"
+        return (
+            f"Host {show(text)} is not a name this dashboard answers to: "
+            "add it to http.allowed_hosts if it should be\n"
+        ).encode()
+
     async def prepare(self) -> None:
         """Before serving: give the worker's kind labels to the most frequent
         kinds of the store's recent rows (a bounded read)."""
@@ -177,6 +246,12 @@ class WebApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        refused = self._host_refusal(scope)
+        if refused is not None:
+            await self._respond(
+                send, 400, refused, b"text/plain; charset=utf-8", extra=((b"connection", b"close"),)
+            )
             return
         method = scope["method"]
         identity = self.auth.identify(scope)

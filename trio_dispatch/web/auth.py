@@ -9,7 +9,8 @@ the password (a browser's prompt, reading only), or the session cookie the
 login form sets (browsers). Tokens are compared in constant time.
 
 Sessions live in this process's memory: ``HttpOnly``, ``SameSite=Strict``,
-``Secure`` over TLS, :data:`SESSION_SECONDS` long. A POST under a session
+``Secure`` over TLS, :data:`SESSION_SECONDS` long, at most
+:data:`MAX_SESSIONS` per role. A POST under a session
 must carry the session's CSRF token (a form field) and an ``Origin`` equal
 to the server's own; a bearer POST needs neither (no browser sends a bearer
 token by itself); a Basic POST is refused (a browser would resend it from
@@ -30,7 +31,9 @@ from typing import Final
 SESSION_COOKIE: Final = "trio_dispatch_session"
 SESSION_SECONDS: Final = 8 * 3600.0
 MAX_SESSIONS: Final = 1024
-"""Sessions kept at once; the oldest goes when a login needs room."""
+"""Sessions kept at once per role; when a login needs room, the oldest
+session of its own role goes, so a viewer's logins never end an operator's
+session."""
 
 
 class Role(enum.IntEnum):
@@ -149,15 +152,17 @@ class Auth:
         return found
 
     def login(self, token: str) -> Session | None:
-        """A new session for the role ``token`` proves, or None."""
+        """A new session for the role ``token`` proves, or None. With
+        :data:`MAX_SESSIONS` of that role live, the oldest of them ends."""
         role = self._role_of(token.encode())
         if role is None:
             return None
         now = self.clock()
         for key in [key for key, s in self._sessions.items() if s.expires_at <= now]:
             del self._sessions[key]
-        while len(self._sessions) >= MAX_SESSIONS:
-            del self._sessions[next(iter(self._sessions))]
+        same_role = [key for key, s in self._sessions.items() if s.role == role]
+        for key in same_role[: max(0, len(same_role) - MAX_SESSIONS + 1)]:  # oldest first
+            del self._sessions[key]
         session = Session(
             secrets.token_urlsafe(32), role, secrets.token_urlsafe(32), now + SESSION_SECONDS
         )

@@ -214,8 +214,12 @@ async def serve_app(
     ``max_connections`` connections open at once (those beyond are closed
     as they arrive), each closed after ``idle_timeout`` seconds without a
     request in progress; signals ``task_status`` with the base URL once it
-    accepts connections."""
+    accepts connections. An app with a ``listening_on`` method is told the
+    bound address (its real port) before it serves."""
     sock = bind(listen)
+    listening_on = getattr(app, "listening_on", None)
+    if listening_on is not None:  # the app answers to the listener's names, port 0 resolved
+        listening_on(Listen(listen.host, sock.getsockname()[1]))
     prepare = getattr(app, "prepare", None)
     if prepare is not None:
         try:
