@@ -27,7 +27,9 @@ from trio_dispatch import (
     purge_dispatch,
     retry_dispatch,
 )
+from trio_dispatch.errors import ActionRefused
 from trio_dispatch.outbox import claim_due, finish_attempt
+from trio_dispatch.outbox.bulk import bulk_filter
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import Delivery, TransportResult
 
@@ -366,6 +368,29 @@ async def test_purge_deletes_row_in_any_status_and_records_operator_transition(
         "dispatch.pending.enqueued",
         "dispatch.purged.operator",
     ]
+
+
+async def test_a_running_attempt_cannot_be_purged_so_its_key_never_overlaps(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    head = await enqueue(store, ordering_key="order-7")
+    behind = await enqueue(store, ordering_key="order-7")
+    claims, _ = await claim_due(store, now=T0, lease_seconds=30)
+    assert [claim.dispatch_id for claim in claims] == [head]
+    before = snapshot(raw)
+
+    with pytest.raises(InvalidTransition, match="its attempt is running"):
+        await purge_dispatch(store, head, now=T0 + 10)
+    with pytest.raises(ActionRefused, match="purge of delivering rows is not allowed"):
+        bulk_filter("purge", "delivering", ordering_key="order-7")
+    assert snapshot(raw) == before
+    # The key stays held: the row behind the running head is not claimed.
+    claims, _ = await claim_due(store, now=T0 + 10, lease_seconds=30)
+    assert claims == []
+    # Once its lease has run out the attempt is over: the head can go.
+    assert await purge_dispatch(store, head, now=T0 + 31) is True
+    claims, _ = await claim_due(store, now=T0 + 31, lease_seconds=30)
+    assert [claim.dispatch_id for claim in claims] == [behind]
 
 
 async def test_purge_keeps_full_transition_history(store: SQLiteStore, raw: RawDB) -> None:

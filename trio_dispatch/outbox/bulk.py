@@ -84,6 +84,12 @@ def bulk_filter(
     if kind is not None and (not isinstance(kind, str) or not kind):
         raise ValueError(f"kind must be a non-empty string, got {show(kind)}")
     key = require_ordering_key(ordering_key)
+    if action == "purge" and chosen == Status.DELIVERING:
+        raise ActionRefused(
+            "purge of delivering rows is not allowed: their attempts are running (a "
+            "purged head of an ordering key would let the next row go beside it); "
+            "purge them once their attempts end"
+        )
     if action == "retry" and chosen not in RETRYABLE:
         raise ActionRefused(
             f"retry of {chosen} rows is not allowed: operator retry is only for "

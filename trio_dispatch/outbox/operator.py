@@ -177,10 +177,13 @@ async def purge_dispatch(
     actor: str = "purge_dispatch",
     metadata: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Delete one dispatch in any status and record a
-    ``dispatch.purged.operator`` transition (with ``metadata``) in the same
-    transaction. Returns whether a row was deleted. Its transition history
-    is kept."""
+    """Delete one dispatch and record a ``dispatch.purged.operator``
+    transition (with ``metadata``) in the same transaction. Returns whether
+    a row was deleted. Its transition history is kept. A ``delivering`` row
+    whose lease has not ended is refused with
+    :class:`~trio_dispatch.lifecycle.InvalidTransition` (its attempt is
+    running: were it deleted, the next row of its ordering key could be sent
+    beside it); once the attempt ends, or its lease runs out, it can go."""
     dispatch_id = require_dispatch_id(dispatch_id)
     if not findable(dispatch_id):
         return False
@@ -190,13 +193,23 @@ async def purge_dispatch(
         row = conn.query_one(sql.SELECT_FOR_REMOVAL, (dispatch_id,))
         if row is None:
             return False
+        at = clock()
+        # A delivering row's next_attempt_at is its lease's end.
+        if row["status"] == Status.DELIVERING and float(row["next_attempt_at"] or 0) > at:
+            raise InvalidTransition(
+                dispatch_id,
+                Status.DELIVERING,
+                "purged",
+                "its attempt is running; purge it once the attempt ends "
+                f"(its lease ends in {float(row['next_attempt_at']) - at:.0f}s)",
+            )
         return delete(
             conn,
             row,
             Reason.PURGED_OPERATOR,
             f"purged from {row['status']}",
             actor,
-            clock(),
+            at,
             metadata,
         )
 

@@ -71,7 +71,8 @@ column, in order (ids follow it)."""
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
 SELECT_FOR_REMOVAL: Final = (
-    "SELECT id, status, attempt, kind, ordering_key FROM dispatch_outbox WHERE id = ?"
+    "SELECT id, status, attempt, kind, ordering_key, next_attempt_at FROM dispatch_outbox "
+    "WHERE id = ?"
 )
 SELECT_TRANSITIONS: Final = (
     "SELECT * FROM status_transitions WHERE entity_type = ? AND entity_id = ? ORDER BY id"
