@@ -49,6 +49,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "expires_at",
         "updated_at",
         "ordering_key",
+        "key_seq",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
@@ -64,6 +65,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "next_attempt_at",
         "ack_required",
         "created_at",
+        "key_seq",
     }
     defaults = {c["column_name"]: c["column_default"] for c in columns if c["column_default"]}
     assert defaults == {
@@ -71,6 +73,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "attempt": "0",
         "max_attempts": "8",
         "ack_required": "0",
+        "key_seq": "0",
     }
     indexes = {
         r["indexname"]: r["indexdef"]
@@ -82,6 +85,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
     assert "(status, next_attempt_at, created_at)" in due
+    assert "(ordering_key, key_seq, id)" in indexes["ix_dispatch_outbox_ordering_seq"]
     assert "pending" in due and "delivering" in due
     checks = [
         r["def"]

@@ -42,6 +42,8 @@ ADR_COLUMNS = [
     ("updated_at", "FLOAT", 0, None),
     # Schema v5: ordering keys (SPEC section 13), appended, nullable.
     ("ordering_key", "TEXT", 0, None),
+    # Schema v8: a keyed row's place in its key by commit order.
+    ("key_seq", "BIGINT", 1, "0"),
 ]
 
 
@@ -65,8 +67,9 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     # ADR D1's (status, next_attempt_at), with created_at appended (schema v2).
     assert "(status, next_attempt_at, created_at)" in due
     assert "WHERE status IN ('pending', 'delivering')" in due
-    ordering = indexes["ix_dispatch_outbox_ordering"]
-    assert "(ordering_key, id)" in ordering and "ordering_key IS NOT NULL" in ordering
+    assert "ix_dispatch_outbox_ordering" not in indexes  # by id: replaced in schema v8
+    ordering = indexes["ix_dispatch_outbox_ordering_seq"]
+    assert "(ordering_key, key_seq, id)" in ordering and "ordering_key IS NOT NULL" in ordering
     assert "status IN ('pending', 'delivering', 'dead_letter', 'expired')" in ordering
     live = indexes["ix_dispatch_outbox_ordering_live"]
     assert "(ordering_key, next_attempt_at)" in live

@@ -53,6 +53,8 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.expires_at,
         now,
         new.ordering_key,
+        new.ordering_key,
+        new.ordering_key,
     )
 
 

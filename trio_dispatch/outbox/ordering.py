@@ -1,5 +1,15 @@
-"""Ordering keys (SPEC section 13): the rows that share a key are delivered
-one at a time, in id order, without holding up any other row.
+"""Ordering keys: the rows that share a key are delivered one at a time, in
+the order their enqueues committed, without holding up any other row.
+
+**Commit order.** A keyed row's place in its key is ``(key_seq, id)``:
+``key_seq`` is one more than the highest of the key's rows that still count
+for its order, assigned by the insert itself while the key is locked
+(PostgreSQL: the key's lock, held to the commit; SQLite: the single
+writer), so a key's rows follow the order their enqueues committed on any
+host, whatever each producer's clock says. ``id`` (UUIDv7, the producer's
+clock) only breaks ties among rows one transaction inserted, in the order
+it inserted them; rows written before ``key_seq`` existed have 0 and keep
+their id order, ahead of every later one.
 
 Everything ordering adds to the outbox is here; the claim, the ends of
 attempts, the operators' writes and enqueue call in at four points:
@@ -90,7 +100,8 @@ def claimable(policy: OrderingPolicy, table: str = "dispatch_outbox") -> str:
         f"({table}.ordering_key IS NULL OR {table}.status = '{Status.DELIVERING}' OR ("
         "NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
         f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
-        f"AND k.{ORDERED_SQL} AND k.id < {table}.id{_ahead(policy)}) "
+        f"AND k.{ORDERED_SQL} AND (k.key_seq, k.id) < ({table}.key_seq, {table}.id)"
+        f"{_ahead(policy)}) "
         "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
         f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
         f"AND k.{DUE_SQL} AND k.next_attempt_at < {WAITING_AT!r} "
@@ -104,7 +115,7 @@ CLAIMABLE: Final = {policy: claimable(policy) for policy in ("block", "skip")}
 PROMOTE: Final = (
     "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ("
     "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL "
-    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} ORDER BY k.id LIMIT 1) "
+    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} ORDER BY k.key_seq, k.id LIMIT 1) "
     f"AND status = '{Status.PENDING}' AND next_attempt_at >= {WAITING_AT!r}"
 )
 """Make the lowest live row of the key (second parameter) due at the first
@@ -150,7 +161,7 @@ PROMOTE_ARRAY: Final = (
     "FROM unnest(?::text[]) AS u(key) CROSS JOIN LATERAL ("
     "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = u.key "
     f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.{DUE_SQL} "
-    "ORDER BY k.id LIMIT 1) AS head "
+    "ORDER BY k.key_seq, k.id LIMIT 1) AS head "
     f"WHERE d.id = head.id AND d.status = '{Status.PENDING}' "
     f"AND d.next_attempt_at >= {WAITING_AT!r}"
 )
@@ -223,8 +234,9 @@ _STILL_ARRAY: Final = {
 
 _AHEAD: Final = (
     "SELECT id, status FROM dispatch_outbox k WHERE k.ordering_key = ? "
-    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.id < ?{{live}} "
-    "ORDER BY k.id LIMIT 1"
+    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} "
+    "AND (k.key_seq, k.id) < (SELECT r.key_seq, r.id FROM dispatch_outbox r WHERE r.id = ?)"
+    "{live} ORDER BY k.key_seq, k.id LIMIT 1"
 )
 
 BLOCKED_HEADS: Final = (
@@ -233,9 +245,10 @@ BLOCKED_HEADS: Final = (
     f"WHERE h.ordering_key IS NOT NULL AND h.{BLOCKING_SQL} "
     "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
-    f"AND k.{ORDERED_SQL} AND k.id < h.id) AND EXISTS (SELECT 1 FROM dispatch_outbox k "
+    f"AND k.{ORDERED_SQL} AND (k.key_seq, k.id) < (h.key_seq, h.id)) "
+    "AND EXISTS (SELECT 1 FROM dispatch_outbox k "
     "WHERE k.ordering_key = h.ordering_key AND k.ordering_key IS NOT NULL "
-    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} AND k.id > h.id) "
+    f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} AND (k.key_seq, k.id) > (h.key_seq, h.id)) "
     "{key}ORDER BY h.id LIMIT ?"
 )
 """The heads of blocked keys: a ``dead_letter`` or ``expired`` row first in

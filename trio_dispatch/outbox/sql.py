@@ -20,26 +20,36 @@ COLUMNS: Final = (
 )
 """Every column of ``dispatch_outbox``, in table order."""
 
-# A keyed row behind a live row of its key with a lower id waits (SPEC
-# section 13, :mod:`.ordering`): the probe is a range of the ordering index.
+# A new keyed row comes last in its key (:mod:`.ordering`: commit order), so
+# it waits behind any live row of its key: the probe is a range of the
+# ordering index.
 _DUE_OR_WAITING: Final = (
     "CASE WHEN CAST(? AS TEXT) IS NULL THEN ? WHEN EXISTS (SELECT 1 FROM dispatch_outbox k "
     f"WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} "
-    f"AND k.{DUE_SQL} AND k.id < ?) THEN {WAITING_AT!r} ELSE ? END"
+    f"AND k.{DUE_SQL} AND k.id <> ?) THEN {WAITING_AT!r} ELSE ? END"
+)
+# Its place in the key: one past the highest of the key's rows that still
+# count for its order, read under the key's lock (the ordering index's last
+# entry for the key).
+_KEY_SEQ: Final = (
+    "CASE WHEN CAST(? AS TEXT) IS NULL THEN 0 ELSE COALESCE((SELECT k.key_seq "
+    "FROM dispatch_outbox k WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL "
+    f"AND k.{ORDERED_SQL} ORDER BY k.key_seq DESC LIMIT 1), 0) + 1 END"
 )
 
 INSERT_DISPATCH: Final = (
-    f"INSERT INTO dispatch_outbox ({COLUMNS}) "
+    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq) "
     f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
-    "?, ?, ?, ?) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    f"?, ?, ?, ?, {_KEY_SEQ}) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
 then for ``next_attempt_at`` the ordering key, the due time, the key, the
 id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
-created_at, expires_at, updated_at, ordering_key): due at once, or -- keyed
-and behind a live row of its key -- waiting (:data:`WAITING_AT`). A dedup
-key already committed inserts nothing (the partial unique index is the
-final authority, SPEC B3)."""
+created_at, expires_at, updated_at, ordering_key, and for ``key_seq`` the
+key twice): due at once, or -- keyed and behind a live row of its key --
+waiting (:data:`WAITING_AT`), last in its key. A dedup key already
+committed inserts nothing (the partial unique index is the final
+authority)."""
 
 INSERT_TRANSITION: Final = (
     "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "

@@ -15,6 +15,9 @@ reading the capped ones. Version 5 adds the ``ordering_key`` column and
 its two partial indexes (SPEC section 13); version 6 the index of blocked
 keys' heads. Version 7 gives ``schedule_runs`` its job (SPEC section 14): the
 tick columns, their unique index, and the ``dispatch_schedules`` state table.
+Version 8 orders a key's rows by commit order: the ``key_seq`` column, and
+the ordering index on (ordering_key, key_seq, id) in place of (ordering_key,
+id).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -247,7 +250,23 @@ _V7: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+ORDERING_SEQ_INDEX: Final = "ix_dispatch_outbox_ordering_seq"
+
+_V8: Final = (
+    # A keyed row's place in its key by commit order: key_seq, assigned by
+    # the insert under the key's lock (ids come from each producer's clock,
+    # which may lag another host's). Rows written before keep 0 and their id
+    # order, ahead of every later row of their key.
+    "ALTER TABLE dispatch_outbox ADD COLUMN key_seq BIGINT NOT NULL DEFAULT 0",
+    f"DROP INDEX IF EXISTS {ORDERING_INDEX}",
+    f"""
+    CREATE INDEX IF NOT EXISTS {ORDERING_SEQ_INDEX}
+        ON dispatch_outbox (ordering_key, key_seq, id)
+        WHERE ordering_key IS NOT NULL AND {ORDERED_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -1,0 +1,62 @@
+"""A key's rows go in the order their enqueues committed, not in the order
+of their ids: a producer whose clock is behind (ids are UUIDv7 from the
+producer's clock) cannot put its row ahead of one committed before it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from trio_dispatch import enqueue_dispatch
+from trio_dispatch.outbox import claim_due, finish_attempt
+from trio_dispatch.store import SQLiteStore
+from trio_dispatch.transports import TransportResult
+
+from ..conftest import RawDB
+
+pytestmark = pytest.mark.anyio
+
+BEHIND = """
+import sys, time
+import anyio
+real = time.time_ns
+time.time_ns = lambda: real() - 2_000_000_000  # this host's clock is 2 s behind
+from trio_dispatch import enqueue_dispatch, open_store
+
+async def main():
+    async with open_store(sys.argv[1]) as db:
+        print(await enqueue_dispatch(db, kind="k", deliver_to="x", ordering_key=sys.argv[2]))
+
+anyio.run(main)
+"""
+
+
+def enqueue_from_a_host_whose_clock_is_behind(target: str, key: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", BEHIND, target, key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+async def test_a_key_follows_commit_order_whatever_the_producers_clock(
+    store: SQLiteStore, raw: RawDB, db_target: str
+) -> None:
+    first = await enqueue_dispatch(store, kind="k", deliver_to="x", ordering_key="acct-1")
+    second = enqueue_from_a_host_whose_clock_is_behind(db_target, "acct-1")
+    third = await enqueue_dispatch(store, kind="k", deliver_to="x", ordering_key="acct-1")
+    assert second < first  # its id sorts first: the lagging clock
+
+    delivered: list[str] = []
+    for _ in range(3):
+        claims, _ = await claim_due(store, lease_seconds=30)
+        assert len(claims) == 1, [c.dispatch_id for c in claims]  # one at a time
+        delivered.append(claims[0].dispatch_id)
+        await finish_attempt(store, claims[0], TransportResult.success())
+    assert delivered == [first, second, third]
+    assert [raw.row(i)["key_seq"] for i in delivered] == [1, 2, 3]
