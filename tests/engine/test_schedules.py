@@ -18,7 +18,7 @@ from trio_dispatch import DispatchWorker, deliver_due_dispatches, prune_dispatch
 from trio_dispatch.attempt import Delivery, TransportResult
 from trio_dispatch.schedules import Schedule, Scheduler
 from trio_dispatch.schedules.runs import fire, fire_manual, iso, see, set_paused, states
-from trio_dispatch.schedules.spec import plan
+from trio_dispatch.schedules.spec import MAX_BACKFILL_RUNS, plan
 from trio_dispatch.store import SQLiteStore
 
 from ..conftest import RawDB
@@ -272,3 +272,29 @@ async def test_pause_and_resume_cycles_leave_a_schedule_queued_once(
     # One live place, however often it was resumed; lapsed ones do not pile up.
     live = [entry for entry in scheduler._heap if scheduler._place.get(entry[2]) == entry[1]]
     assert len(live) == 1 and len(scheduler._heap) <= 2
+
+
+async def test_a_catch_up_of_30_days_every_second_fires_at_most_the_cap_and_says_so_once(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = time.time()
+    await store.write(partial(see, names=["beat"], now=now - 30 * 86400))
+    beat = every("beat", "1s", missed="all", catch_up_seconds=30 * 86400)
+    scheduler = Scheduler(store, [beat], clock=lambda: now, log=log)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scheduler.run)
+            await wait_for(
+                lambda: raw.scalar("SELECT last_tick FROM dispatch_schedules") == now // 1
+            )
+            tg.cancel_scope.cancel()
+    origins = Counter(row["origin"] for row in runs(raw))
+    # 2,592,000 ticks missed: the newest MAX_BACKFILL_RUNS fire, and the on-time one.
+    assert origins == {"backfilled": MAX_BACKFILL_RUNS, "tick": 1}
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == MAX_BACKFILL_RUNS + 1
+    assert (
+        raw.scalar("SELECT MIN(scheduled_for) FROM schedule_runs") == now // 1 - MAX_BACKFILL_RUNS
+    )
+    said = [r for r in caplog.records if "passed over" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "more than 1000 missed ticks" in said[0].getMessage()

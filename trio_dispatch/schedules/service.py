@@ -3,9 +3,10 @@
 Every worker with schedules runs this beside its claim loop. It sleeps
 until the next tick is due (a heap of fire times: no per-second scan of
 every schedule), reads the state of the schedules due, plans their ticks
-(:func:`~.spec.plan`) and fires them in one transaction per few dozen
-schedules (:func:`~.runs.fire`); a worker that loses the race writes
-nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
+(:func:`~.spec.planning`, letting other tasks run between its steps, so a
+long catch-up never holds the event loop) and fires them in one
+transaction per few dozen schedules (:func:`~.runs.fire`); a worker that
+loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
 schedule resumed elsewhere fires its missed ticks without a restart.
 """
 
@@ -23,11 +24,12 @@ from functools import partial
 from typing import Final
 
 import anyio
+import anyio.lowlevel
 
 from .. import tracing
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
 from .runs import Fired, State, fire, iso, see, states
-from .spec import Schedule, plan
+from .spec import MAX_BACKFILL_RUNS, Plan, Schedule, planning
 
 REFRESH_SECONDS: Final = 10.0
 """How often the paused flags of every schedule are read again."""
@@ -35,6 +37,33 @@ RETRY_SECONDS: Final = 1.0
 """After a failed read or write, how long before trying again."""
 FIRE_CHUNK: Final = 50
 """Schedules fired per transaction when many are due at once."""
+FIRE_RUNS: Final = 200
+"""Runs written per transaction at most: a catch-up of many runs (``missed:
+all``) is written in several, so no transaction holds the store for long."""
+
+Work = tuple[Schedule, Sequence[tuple[float, bool]], float | None]
+"""One schedule's part of a write: its ``(tick, backfilled)`` pairs and the
+cursor it ends at (see :func:`~.runs.fire`)."""
+
+
+def parts(work: Sequence[Work], most: int) -> list[list[Work]]:
+    """``work`` cut into writes of at most ``most`` runs each, in order. A
+    schedule with more is cut too: its ticks fire oldest first, each moving
+    its cursor, so a part written alone leaves the schedule consistent, and
+    its last part moves the cursor to where the plan ends it."""
+    found: list[list[Work]] = [[]]
+    room = most
+    for schedule, ticks, handled in work:
+        ticks = list(ticks)
+        while len(ticks) > room:
+            if room:
+                found[-1].append((schedule, ticks[:room], None))
+                ticks = ticks[room:]
+            found.append([])
+            room = most
+        found[-1].append((schedule, ticks, handled))
+        room -= len(ticks)
+    return [part for part in found if part]
 
 
 class Scheduler:
@@ -132,7 +161,8 @@ class Scheduler:
     async def _fire(self, names: list[str]) -> None:
         found: dict[str, State] = await self.db.read(partial(states, names=names))
         now = self.clock()
-        work = []
+        work: list[Work] = []
+        capped: list[str] = []
         for name in names:
             state = found.get(name)
             schedule = self.schedules[name]
@@ -143,13 +173,26 @@ class Scheduler:
                 self._paused.add(name)
                 self.next_fire[name] = None
                 continue
-            decided = plan(schedule, state.cursor, now)
+            decided = await self._plan(schedule, state.cursor, now)
             if decided.fire or decided.handled is not None:
                 work.append((schedule, decided.fire, decided.handled))
+            if decided.capped:
+                capped.append(name)
             self.next_fire[name] = None if math.isinf(decided.wake_at) else decided.wake_at
             self._queue(name, decided.wake_at)
-        if not work:
-            return
+        for part in parts(work, FIRE_RUNS):
+            await self._write(part, now)
+        for name in capped:
+            self.log.warning(
+                "schedule %s: more than %d missed ticks inside its catch_up_seconds "
+                "(missed: all); the newest %d fired, the older ones were passed over",
+                name,
+                MAX_BACKFILL_RUNS,
+                MAX_BACKFILL_RUNS,
+            )
+
+    async def _write(self, work: list[Work], now: float) -> None:
+        """Fire ``work`` in one transaction; count and log what it wrote."""
         limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
         spans = tracing.creations() if tracing.ACTIVE else None
         # Shielded: runs that committed are counted and logged even when the
@@ -165,6 +208,20 @@ class Scheduler:
                 if spans is not None:
                     spans.written([run.dispatch_id for run in runs])
             self._count(runs)
+
+    async def _plan(self, schedule: Schedule, cursor: float, now: float) -> Plan:
+        """:func:`~.spec.planning`, letting other tasks run between its steps
+        and after it (a search or a walk of a catch-up takes a moment)."""
+        steps = planning(schedule, cursor, now)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                decided: Plan = done.value
+                break
+            await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        return decided
 
     def _count(self, runs: list[Fired]) -> None:
         for run in runs:
