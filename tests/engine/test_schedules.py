@@ -14,10 +14,11 @@ from typing import Any
 import anyio
 import pytest
 
-from trio_dispatch import DispatchWorker, deliver_due_dispatches, prune_dispatches
+from trio_dispatch import DispatchWorker, deliver_due_dispatches, open_store, prune_dispatches
 from trio_dispatch.attempt import Delivery, TransportResult
 from trio_dispatch.schedules import Schedule, Scheduler
 from trio_dispatch.schedules.runs import fire, fire_manual, iso, see, set_paused, states
+from trio_dispatch.schedules.service import MAX_FAILURE_BACKOFF_SECONDS, failure_backoff
 from trio_dispatch.schedules.spec import MAX_BACKFILL_RUNS, plan
 from trio_dispatch.store import SQLiteStore
 
@@ -298,3 +299,94 @@ async def test_a_catch_up_of_30_days_every_second_fires_at_most_the_cap_and_says
     said = [r for r in caplog.records if "passed over" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "more than 1000 missed ticks" in said[0].getMessage()
+
+
+# -- one schedule that cannot fire ------------------------------------------------------
+
+
+def failing_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_schedule_the_store_refuses_is_isolated_backed_off_and_reported_once(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trio_dispatch.web.metrics import render, schedule_families
+
+    raw.refuse_kind("refused", "no dispatches of this kind")
+    # Named so they share a chunk (one transaction) when due together.
+    bad = Schedule(name="a-bad", every="1s", kind="refused", deliver_to="d")
+    good = [every(f"b-good-{n}") for n in range(3)]
+    scheduler = Scheduler(store, [bad, *good], clock=time.time, log=log)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scheduler.run)
+            await wait_for(lambda: scheduler.failures["a-bad"] >= 2, timeout=10)
+            tg.cancel_scope.cancel()
+    # The neighbours fired each second all along; the refused one wrote nothing.
+    fired = Counter(row["schedule"] for row in runs(raw))
+    assert set(fired) == {"b-good-0", "b-good-1", "b-good-2"} and min(fired.values()) >= 2
+    states_now = {
+        row["name"]: row["last_tick"] for row in raw.rows("SELECT * FROM dispatch_schedules")
+    }
+    assert states_now["a-bad"] is None and states_now["b-good-0"] is not None
+    # Backed off: 1 s after the first failure, 2 s after the second.
+    failing = scheduler.failing["a-bad"]
+    assert failing.failures == scheduler.failures["a-bad"] == 2
+    assert failing.retry_at - failing.last_at == failure_backoff(2) == 2.0
+    assert failing.last_at - failing.since >= failure_backoff(1)
+    assert "no dispatches of this kind" in failing.error
+    # Reported once: one warning line, no traceback, nothing from the generic retry.
+    said = failing_records(caplog)
+    assert len(said) == 1 and said[0].exc_info is None, [r.getMessage() for r in said]
+    assert said[0].getMessage().startswith("schedule a-bad failed to fire (")
+    assert "the other schedules go on" in said[0].getMessage()
+    text = render(schedule_families(scheduler)).decode()
+    assert 'trio_dispatch_schedule_failures_total{schedule="a-bad"} 2.0' in text
+    assert 'trio_dispatch_schedule_failures_total{schedule="b-good-0"} 0.0' in text
+
+
+async def test_a_failing_schedule_that_fires_again_says_so_and_is_no_longer_failing(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    raw.refuse_kind("refused", "not now")
+    bad = Schedule(name="bad", every="1s", kind="refused", deliver_to="d")
+    scheduler = Scheduler(store, [bad], clock=time.time, log=log)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(scheduler.run)
+            await wait_for(lambda: scheduler.failures["bad"] >= 1, timeout=10)
+            raw.allow_kinds()
+            await wait_for(lambda: "bad" not in scheduler.failing, timeout=10)
+            tg.cancel_scope.cancel()
+    assert len(runs(raw)) >= 1
+    messages = [r.getMessage() for r in caplog.records if "bad" in r.getMessage()]
+    assert any(m.startswith("schedule bad fires again, after 1 failed attempts") for m in messages)
+
+
+def test_failure_backoff_doubles_and_is_bounded() -> None:
+    waits = [failure_backoff(n) for n in range(1, 12)]
+    assert waits == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
+    assert failure_backoff(10**6) == MAX_FAILURE_BACKOFF_SECONDS == 300
+
+
+async def test_a_schedule_whose_body_is_over_the_store_s_limit_is_refused_before_anything_runs(
+    db_target: str, raw: RawDB
+) -> None:
+    big = Schedule(name="big", every="1s", kind="k", deliver_to="d", body={"x": "y" * 200})
+    async with open_store(db_target, max_body_bytes=100) as small:
+        for build in (
+            partial(Scheduler, small, [every("ok"), big], clock=time.time, log=log),
+            partial(DispatchWorker, small, schedules=[every("ok"), big]),
+        ):
+            with pytest.raises(ValueError) as caught:
+                build()
+            assert str(caught.value) == (
+                "schedule 'big': body is 209 bytes of JSON, over the limit of 100 bytes "
+                "(max_body_bytes)"
+            )
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_schedules") == 0
+    # Under a limit above the default, a body above the default is fine.
+    huge = Schedule(name="huge", every="1s", kind="k", deliver_to="d", body={"x": "y" * 2**21})
+    async with open_store(db_target, max_body_bytes=2**22) as roomy:
+        Scheduler(roomy, [huge], clock=time.time, log=log)

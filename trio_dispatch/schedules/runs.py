@@ -171,6 +171,7 @@ def fire(
     now: float,
     max_body: int = DEFAULT_MAX_BODY_BYTES,
     spans: tracing.Creations | None = None,
+    failed: dict[str, Exception] | None = None,
 ) -> list[Fired]:
     """Fire planned ticks: for each schedule, its ``(tick, backfilled)``
     pairs oldest first, then its cursor moved to the newest tick handled.
@@ -178,20 +179,59 @@ def fire(
     not paused (the cursor moves in the same statement); otherwise it was
     fired elsewhere, and nothing of it is written. With ``spans``, each
     dispatch written gets a ``create`` span, in the order of the result
-    (the caller ends them after the commit)."""
+    (the caller ends them after the commit).
+
+    An error propagates, and the caller's unit of work rolls back whole;
+    with ``failed``, each schedule's writes are instead made inside a
+    savepoint of their own, and a schedule whose writes fail (a body its
+    store refuses, a trigger) is rolled back alone, its error kept in
+    ``failed`` by name, while the others are written. An error that
+    leaves no transaction to go on in (a lost connection) still
+    propagates."""
     if spans is not None:
         spans.restart()  # a unit of work run again drops its earlier spans
+    if failed is not None:
+        failed.clear()
     fired: list[Fired] = []
     for schedule, ticks, handled in work:
-        for tick, backfilled in ticks:
-            if conn.execute(_ADVANCE, (tick, now, schedule.name, tick)) == 0:
-                continue  # fired by another worker, or paused
-            origin = "backfilled" if backfilled else "tick"
-            run = _write_run(conn, schedule, tick, origin, now, max_body, spans)
-            if run is not None:
-                fired.append(run)
-        if handled is not None:
-            conn.execute(_ADVANCE, (handled, now, schedule.name, handled))
+        if failed is None:
+            fired += _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
+            continue
+        started = 0 if spans is None else len(spans.spans)
+        conn.execute("SAVEPOINT schedule")
+        try:
+            runs = _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
+        except Exception as exc:  # this schedule's own failure: the others go on
+            conn.execute("ROLLBACK TO SAVEPOINT schedule")
+            conn.execute("RELEASE SAVEPOINT schedule")
+            if spans is not None:
+                spans.forget(started)
+            failed[schedule.name] = exc
+            continue
+        conn.execute("RELEASE SAVEPOINT schedule")
+        fired += runs
+    return fired
+
+
+def _fire_schedule(
+    conn: Conn,
+    schedule: Schedule,
+    ticks: Sequence[tuple[float, bool]],
+    handled: float | None,
+    now: float,
+    max_body: int,
+    spans: tracing.Creations | None,
+) -> list[Fired]:
+    fired: list[Fired] = []
+    for tick, backfilled in ticks:
+        if conn.execute(_ADVANCE, (tick, now, schedule.name, tick)) == 0:
+            continue  # fired by another worker, or paused
+        origin = "backfilled" if backfilled else "tick"
+        run = _write_run(conn, schedule, tick, origin, now, max_body, spans)
+        if run is not None:
+            fired.append(run)
+    if handled is not None:
+        conn.execute(_ADVANCE, (handled, now, schedule.name, handled))
     return fired
 
 

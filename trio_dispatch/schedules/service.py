@@ -8,11 +8,20 @@ long catch-up never holds the event loop) and fires them in one
 transaction per few dozen schedules (:func:`~.runs.fire`); a worker that
 loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
 schedule resumed elsewhere fires its missed ticks without a restart.
+
+One schedule that cannot fire (its writes fail: a trigger, a constraint of
+the store's) never stops the others: a failed write is done again with
+each schedule in a savepoint of its own, the failing one is rolled back
+alone and retried after :data:`FAILURE_BACKOFF_SECONDS`, doubling up to
+:data:`MAX_FAILURE_BACKOFF_SECONDS`, and it is logged once (a warning
+when it starts failing, a line when it fires again), counted in
+:attr:`Scheduler.failures` and held in :attr:`Scheduler.failing`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -27,6 +36,7 @@ import anyio
 import anyio.lowlevel
 
 from .. import tracing
+from ..redact import one_line
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
 from .runs import Fired, State, fire, iso, see, states
 from .spec import MAX_BACKFILL_RUNS, Plan, Schedule, planning
@@ -37,6 +47,11 @@ RETRY_SECONDS: Final = 1.0
 """After a failed read or write, how long before trying again."""
 FIRE_CHUNK: Final = 50
 """Schedules fired per transaction when many are due at once."""
+FAILURE_BACKOFF_SECONDS: Final = 1.0
+"""How long a schedule whose writes failed waits before it tries again; the
+wait doubles with each failure in a row."""
+MAX_FAILURE_BACKOFF_SECONDS: Final = 300.0
+"""The longest a failing schedule waits between two tries."""
 FIRE_RUNS: Final = 200
 """Runs written per transaction at most: a catch-up of many runs (``missed:
 all``) is written in several, so no transaction holds the store for long."""
@@ -66,11 +81,39 @@ def parts(work: Sequence[Work], most: int) -> list[list[Work]]:
     return [part for part in found if part]
 
 
+def failure_backoff(failures: int) -> float:
+    """How long a schedule waits after ``failures`` failed writes in a row:
+    :data:`FAILURE_BACKOFF_SECONDS` doubling, at most
+    :data:`MAX_FAILURE_BACKOFF_SECONDS`."""
+    doublings = min(max(0, failures - 1), 64)  # 2**64 s is past any bound
+    return min(MAX_FAILURE_BACKOFF_SECONDS, math.ldexp(FAILURE_BACKOFF_SECONDS, doublings))
+
+
+@dataclasses.dataclass(frozen=True)
+class Failing:
+    """A schedule whose writes failed, the last time it tried to fire."""
+
+    error: str
+    """The last failure, on one line."""
+    failures: int
+    """Failed writes in a row."""
+    since: float
+    """When the first of them failed."""
+    last_at: float
+    """When the last of them failed."""
+    retry_at: float
+    """When it tries again."""
+
+
 class Scheduler:
     """Fires the ticks of ``schedules`` into ``db`` (one per tick across
     every worker); :meth:`run` until cancelled. ``fired`` counts this
     process's runs by ``(schedule, origin)``; ``next_fire`` holds each
-    schedule's next fire time (None while paused)."""
+    schedule's next fire time (None while paused); ``failures`` counts
+    each schedule's failed writes, and ``failing`` holds the schedules
+    failing now. A schedule whose ``body`` is over the store's
+    ``max_body_bytes`` is refused here (``ValueError`` naming it): every
+    one of its ticks would be."""
 
     def __init__(
         self,
@@ -84,12 +127,17 @@ class Scheduler:
         duplicate = next((name for name in names if names.count(name) > 1), None)
         if duplicate is not None:
             raise ValueError(f"schedule name {duplicate!r} is used twice")
+        limit = getattr(db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        for schedule in schedules:
+            schedule.check_body_size(limit)
         self.db = db
         self.schedules = {schedule.name: schedule for schedule in schedules}
         self.clock = clock
         self.log = log
         self.fired: Counter[tuple[str, str]] = Counter()
         self.next_fire: dict[str, float | None] = dict.fromkeys(names)
+        self.failures: Counter[str] = Counter()
+        self.failing: dict[str, Failing] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._place: dict[str, int] = {}
         """Each schedule's one live place in the heap (a number); an entry
@@ -173,6 +221,10 @@ class Scheduler:
                 self._paused.add(name)
                 self.next_fire[name] = None
                 continue
+            failing = self.failing.get(name)
+            if failing is not None and now < failing.retry_at:
+                self._queue(name, failing.retry_at)
+                continue
             decided = await self._plan(schedule, state.cursor, now)
             if decided.fire or decided.handled is not None:
                 work.append((schedule, decided.fire, decided.handled))
@@ -192,7 +244,31 @@ class Scheduler:
             )
 
     async def _write(self, work: list[Work], now: float) -> None:
-        """Fire ``work`` in one transaction; count and log what it wrote."""
+        """Fire ``work`` in one transaction; count and log what it wrote. If
+        that fails, it is written again with each schedule on its own (a
+        savepoint each): the schedules that fail are rolled back alone and
+        wait (:meth:`_failed`); an error of the store itself propagates."""
+        try:
+            runs = await self._fire_work(work, now, None)
+            failed: dict[str, Exception] = {}
+        except Exception:
+            failed = {}
+            runs = await self._fire_work(work, now, failed)
+        self._count(runs)
+        for schedule, _, _ in work:
+            if schedule.name in failed:
+                self._failed(schedule.name, failed[schedule.name], now)
+            elif schedule.name in self.failing:
+                before = self.failing.pop(schedule.name)
+                self.log.info(
+                    "schedule %s fires again, after %d failed attempts",
+                    schedule.name,
+                    before.failures,
+                )
+
+    async def _fire_work(
+        self, work: list[Work], now: float, failed: dict[str, Exception] | None
+    ) -> list[Fired]:
         limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
         spans = tracing.creations() if tracing.ACTIVE else None
         # Shielded: runs that committed are counted and logged even when the
@@ -203,11 +279,33 @@ class Scheduler:
             # root spans: a tick has no caller.
             with contextlib.nullcontext() if spans is None else spans:
                 runs: list[Fired] = await self.db.write(
-                    partial(fire, work=work, now=now, max_body=limit, spans=spans)
+                    partial(fire, work=work, now=now, max_body=limit, spans=spans, failed=failed)
                 )
                 if spans is not None:
                     spans.written([run.dispatch_id for run in runs])
-            self._count(runs)
+        return runs
+
+    def _failed(self, name: str, error: Exception, now: float) -> None:
+        """``name`` failed to fire: it waits, doubling; the first failure in
+        a row is logged (one line), the next ones are only counted."""
+        before = self.failing.get(name)
+        failures = 1 if before is None else before.failures + 1
+        wait = failure_backoff(failures)
+        text = one_line(f"{type(error).__name__}: {error}")
+        since = now if before is None else before.since
+        self.failing[name] = Failing(text, failures, since, now, now + wait)
+        self.failures[name] += 1
+        self._queue(name, now + wait)
+        if before is None:
+            self.log.warning(
+                "schedule %s failed to fire (%s); the other schedules go on, and it tries "
+                "again after %gs, the wait doubling up to %gs (later failures are counted, "
+                "not logged)",
+                name,
+                text,
+                wait,
+                MAX_FAILURE_BACKOFF_SECONDS,
+            )
 
     async def _plan(self, schedule: Schedule, cursor: float, now: float) -> Plan:
         """:func:`~.spec.planning`, letting other tasks run between its steps

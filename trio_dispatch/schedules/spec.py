@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import math
 import re
+import sys
 from collections.abc import Generator, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypeVar
@@ -154,10 +155,14 @@ class Schedule:
         try:  # these checks name the bare field
             require_kind(self.kind)
             require_route(self.deliver_to)
+            body_bytes = 0
             if self.body is not None:
                 if not isinstance(self.body, Mapping):
                     raise TypeError(f"body must be a mapping, got {type(self.body).__name__}")
-                require_body(dict(self.body))
+                # Its size is held to the store's limit where that is known
+                # (the configuration's dispatch.max_body_bytes, the store a
+                # worker runs on): :meth:`check_body_size`.
+                body_bytes = len(require_body(dict(self.body), sys.maxsize).encode())
             if self.ordering_key is not None:
                 require_ordering_key(self.ordering_key)
         except (TypeError, ValueError) as exc:
@@ -183,6 +188,24 @@ class Schedule:
         object.__setattr__(self, "jitter_seconds", jitter)
         object.__setattr__(self, "_seconds", seconds)
         object.__setattr__(self, "_zone", zone)
+        object.__setattr__(self, "_body_bytes", body_bytes)
+
+    @property
+    def body_bytes(self) -> int:
+        """The size of ``body`` in bytes of JSON (0 without one)."""
+        size: int = self.__dict__["_body_bytes"]
+        return size
+
+    def check_body_size(self, limit: int, setting: str = "max_body_bytes") -> None:
+        """Raise ``ValueError`` naming the schedule, its body's size and
+        ``setting`` when the body is over ``limit`` bytes of JSON: every
+        tick's enqueue would be refused."""
+        if self.body_bytes > limit:
+            at = self.where or f"schedule {self.name!r}: "
+            raise ValueError(
+                f"{at}body is {self.body_bytes:,} bytes of JSON, over the limit of "
+                f"{limit:,} bytes ({setting})"
+            )
 
     @property
     def interval_seconds(self) -> int | None:

@@ -138,8 +138,9 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
 
 def schedule_families(scheduler: Scheduler) -> list[Metric]:
     """A worker's schedules (SPEC section 14): the runs this process fired,
-    by schedule and outcome (every pair, from 0), and each schedule's next
-    fire time (none while it is paused or matches no time ahead)."""
+    by schedule and outcome (every pair, from 0), each schedule's next
+    fire time (none while it is paused or matches no time ahead), and its
+    failed writes (from 0)."""
     runs = CounterMetricFamily(
         "trio_dispatch_schedule_runs",
         "Schedule runs this worker fired, by schedule and outcome (fired: a tick on time; "
@@ -158,7 +159,15 @@ def schedule_families(scheduler: Scheduler) -> list[Metric]:
     for name, when in sorted(scheduler.next_fire.items()):
         if when is not None:
             next_fire.add_metric([name], when)
-    return [runs, next_fire]
+    failures = CounterMetricFamily(
+        "trio_dispatch_schedule_failures",
+        "Writes of a schedule's ticks this worker made that failed (the schedule was "
+        "rolled back alone and waits, doubling, before it tries again).",
+        labels=["schedule"],
+    )
+    for name in sorted(scheduler.schedules):
+        failures.add_metric([name], scheduler.failures[name])
+    return [runs, next_fire, failures]
 
 
 def render(metric_families: Iterable[Metric]) -> bytes:
