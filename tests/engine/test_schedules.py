@@ -390,3 +390,76 @@ async def test_a_schedule_whose_body_is_over_the_store_s_limit_is_refused_before
     huge = Schedule(name="huge", every="1s", kind="k", deliver_to="d", body={"x": "y" * 2**21})
     async with open_store(db_target, max_body_bytes=2**22) as roomy:
         Scheduler(roomy, [huge], clock=time.time, log=log)
+
+
+# -- the clock ----------------------------------------------------------------------------
+
+
+async def test_a_wall_clock_stepped_back_and_put_right_delays_the_ticks_by_a_clock_check_at_most(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    step = [0.0]
+
+    def clock() -> float:
+        return time.time() + step[0]
+
+    scheduler = Scheduler(store, [every("beat")], clock=clock, log=log, clock_check_seconds=0.1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        await wait_for(lambda: len(runs(raw)) >= 1, timeout=5)
+        step[0] = -120.0  # NTP steps the clock back two minutes ...
+        await anyio.sleep(1.5)  # ... while the service wakes, plans and sleeps again
+        before = len(runs(raw))
+        step[0] = 0.0  # ... and puts it right
+        await wait_for(lambda: len(runs(raw)) > before, timeout=3)  # not 120 s later
+        tg.cancel_scope.cancel()
+    ticks = [row["scheduled_for"] for row in runs(raw)]
+    assert ticks == sorted(set(ticks)) and max(ticks) <= time.time()
+
+
+@pytest.mark.postgres_only  # on SQLite the process's clock is the store's clock
+async def test_a_worker_whose_clock_runs_ahead_fires_no_tick_before_the_database_s_clock(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    def ahead() -> float:  # a host whose clock is two hours fast
+        return time.time() + 7200
+
+    fast = Scheduler(store, [every("beat")], clock=ahead, log=log, clock_check_seconds=0.2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fast.run)
+        # It fires by the database's clock: on time, and never ahead of it.
+        await wait_for(lambda: len(runs(raw)) >= 2, timeout=5)
+        tg.cancel_scope.cancel()
+    server_now = float(raw.scalar("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"))
+    ticks = [row["scheduled_for"] for row in runs(raw)]
+    assert max(ticks) <= server_now and server_now - max(ticks) < 5, (ticks, server_now)
+    assert float(raw.scalar("SELECT last_tick FROM dispatch_schedules")) <= server_now
+    assert fast.next_fire["beat"] is not None and fast.next_fire["beat"] < server_now + 5
+    # A worker with a right clock is not made late by it: it fires the next tick.
+    right = Scheduler(store, [every("beat")], clock=time.time, log=log)
+    fired_before = len(ticks)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(right.run)
+        await wait_for(lambda: len(runs(raw)) > fired_before, timeout=5)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_tick_not_due_by_the_store_s_clock_is_never_written(
+    store: SQLiteStore, raw: RawDB, engine: str
+) -> None:
+    beat = every("beat", "1h")
+    now = time.time()
+    await store.write(partial(see, names=["beat"], now=now - 7200))
+    tick = (now // 3600 + 1) * 3600  # the next hour: not due yet
+    work = [(beat, [(tick, False)], tick)]
+    # Not due by the caller's clock: nothing, on every engine.
+    assert await store.write(partial(fire, work=work, now=now)) == []
+    assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
+    # A caller whose clock runs ahead: its clock is the store's on SQLite (one
+    # machine), but PostgreSQL holds it to the database server's.
+    written = await store.write(partial(fire, work=work, now=tick + 1))
+    if engine == "postgres":
+        assert written == [] and raw.scalar("SELECT COUNT(*) FROM schedule_runs") == 0
+        assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
+    else:
+        assert [run.scheduled_for for run in written] == [tick]

@@ -257,6 +257,9 @@ def test_without_a_configuration_nothing_is_configured(db_target: str) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.slow  # real seconds of ticks; CI runs it
+# The worker's clock jumps hours ahead: SQLite takes the process's clock as
+# the store's; on PostgreSQL the database's clock decides (the test below).
+@pytest.mark.sqlite_only
 async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_when_resumed(
     tmp_path: Path,
     store: SQLiteStore,
@@ -308,6 +311,50 @@ async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_wh
         "schedules"
     ][1]
     assert entry["last_fire"]["origin"] == "backfilled" and entry["paused"] is False
+
+
+@pytest.mark.anyio
+@pytest.mark.slow  # real seconds of ticks; CI runs it
+@pytest.mark.postgres_only
+async def test_a_running_worker_on_postgres_stops_firing_a_paused_schedule_until_resumed(
+    tmp_path: Path,
+    store: SQLiteStore,
+    db_target: str,
+    raw: RawDB,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(schedule_service, "REFRESH_SECONDS", 0.2)
+    config = write_config(tmp_path, db_target, SCHEDULES + "  beat:\n    every: 1s\n"
+                          "    kind: tick.beat\n    deliver_to: ticks\n")  # fmt: skip
+    beat = _schedules(config)[2]
+
+    async def nothing(delivery: Any) -> None:
+        pass
+
+    def ticks() -> list[float]:
+        rows = raw.rows("SELECT scheduled_for FROM schedule_runs ORDER BY scheduled_for")
+        return [float(r["scheduled_for"]) for r in rows]
+
+    worker = DispatchWorker(store, transport=nothing, schedules=[beat])
+    scheduler = worker.scheduler
+    assert scheduler is not None
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: len(ticks()) >= 1, timeout=10)
+        paused = await arun_cli("--config", str(config), "schedules", "pause", "beat")
+        assert paused.returncode == 0, paused.stderr
+        await wait_for(lambda: scheduler.next_fire["beat"] is None, timeout=5)
+        held = ticks()
+        await anyio.sleep(2.5)
+        assert ticks() == held  # paused: nothing fired
+        resumed = await arun_cli("--config", str(config), "schedules", "resume", "beat")
+        assert resumed.returncode == 0, resumed.stderr
+        resumed_at = time.time()
+        await wait_for(lambda: len(ticks()) > len(held), timeout=5)
+        tg.cancel_scope.cancel()
+    # missed: latest, with an on-time tick: the ticks missed while paused pass.
+    after = ticks()[len(held) :]
+    assert after[0] >= resumed_at - 1.5 and after[0] >= held[-1] + 2
 
 
 def _schedules(config: Path) -> list[Schedule]:

@@ -2,7 +2,8 @@
 tick, firing a manual run, pausing, and what the operators see.
 
 A tick fires in one transaction: the schedule's cursor moves past it (only
-if no one moved it there already and the schedule is not paused), its
+if no one moved it there already, the schedule is not paused and the tick
+is due by the store's clock: the database server's on PostgreSQL), its
 ``schedule_runs`` row goes in (unique on ``(schedule, scheduled_for)``) and
 its dispatch with ``schedule_run_id`` pointing at the run. A worker that
 loses the race changes nothing, so any number of workers, processes or
@@ -90,6 +91,23 @@ def see(conn: Conn, names: Iterable[str], now: float) -> None:
     conn.executemany(_SEE, [(name, now, now) for name in names])
 
 
+def store_time(conn: Conn) -> float | None:
+    """The store's own time in Unix seconds where the hosts that share the
+    store share its clock (PostgreSQL: the database server's), else None
+    (SQLite: the one machine's clock, the caller's, is the store's)."""
+    clock = conn.dialect.clock
+    if not clock:
+        return None
+    row = conn.query_one(f"SELECT {clock} AS now")
+    assert row is not None
+    return float(row["now"])
+
+
+def states_at(conn: Conn, names: Iterable[str]) -> tuple[dict[str, State], float | None]:
+    """:func:`states` of ``names`` and :func:`store_time`, in one read."""
+    return states(conn, names), store_time(conn)
+
+
 def states(conn: Conn, names: Iterable[str] | None = None) -> dict[str, State]:
     """The state of every known schedule, or of ``names`` only."""
     wanted = None if names is None else list(names)
@@ -175,9 +193,11 @@ def fire(
 ) -> list[Fired]:
     """Fire planned ticks: for each schedule, its ``(tick, backfilled)``
     pairs oldest first, then its cursor moved to the newest tick handled.
-    A tick fires only if the cursor is still behind it and the schedule is
-    not paused (the cursor moves in the same statement); otherwise it was
-    fired elsewhere, and nothing of it is written. With ``spans``, each
+    A tick fires only if the cursor is still behind it, the schedule is
+    not paused and the tick is due by the store's clock (``now`` on SQLite,
+    the database server's on PostgreSQL; the cursor moves in the same
+    statement); otherwise it was fired elsewhere or is not due, and nothing
+    of it is written. With ``spans``, each
     dispatch written gets a ``create`` span, in the order of the result
     (the caller ends them after the commit).
 
@@ -224,15 +244,30 @@ def _fire_schedule(
 ) -> list[Fired]:
     fired: list[Fired] = []
     for tick, backfilled in ticks:
-        if conn.execute(_ADVANCE, (tick, now, schedule.name, tick)) == 0:
-            continue  # fired by another worker, or paused
+        if not _advance(conn, schedule, tick, now):
+            continue  # fired by another worker, paused, or not due yet
         origin = "backfilled" if backfilled else "tick"
         run = _write_run(conn, schedule, tick, origin, now, max_body, spans)
         if run is not None:
             fired.append(run)
     if handled is not None:
-        conn.execute(_ADVANCE, (handled, now, schedule.name, handled))
+        _advance(conn, schedule, handled, now)
     return fired
+
+
+def _advance(conn: Conn, schedule: Schedule, tick: float, now: float) -> bool:
+    """Move ``schedule``'s cursor to ``tick``, if it is behind it, the
+    schedule is not paused and the tick is due (its jitter included) by the
+    store's clock: ``now`` on SQLite, the database server's on PostgreSQL
+    (whatever ``now`` says); whether it moved."""
+    due = schedule.fire_time(tick)
+    if due > now:
+        return False
+    clock = conn.dialect.clock
+    if not clock:
+        return conn.execute(_ADVANCE, (tick, now, schedule.name, tick)) == 1
+    guarded = f"{_ADVANCE} AND ? <= {clock}"
+    return conn.execute(guarded, (tick, now, schedule.name, tick, due)) == 1
 
 
 def fire_manual(

@@ -9,6 +9,15 @@ transaction per few dozen schedules (:func:`~.runs.fire`); a worker that
 loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
 schedule resumed elsewhere fires its missed ticks without a restart.
 
+Time: whether a tick is due is decided by the store's clock -- the
+database server's on PostgreSQL, which every host shares (read with each
+look at the schedules, and required again by the write that fires the
+tick), the process's clock on SQLite (one machine). The service never
+sleeps longer than :data:`CLOCK_CHECK_SECONDS` at once: a wall clock
+stepped back and put right delays the next tick by that much at most, not
+by the size of the step, and a clock stepped forward fires nothing early
+on PostgreSQL.
+
 One schedule that cannot fire (its writes fail: a trigger, a constraint of
 the store's) never stops the others: a failed write is done again with
 each schedule in a savepoint of its own, the failing one is rolled back
@@ -38,9 +47,11 @@ import anyio.lowlevel
 from .. import tracing
 from ..redact import one_line
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
-from .runs import Fired, State, fire, iso, see, states
+from .runs import Fired, State, fire, iso, see, states, states_at, store_time
 from .spec import MAX_BACKFILL_RUNS, Plan, Schedule, planning
 
+CLOCK_CHECK_SECONDS: Final = 2.0
+"""The longest the service sleeps before it reads the clock again."""
 REFRESH_SECONDS: Final = 10.0
 """How often the paused flags of every schedule are read again."""
 RETRY_SECONDS: Final = 1.0
@@ -113,7 +124,13 @@ class Scheduler:
     each schedule's failed writes, and ``failing`` holds the schedules
     failing now. A schedule whose ``body`` is over the store's
     ``max_body_bytes`` is refused here (``ValueError`` naming it): every
-    one of its ticks would be."""
+    one of its ticks would be.
+
+    ``clock`` is the wall clock (Unix seconds). On SQLite it is the store's
+    clock and decides when ticks are due; on PostgreSQL the database
+    server's decides, and ``clock`` only paces the sleeps between looks
+    (its offset from the server's is measured at each read). The service
+    reads the clock again at least every ``clock_check_seconds``."""
 
     def __init__(
         self,
@@ -122,6 +139,7 @@ class Scheduler:
         *,
         clock: Callable[[], float],
         log: logging.Logger,
+        clock_check_seconds: float = CLOCK_CHECK_SECONDS,
     ) -> None:
         names = [schedule.name for schedule in schedules]
         duplicate = next((name for name in names if names.count(name) > 1), None)
@@ -133,6 +151,7 @@ class Scheduler:
         self.db = db
         self.schedules = {schedule.name: schedule for schedule in schedules}
         self.clock = clock
+        self.clock_check_seconds = clock_check_seconds
         self.log = log
         self.fired: Counter[tuple[str, str]] = Counter()
         self.next_fire: dict[str, float | None] = dict.fromkeys(names)
@@ -145,6 +164,11 @@ class Scheduler:
         schedule anew)."""
         self._places = itertools.count()
         self._paused: set[str] = set()
+        self._offset = 0.0
+        """The store's clock minus :attr:`clock`, as last measured (0 where
+        the store has no clock of its own)."""
+        self._store_clock: bool | None = None
+        """Whether the store has a clock of its own (known after one read)."""
 
     async def run(self) -> None:
         """Fire ticks until cancelled; a store error is logged and retried."""
@@ -157,16 +181,18 @@ class Scheduler:
 
     async def _serve(self) -> None:
         names = list(self.schedules)
-        await self.db.write(partial(see, names=names, now=self.clock()))
+        await self.db.write(partial(see, names=names, now=await self._now()))
         self._heap, self._place = [], {}
         for name in names:  # plan every schedule now
             self._queue(name, 0.0)
-        refresh_at = 0.0
+        # The refresh is paced by the event loop's monotonic clock: a wall
+        # clock stepped back must not hold it off.
+        refresh_at = anyio.current_time()
         while True:
-            now = self.clock()
-            if now >= refresh_at:
+            now = await self._now()
+            if anyio.current_time() >= refresh_at:
                 await self._refresh()
-                refresh_at = now + REFRESH_SECONDS
+                refresh_at = anyio.current_time() + REFRESH_SECONDS
             due: list[str] = []
             while self._heap and self._heap[0][0] <= now:
                 _, place, name = heapq.heappop(self._heap)
@@ -184,8 +210,33 @@ class Scheduler:
             first = random.randrange(len(chunks)) if chunks else 0
             for chunk in chunks[first:] + chunks[:first]:
                 await self._fire(chunk)
-            wake = min(refresh_at, self._heap[0][0] if self._heap else math.inf)
-            await anyio.sleep(max(0.0, wake - self.clock()))
+            # Never longer than clock_check_seconds at once: the sleep is on
+            # the monotonic clock, the tick's time on the wall clock, and the
+            # wall clock may be stepped meanwhile.
+            wake = self._heap[0][0] - self._estimate() if self._heap else math.inf
+            pause = min(self.clock_check_seconds, refresh_at - anyio.current_time(), wake)
+            await anyio.sleep(max(0.0, pause))
+
+    def _estimate(self) -> float:
+        """The store's time now, from :attr:`clock` and the last offset."""
+        return self.clock() + self._offset
+
+    async def _now(self) -> float:
+        """The store's time now: read from the store where it has a clock of
+        its own (PostgreSQL), else :attr:`clock`."""
+        if self._store_clock is False:
+            return self.clock()
+        return self._measured(await self.db.read(store_time))
+
+    def _measured(self, stamp: float | None) -> float:
+        """The store's time given what a read said (``stamp``, None: the
+        store has no clock of its own), the offset taken from it."""
+        self._store_clock = stamp is not None
+        if stamp is None:
+            self._offset = 0.0
+            return self.clock()
+        self._offset = stamp - self.clock()
+        return stamp
 
     def _queue(self, name: str, at: float) -> None:
         """Look at ``name`` again at ``at`` (its earlier place, if any, lapses)."""
@@ -207,8 +258,8 @@ class Scheduler:
         self._paused = paused
 
     async def _fire(self, names: list[str]) -> None:
-        found: dict[str, State] = await self.db.read(partial(states, names=names))
-        now = self.clock()
+        found, stamp = await self.db.read(partial(states_at, names=names))
+        now = self._measured(stamp)
         work: list[Work] = []
         capped: list[str] = []
         for name in names:
