@@ -17,7 +17,15 @@ import pytest
 from trio_dispatch import DispatchWorker, deliver_due_dispatches, open_store, prune_dispatches
 from trio_dispatch.attempt import Delivery, TransportResult
 from trio_dispatch.schedules import Schedule, Scheduler
-from trio_dispatch.schedules.runs import fire, fire_manual, iso, see, set_paused, states
+from trio_dispatch.schedules.runs import (
+    fire,
+    fire_manual,
+    iso,
+    reconcile,
+    see,
+    set_paused,
+    states,
+)
 from trio_dispatch.schedules.service import MAX_FAILURE_BACKOFF_SECONDS, failure_backoff
 from trio_dispatch.schedules.spec import MAX_BACKFILL_RUNS, plan
 from trio_dispatch.store import SQLiteStore
@@ -463,3 +471,141 @@ async def test_a_tick_not_due_by_the_store_s_clock_is_never_written(
         assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
     else:
         assert [run.scheduled_for for run in written] == [tick]
+
+
+# -- two definitions of one name ------------------------------------------------------------
+
+
+def kinds_by_tick(raw: RawDB) -> list[tuple[float, str]]:
+    rows = raw.rows(
+        "SELECT r.scheduled_for, d.kind FROM schedule_runs r "
+        "JOIN dispatch_outbox d ON d.schedule_run_id = r.id ORDER BY r.scheduled_for"
+    )
+    return [(float(row["scheduled_for"]), str(row["kind"])) for row in rows]
+
+
+async def test_two_definitions_of_one_name_never_fire_the_union_of_their_ticks(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    from trio_dispatch.web.metrics import render, schedule_families
+
+    old = Schedule(name="beat", every="1s", kind="old", deliver_to="d")
+    new = Schedule(name="beat", every="2s", kind="new", deliver_to="d")  # a deploy changes it
+    running = Scheduler(store, [old], clock=time.time, log=log)
+    deployed = Scheduler(store, [new], clock=time.time, log=log)
+    with caplog.at_level(logging.INFO, logger=log.name):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(running.run)
+            await wait_for(lambda: len(kinds_by_tick(raw)) >= 1, timeout=5)
+            tg.start_soon(deployed.run)
+            await wait_for(lambda: [k for _, k in kinds_by_tick(raw)].count("new") >= 2, timeout=10)
+            tg.cancel_scope.cancel()
+    fired = kinds_by_tick(raw)
+    kinds = [kind for _, kind in fired]
+    # One definition per tick, and one after the other: the old one's ticks
+    # (every second) until the new one took over, then only the new one's.
+    switch = kinds.index("new")
+    assert kinds == ["old"] * switch + ["new"] * (len(kinds) - switch), fired
+    assert all(tick % 2 == 0 for tick, kind in fired if kind == "new"), fired
+    assert raw.scalar("SELECT definition FROM dispatch_schedules") == new.fingerprint
+    assert json.loads(raw.scalar("SELECT superseded FROM dispatch_schedules")) == [old.fingerprint]
+    # The worker with the replaced definition stands aside and says so, once.
+    assert running.mismatched == {"beat": new.fingerprint} and deployed.mismatched == {}
+    assert running.next_fire["beat"] is None
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([m for m in said if "is not this worker's" in m]) == 1, said
+    assert len([m for m in said if "is now the one in force" in m]) == 1, said
+    text = render(schedule_families(running)).decode()
+    assert 'trio_dispatch_schedule_definition_mismatch{schedule="beat"} 1.0' in text
+    text = render(schedule_families(deployed)).decode()
+    assert 'trio_dispatch_schedule_definition_mismatch{schedule="beat"} 0.0' in text
+
+
+def settle(
+    definitions: dict[str, str], stale_after: float = 60.0, confirm_after: float = 10.0
+) -> Any:
+    return partial(
+        reconcile,
+        definitions=definitions,
+        now=time.time(),
+        stale_after=stale_after,
+        confirm_after=confirm_after,
+    )
+
+
+async def test_in_a_rolling_deploy_the_newest_definition_wins_and_an_older_one_waits(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    a, b, c = (every("beat", period) for period in ("1m", "2m", "3m"))
+    first = await store.write(settle({"beat": a.fingerprint}))
+    assert first.took_over == {"beat": None}  # first sight: recorded with its definition
+    # A new definition takes over at once ...
+    assert (await store.write(settle({"beat": b.fingerprint}))).took_over == {"beat": a.fingerprint}
+    # ... and an old worker that restarts meanwhile does not take it back.
+    kept = await store.write(settle({"beat": a.fingerprint}))
+    assert kept.took_over == {} and kept.states["beat"].definition == b.fingerprint
+    assert kept.states["beat"].superseded == (a.fingerprint,)
+    # When no worker has confirmed the new one for a minute (its workers are
+    # gone: a canary removed, a rollback), a worker with the old one takes over.
+    raw.execute("UPDATE dispatch_schedules SET confirmed_at = confirmed_at - 61")
+    back = await store.write(settle({"beat": a.fingerprint}))
+    assert back.took_over == {"beat": b.fingerprint}
+    assert back.states["beat"].superseded == (b.fingerprint,)
+    # Confirmed, a definition in force stays; a third, new one still wins at once.
+    raw.execute("UPDATE dispatch_schedules SET confirmed_at = confirmed_at - 30")
+    before = float(raw.scalar("SELECT confirmed_at FROM dispatch_schedules"))
+    await store.write(settle({"beat": a.fingerprint}))
+    assert float(raw.scalar("SELECT confirmed_at FROM dispatch_schedules")) > before
+    assert (await store.write(settle({"beat": b.fingerprint}))).took_over == {}
+    newest = await store.write(settle({"beat": c.fingerprint}))
+    assert newest.took_over == {"beat": a.fingerprint}
+    assert newest.states["beat"].superseded == (a.fingerprint, b.fingerprint)
+
+
+async def test_a_tick_fires_only_with_the_definition_in_force(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    old, new = every("beat", "1h"), every("beat", "1h", missed="all")
+    now = time.time()
+    await store.write(settle({"beat": new.fingerprint}))
+    tick = now // 3600 * 3600
+    assert await store.write(partial(fire, work=[(old, [(tick, False)], tick)], now=now)) == []
+    assert raw.scalar("SELECT COUNT(*) FROM schedule_runs") == 0
+    assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
+    fired = await store.write(partial(fire, work=[(new, [(tick, False)], tick)], now=now))
+    assert [run.scheduled_for for run in fired] == [tick]
+
+
+@pytest.mark.sqlite_only
+async def test_a_version_7_store_keeps_its_schedules_and_the_first_worker_records_its_definition(
+    db_path: Any, raw: RawDB
+) -> None:
+    import sqlite3
+
+    from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    for migration in MIGRATIONS[:7]:
+        for statement in migration:
+            conn.execute(statement)
+    conn.execute("CREATE TABLE trio_dispatch_schema (version INTEGER, applied_at FLOAT)")
+    conn.executemany("INSERT INTO trio_dispatch_schema VALUES (?, 0)", [(n,) for n in range(1, 8)])
+    conn.execute(
+        "INSERT INTO dispatch_schedules (name, first_seen_at, paused, last_tick, updated_at) "
+        "VALUES ('beat', 100, 1, 3600, 100)"
+    )
+    conn.close()
+    beat = every("beat", "1h")
+    async with open_store(db_path) as db:
+        assert SCHEMA_VERSION == 8
+        (before,) = raw.rows("SELECT * FROM dispatch_schedules")
+        assert (before["definition"], before["superseded"], before["confirmed_at"]) == (
+            None,
+            None,
+            None,
+        )
+        settled = await db.write(settle({"beat": beat.fingerprint}))
+    state = settled.states["beat"]
+    assert (state.first_seen_at, state.paused, state.last_tick) == (100.0, True, 3600.0)
+    assert state.definition == beat.fingerprint and settled.took_over == {"beat": None}
+    assert raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema") == 8

@@ -7,7 +7,10 @@ every schedule), reads the state of the schedules due, plans their ticks
 long catch-up never holds the event loop) and fires them in one
 transaction per few dozen schedules (:func:`~.runs.fire`); a worker that
 loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
-schedule resumed elsewhere fires its missed ticks without a restart.
+schedule resumed elsewhere fires its missed ticks without a restart, and
+settles with the store which definition of each schedule is in force
+(:func:`~.runs.reconcile`): a schedule whose definition in force is not
+this worker's is left to the workers that hold it, and said once.
 
 Time: whether a tick is due is decided by the store's clock -- the
 database server's on PostgreSQL, which every host shares (read with each
@@ -47,13 +50,17 @@ import anyio.lowlevel
 from .. import tracing
 from ..redact import one_line
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
-from .runs import Fired, State, fire, iso, see, states, states_at, store_time
+from .runs import Fired, Reconciled, State, fire, iso, reconcile, states_at, store_time
 from .spec import MAX_BACKFILL_RUNS, Plan, Schedule, planning
 
 CLOCK_CHECK_SECONDS: Final = 2.0
 """The longest the service sleeps before it reads the clock again."""
 REFRESH_SECONDS: Final = 10.0
-"""How often the paused flags of every schedule are read again."""
+"""How often the paused flags of every schedule are read again, and the
+definitions in force settled (this worker's confirmed)."""
+STALE_DEFINITION_SECONDS: Final = 60.0
+"""How long a definition in force may go unconfirmed (no worker holding it
+refreshed) before a worker holding a definition it replaced takes over."""
 RETRY_SECONDS: Final = 1.0
 """After a failed read or write, how long before trying again."""
 FIRE_CHUNK: Final = 50
@@ -120,7 +127,9 @@ class Scheduler:
     """Fires the ticks of ``schedules`` into ``db`` (one per tick across
     every worker); :meth:`run` until cancelled. ``fired`` counts this
     process's runs by ``(schedule, origin)``; ``next_fire`` holds each
-    schedule's next fire time (None while paused); ``failures`` counts
+    schedule's next fire time (None while paused, or while another
+    definition than this worker's is in force: ``mismatched`` holds those,
+    each with the fingerprint in force); ``failures`` counts
     each schedule's failed writes, and ``failing`` holds the schedules
     failing now. A schedule whose ``body`` is over the store's
     ``max_body_bytes`` is refused here (``ValueError`` naming it): every
@@ -157,13 +166,17 @@ class Scheduler:
         self.next_fire: dict[str, float | None] = dict.fromkeys(names)
         self.failures: Counter[str] = Counter()
         self.failing: dict[str, Failing] = {}
+        self.fingerprints = {schedule.name: schedule.fingerprint for schedule in schedules}
+        self.mismatched: dict[str, str] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._place: dict[str, int] = {}
         """Each schedule's one live place in the heap (a number); an entry
         with another number is stale and skipped (a resume queues a
         schedule anew)."""
         self._places = itertools.count()
-        self._paused: set[str] = set()
+        self._idle: set[str] = set()
+        """Schedules this worker does not fire now: paused, or another
+        definition in force."""
         self._offset = 0.0
         """The store's clock minus :attr:`clock`, as last measured (0 where
         the store has no clock of its own)."""
@@ -180,14 +193,16 @@ class Scheduler:
                 await anyio.sleep(RETRY_SECONDS)
 
     async def _serve(self) -> None:
-        names = list(self.schedules)
-        await self.db.write(partial(see, names=names, now=await self._now()))
-        self._heap, self._place = [], {}
-        for name in names:  # plan every schedule now
-            self._queue(name, 0.0)
+        self._heap, self._place, self._idle = [], {}, set()
+        # The first refresh records the schedules (first sight starts their
+        # history) and settles their definitions before anything is planned.
+        await self._refresh()
+        for name in self.schedules:  # plan every schedule now
+            if name not in self._idle:
+                self._queue(name, 0.0)
         # The refresh is paced by the event loop's monotonic clock: a wall
         # clock stepped back must not hold it off.
-        refresh_at = anyio.current_time()
+        refresh_at = anyio.current_time() + REFRESH_SECONDS
         while True:
             now = await self._now()
             if anyio.current_time() >= refresh_at:
@@ -248,14 +263,62 @@ class Scheduler:
             heapq.heapify(self._heap)
 
     async def _refresh(self) -> None:
-        """Read every paused flag; a schedule resumed since is planned now."""
-        known = await self.db.read(partial(states, names=None))
-        paused = {name for name in self.schedules if name in known and known[name].paused}
-        for name in self._paused - paused:
+        """Record this worker's schedules and settle which definition of each
+        is in force (:func:`~.runs.reconcile`); read every paused flag. A
+        schedule resumed, or whose definition came into force, since the
+        last look is planned now."""
+        settled: Reconciled = await self.db.write(
+            partial(
+                reconcile,
+                definitions=self.fingerprints,
+                now=self._estimate(),
+                stale_after=STALE_DEFINITION_SECONDS,
+                confirm_after=REFRESH_SECONDS,
+            )
+        )
+        for name, replaced in settled.took_over.items():
+            self.mismatched.pop(name, None)  # said here, not again as "in force again"
+            if replaced is not None:
+                self.log.warning(
+                    "schedule %s: this worker's definition (fingerprint %s) is now the one in "
+                    "force, in place of %s; its ticks fire with it from now on",
+                    name,
+                    self.fingerprints[name],
+                    replaced,
+                )
+        idle = {
+            name
+            for name, state in settled.states.items()
+            if not self._in_force(state) or state.paused
+        }
+        for name in self._idle - idle:
             self._queue(name, 0.0)
-        for name in paused:
+        for name in idle:
             self.next_fire[name] = None
-        self._paused = paused
+        self._idle = idle
+
+    def _in_force(self, state: State) -> bool:
+        """Whether this worker's definition of ``state``'s schedule is the
+        one in force (or none is recorded); the first time it is not, one
+        line says so."""
+        name, other = state.name, state.definition
+        if other is None or other == self.fingerprints[name]:
+            if self.mismatched.pop(name, None) is not None:
+                self.log.info("schedule %s: this worker's definition is in force again", name)
+            return True
+        if self.mismatched.get(name) != other:
+            self.log.warning(
+                "schedule %s: the definition in force (fingerprint %s) is not this worker's "
+                "(%s), which it replaced: this worker fires nothing for it while a worker "
+                "holding %s confirms it (takes over after %gs without)",
+                name,
+                other,
+                self.fingerprints[name],
+                other,
+                STALE_DEFINITION_SECONDS,
+            )
+        self.mismatched[name] = other
+        return False
 
     async def _fire(self, names: list[str]) -> None:
         found, stamp = await self.db.read(partial(states_at, names=names))
@@ -266,10 +329,19 @@ class Scheduler:
             state = found.get(name)
             schedule = self.schedules[name]
             if state is None:  # pruned by hand: seen again, from now
-                await self.db.write(partial(see, names=[name], now=now))
-                state = State(name, now, False, None)
-            if state.paused:
-                self._paused.add(name)
+                mine = {name: self.fingerprints[name]}
+                settled = await self.db.write(
+                    partial(
+                        reconcile,
+                        definitions=mine,
+                        now=now,
+                        stale_after=STALE_DEFINITION_SECONDS,
+                        confirm_after=REFRESH_SECONDS,
+                    )
+                )
+                state = settled.states[name]
+            if state.paused or not self._in_force(state):
+                self._idle.add(name)
                 self.next_fire[name] = None
                 continue
             failing = self.failing.get(name)

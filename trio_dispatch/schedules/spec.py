@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import sys
@@ -189,6 +190,34 @@ class Schedule:
         object.__setattr__(self, "_seconds", seconds)
         object.__setattr__(self, "_zone", zone)
         object.__setattr__(self, "_body_bytes", body_bytes)
+        object.__setattr__(self, "_fingerprint", self._digest())
+
+    def _digest(self) -> str:
+        definition = {
+            "cron": None if self.cron is None else " ".join(self.cron.split()),
+            "every": self.interval_seconds,
+            "timezone": self.timezone,
+            "kind": self.kind,
+            "deliver_to": self.deliver_to,
+            # As stored: keys as strings, so any body sorts.
+            "body": None if self.body is None else json.loads(json.dumps(dict(self.body))),
+            "missed": self.missed,
+            "catch_up_seconds": self.catch_up_seconds,
+            "jitter_seconds": self.jitter_seconds,
+            **{field: getattr(self, field) for field in ENQUEUE_FIELDS},
+        }
+        text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the definition: every field but the name (cadence,
+        timezone, what each tick enqueues, the missed policy), 16 hex
+        digits. Workers whose fingerprints for one name differ hold
+        different definitions; the store records the one in force (see
+        :mod:`.runs`)."""
+        fingerprint: str = self.__dict__["_fingerprint"]
+        return fingerprint
 
     @property
     def body_bytes(self) -> int:
@@ -231,6 +260,7 @@ class Schedule:
             "missed": self.missed,
             "catch_up_seconds": self.catch_up_seconds,
             "jitter_seconds": self.jitter_seconds,
+            "fingerprint": self.fingerprint,
         }
 
     def next_tick(self, after: float) -> float:

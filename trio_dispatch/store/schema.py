@@ -14,7 +14,9 @@ leaves out destinations at their cap finds the others' rows without
 reading the capped ones. Version 5 adds the ``ordering_key`` column and
 its two partial indexes (SPEC section 13); version 6 the index of blocked
 keys' heads. Version 7 gives ``schedule_runs`` its job (SPEC section 14): the
-tick columns, their unique index, and the ``dispatch_schedules`` state table.
+tick columns, their unique index, and the ``dispatch_schedules`` state table;
+version 8 the state table's record of which definition of each schedule is
+in force (its fingerprint, the ones it replaced, when it was last confirmed).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -247,7 +249,20 @@ _V7: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+_V8: Final = (
+    # Which definition of a schedule is in force, when workers disagree (a
+    # rolling deploy that changes a cron): the fingerprint of the one whose
+    # ticks fire (the cursor's UPDATE requires it), the fingerprints it
+    # replaced (a JSON array, newest first: a worker holding one of them
+    # waits), and when a worker holding it last said so (one that goes
+    # unconfirmed long enough gives way). Rows from before have none; the
+    # first worker to look records its own.
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN definition TEXT NULL",
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN superseded TEXT NULL",
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN confirmed_at FLOAT NULL",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
