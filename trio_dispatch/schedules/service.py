@@ -70,6 +70,9 @@ FAILURE_BACKOFF_SECONDS: Final = 1.0
 wait doubles with each failure in a row."""
 MAX_FAILURE_BACKOFF_SECONDS: Final = 300.0
 """The longest a failing schedule waits between two tries."""
+CATCH_UP_LINES: Final = 3
+"""A schedule's backfilled runs of one write logged a line each up to this
+many; more are one line."""
 FIRE_RUNS: Final = 200
 """Runs written per transaction at most: a catch-up of many runs (``missed:
 all``) is written in several, so no transaction holds the store for long."""
@@ -445,14 +448,35 @@ class Scheduler:
         return decided
 
     def _count(self, runs: list[Fired]) -> None:
+        caught_up: dict[str, list[Fired]] = {}
         for run in runs:
             self.fired[(run.schedule, run.origin)] += 1
+            if run.origin == "backfilled":
+                caught_up.setdefault(run.schedule, []).append(run)
+                continue
+            self._said(run)
+        # A catch-up of many runs is one line, not one a run (a line each
+        # would hold the event loop as long as the write took).
+        for name, backfilled in caught_up.items():
+            if len(backfilled) <= CATCH_UP_LINES:
+                for run in backfilled:
+                    self._said(run)
+                continue
             self.log.info(
-                "schedule %s fired: scheduled_for=%s origin=%s dispatch %s",
-                run.schedule,
-                iso(run.scheduled_for),
-                run.origin,
-                run.dispatch_id,
+                "schedule %s fired %d missed ticks (origin=backfilled), scheduled_for %s to %s",
+                name,
+                len(backfilled),
+                iso(backfilled[0].scheduled_for),
+                iso(backfilled[-1].scheduled_for),
             )
         if runs:
             self.db.notify_enqueued()
+
+    def _said(self, run: Fired) -> None:
+        self.log.info(
+            "schedule %s fired: scheduled_for=%s origin=%s dispatch %s",
+            run.schedule,
+            iso(run.scheduled_for),
+            run.origin,
+            run.dispatch_id,
+        )
