@@ -153,6 +153,10 @@ async def test_the_schedules_page_lists_each_schedule_with_its_state_escaped(
     now = time.time()
     run = await store.write(partial(fire_manual, schedule=nightly, now=now))
     await store.write(partial(set_paused, name="hourly", paused=True, now=now))
+    # Another deploy's definition of hourly is in force.
+    raw.execute(
+        "UPDATE dispatch_schedules SET definition = 'ffffffffffffffff' WHERE name = 'hourly'"
+    )
     before = raw.rows("SELECT * FROM dispatch_schedules ORDER BY name")
     app = WebApp(store, schedules=[nightly, hourly, never])
     async with serving(app) as client:
@@ -172,6 +176,8 @@ async def test_the_schedules_page_lists_each_schedule_with_its_state_escaped(
     assert re.search(r"T<wbr>0[01]:30:00Z", first)  # next fire: 02:30 in Berlin, in UTC
     paused = rows["hourly"]
     assert 'badge paused">paused<' in paused and "every 1h" in paused
+    assert 'badge other_definition">other definition<' in paused
+    assert "other definition" not in first
     assert paused.endswith("<td class=when>-</td>")  # paused: no next fire
     fresh = rows["never-seen"]
     assert "<td>-</td>" in fresh and 'badge active">active<' in fresh

@@ -210,10 +210,14 @@ def reconcile(
     conn.executemany(_SEE, [(name, now, now) for name in names])
     found = states(conn, names)
     took_over: dict[str, str | None] = {}
+    # One pass in name order: rows are locked in the order every writer
+    # of schedules takes them.
     for name in names:
         state, mine = found[name], definitions[name]
         if state.definition == mine:
-            conn.execute(_CONFIRM, (now, name, mine, now - confirm_after))
+            # Only where due: of the workers holding it, about one a period writes.
+            if state.confirmed_at is None or state.confirmed_at < now - confirm_after:
+                conn.execute(_CONFIRM, (now, name, mine, now - confirm_after))
             continue
         stale = state.confirmed_at is None or state.confirmed_at < now - stale_after
         if state.definition is not None and mine in state.superseded and not stale:

@@ -60,7 +60,8 @@ REFRESH_SECONDS: Final = 10.0
 definitions in force settled (this worker's confirmed)."""
 STALE_DEFINITION_SECONDS: Final = 60.0
 """How long a definition in force may go unconfirmed (no worker holding it
-refreshed) before a worker holding a definition it replaced takes over."""
+refreshed) before a worker holding a definition it replaced takes over.
+The workers holding it confirm it every third of that (at their refresh)."""
 RETRY_SECONDS: Final = 1.0
 """After a failed read or write, how long before trying again."""
 FIRE_CHUNK: Final = 50
@@ -276,7 +277,7 @@ class Scheduler:
                 definitions=self.fingerprints,
                 now=self._estimate(),
                 stale_after=STALE_DEFINITION_SECONDS,
-                confirm_after=REFRESH_SECONDS,
+                confirm_after=STALE_DEFINITION_SECONDS / 3,
             )
         )
         for name, replaced in settled.took_over.items():
@@ -339,7 +340,7 @@ class Scheduler:
                         definitions=mine,
                         now=now,
                         stale_after=STALE_DEFINITION_SECONDS,
-                        confirm_after=REFRESH_SECONDS,
+                        confirm_after=STALE_DEFINITION_SECONDS / 3,
                     )
                 )
                 state = settled.states[name]
