@@ -6,11 +6,12 @@ every schedule), reads the state of the schedules due, plans their ticks
 (:func:`~.spec.planning`, letting other tasks run between its steps, so a
 long catch-up never holds the event loop) and fires them in one
 transaction per few dozen schedules (:func:`~.runs.fire`); a worker that
-loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads the paused flags, so a
-schedule resumed elsewhere fires its missed ticks without a restart, and
-settles with the store which definition of each schedule is in force
-(:func:`~.runs.reconcile`): a schedule whose definition in force is not
-this worker's is left to the workers that hold it, and said once.
+loses the race writes nothing. Every :data:`REFRESH_SECONDS` it re-reads
+the paused flags, so a schedule resumed elsewhere fires its missed ticks
+without a restart, and settles with the store which definition of each
+schedule is in force (:func:`~.runs.reconcile`): a schedule whose
+definition in force is not this worker's is left to the workers that
+hold it, and said once.
 
 Time: whether a tick is due is decided by the store's clock -- the
 database server's on PostgreSQL, which every host shares (read with each
@@ -359,9 +360,12 @@ class Scheduler:
                 capped.append(name)
             self.next_fire[name] = None if math.isinf(decided.wake_at) else decided.wake_at
             self._queue(name, decided.wake_at)
+        failed: set[str] = set()
         for part in parts(work, FIRE_RUNS):
-            await self._write(part, now)
-        for name in capped:
+            # A schedule that failed in one part waits out its backoff
+            # before the rest of its catch-up is tried.
+            failed |= await self._write([w for w in part if w[0].name not in failed], now)
+        for name in (name for name in capped if name not in failed):
             self.log.warning(
                 "schedule %s: more than %d missed ticks inside its catch_up_seconds "
                 "(missed: all); the newest %d fired, the older ones were passed over",
@@ -370,11 +374,14 @@ class Scheduler:
                 MAX_BACKFILL_RUNS,
             )
 
-    async def _write(self, work: list[Work], now: float) -> None:
+    async def _write(self, work: list[Work], now: float) -> set[str]:
         """Fire ``work`` in one transaction; count and log what it wrote. If
         that fails, it is written again with each schedule on its own (a
         savepoint each): the schedules that fail are rolled back alone and
-        wait (:meth:`_failed`); an error of the store itself propagates."""
+        wait (:meth:`_failed`); an error of the store itself propagates.
+        Returns the names of the schedules that failed."""
+        if not work:
+            return set()
         try:
             runs = await self._fire_work(work, now, None)
             failed: dict[str, Exception] = {}
@@ -392,6 +399,7 @@ class Scheduler:
                     schedule.name,
                     before.failures,
                 )
+        return set(failed)
 
     async def _fire_work(
         self, work: list[Work], now: float, failed: dict[str, Exception] | None
