@@ -208,6 +208,17 @@ class RawDB:
     def allow_transitions(self) -> None:
         self.execute("DROP TRIGGER refuse")
 
+    def refuse_kind(self, kind: str, message: str) -> None:
+        """Make inserting a dispatch of ``kind`` fail, as a constraint of the
+        database's own would (dropped when the next test empties the store)."""
+        self.execute(
+            "CREATE TRIGGER refuse_kind BEFORE INSERT ON dispatch_outbox "
+            f"WHEN NEW.kind = '{kind}' BEGIN SELECT RAISE(ABORT, '{message}'); END"
+        )
+
+    def allow_kinds(self) -> None:
+        self.execute("DROP TRIGGER refuse_kind")
+
     def counts(self) -> tuple[int, int]:
         """(dispatch rows, transition rows)."""
         return (
@@ -281,6 +292,19 @@ class PostgresRaw(RawDB):
     def allow_transitions(self) -> None:
         self.execute("DROP TRIGGER refuse ON status_transitions")
 
+    def refuse_kind(self, kind: str, message: str) -> None:
+        self.execute(
+            "CREATE OR REPLACE FUNCTION refuse_kind() RETURNS trigger AS $$ BEGIN "
+            f"RAISE EXCEPTION '{message}'; END $$ LANGUAGE plpgsql"
+        )
+        self.execute(
+            "CREATE TRIGGER refuse_kind BEFORE INSERT ON dispatch_outbox FOR EACH ROW "
+            f"WHEN (NEW.kind = '{kind}') EXECUTE FUNCTION refuse_kind()"
+        )
+
+    def allow_kinds(self) -> None:
+        self.execute("DROP TRIGGER refuse_kind ON dispatch_outbox")
+
     @staticmethod
     def _delete_all(conn: Any) -> None:
         """DELETE (0.2 ms on a test's few rows, where TRUNCATE takes 15 ms
@@ -310,6 +334,11 @@ class PostgresRaw(RawDB):
             conn.execute(
                 "DROP TRIGGER IF EXISTS refuse ON status_transitions"
                 if "status_transitions" in present
+                else "SELECT 1"
+            )
+            conn.execute(
+                "DROP TRIGGER IF EXISTS refuse_kind ON dispatch_outbox"
+                if "dispatch_outbox" in present
                 else "SELECT 1"
             )
 

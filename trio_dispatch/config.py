@@ -453,6 +453,11 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
             transports[name] = plugin.build(_transport_values(plugin, dispatch), context)
         chosen = transport_plugins()[dispatch["transport"]]
         problems.extend(chosen.problems(transports[chosen.name], context))
+        for schedule in values.get("schedules", ()):
+            try:  # the worker's store refuses every tick of such a schedule
+                schedule.check_body_size(dispatch["max_body_bytes"], "dispatch.max_body_bytes")
+            except ValueError as exc:
+                problems.append(str(exc))
     schema: str | None = None
     if "store" in values and "schema" in values:
         engine, _ = parse_target(values["store"])

@@ -254,6 +254,12 @@ class Creations:
         unit of work the store runs again starts its own anew."""
         self.spans.clear()
 
+    def forget(self, kept: int) -> None:
+        """Forget the spans started after the first ``kept``, never to end or
+        export them: the part of a unit of work that started them was
+        rolled back."""
+        del self.spans[kept:]
+
     def written(self, ids: Sequence[str]) -> None:
         """Name each span's message: the id the enqueue returns for it."""
         for span, dispatch_id in zip(self.spans, ids, strict=False):

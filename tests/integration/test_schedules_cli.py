@@ -80,6 +80,7 @@ def test_schedules_lists_each_configured_schedule_with_its_cadence_and_next_fire
     header, *rows = done.stdout.splitlines()
     assert header.split() == [
         "NAME", "SCHEDULE", "TIMEZONE", "PAUSED", "LAST_TICK", "FIRED_AT", "ORIGIN", "NEXT",
+        "DEFINITION",
     ]  # fmt: skip
     assert [row.split()[0] for row in rows] == ["nightly-report", "hourly"]
     assert "cron 30 2 * * *  Europe/Berlin  no" in rows[0]
@@ -172,7 +173,7 @@ def test_pause_and_resume_are_kept_in_the_store(tmp_path: Path, db_target: str, 
     entry = listed(config)["nightly-report"]
     assert entry["paused"] is True and entry["next_fire"] is None
     text = run_cli("--config", str(config), "schedules").stdout
-    assert text.splitlines()[1].split()[-1] == "paused"
+    assert text.splitlines()[1].split()[-2:] == ["paused", "-"]  # no worker recorded one
     again = run_cli("--config", str(config), "schedules", "pause", "nightly-report", "--json")
     assert again.returncode == 0
     assert json.loads(again.stdout) == {
@@ -257,6 +258,9 @@ def test_without_a_configuration_nothing_is_configured(db_target: str) -> None:
 
 @pytest.mark.anyio
 @pytest.mark.slow  # real seconds of ticks; CI runs it
+# The worker's clock jumps hours ahead: SQLite takes the process's clock as
+# the store's; on PostgreSQL the database's clock decides (the test below).
+@pytest.mark.sqlite_only
 async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_when_resumed(
     tmp_path: Path,
     store: SQLiteStore,
@@ -310,6 +314,50 @@ async def test_a_running_worker_stops_firing_a_paused_schedule_and_catches_up_wh
     assert entry["last_fire"]["origin"] == "backfilled" and entry["paused"] is False
 
 
+@pytest.mark.anyio
+@pytest.mark.slow  # real seconds of ticks; CI runs it
+@pytest.mark.postgres_only
+async def test_a_running_worker_on_postgres_stops_firing_a_paused_schedule_until_resumed(
+    tmp_path: Path,
+    store: SQLiteStore,
+    db_target: str,
+    raw: RawDB,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(schedule_service, "REFRESH_SECONDS", 0.2)
+    config = write_config(tmp_path, db_target, SCHEDULES + "  beat:\n    every: 1s\n"
+                          "    kind: tick.beat\n    deliver_to: ticks\n")  # fmt: skip
+    beat = _schedules(config)[2]
+
+    async def nothing(delivery: Any) -> None:
+        pass
+
+    def ticks() -> list[float]:
+        rows = raw.rows("SELECT scheduled_for FROM schedule_runs ORDER BY scheduled_for")
+        return [float(r["scheduled_for"]) for r in rows]
+
+    worker = DispatchWorker(store, transport=nothing, schedules=[beat])
+    scheduler = worker.scheduler
+    assert scheduler is not None
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: len(ticks()) >= 1, timeout=10)
+        paused = await arun_cli("--config", str(config), "schedules", "pause", "beat")
+        assert paused.returncode == 0, paused.stderr
+        await wait_for(lambda: scheduler.next_fire["beat"] is None, timeout=5)
+        held = ticks()
+        await anyio.sleep(2.5)
+        assert ticks() == held  # paused: nothing fired
+        resumed = await arun_cli("--config", str(config), "schedules", "resume", "beat")
+        assert resumed.returncode == 0, resumed.stderr
+        resumed_at = time.time()
+        await wait_for(lambda: len(ticks()) > len(held), timeout=5)
+        tg.cancel_scope.cancel()
+    # missed: latest, with an on-time tick: the ticks missed while paused pass.
+    after = ticks()[len(held) :]
+    assert after[0] >= resumed_at - 1.5 and after[0] >= held[-1] + 2
+
+
 def _schedules(config: Path) -> list[Schedule]:
     return list(load_config(config).schedules)
 
@@ -335,3 +383,72 @@ def test_the_web_command_shows_the_configuration_s_schedules_and_writes_nothing(
         assert ">2</div><div class=l>schedules, 1 paused" in home
         assert file_state(db_path) == before
     assert web.returncode == 0
+
+
+# -- definitions the store holds -------------------------------------------------------
+
+
+def record_definition(target: str, name: str, fingerprint: str) -> None:
+    """What a worker with this definition of ``name`` records at its start."""
+    from trio_dispatch.schedules.runs import reconcile
+
+    async def settle() -> None:
+        async with open_store(target) as db:
+            await db.write(
+                lambda conn: reconcile(conn, {name: fingerprint}, time.time(), 60.0, 10.0)
+            )
+
+    anyio.run(settle)
+
+
+def test_the_listing_shows_when_another_definition_is_in_force(
+    tmp_path: Path, db_target: str
+) -> None:
+    migrate(db_target)
+    config = write_config(tmp_path, db_target)
+    nightly, hourly = _schedules(config)
+    record_definition(db_target, "hourly", hourly.fingerprint)
+    record_definition(db_target, "nightly-report", "0123456789abcdef")  # another deploy's
+    rows = run_cli("--config", str(config), "schedules").stdout.splitlines()[1:]
+    # NEXT is "-" where another definition's ticks fire, then the DEFINITION column
+    assert rows[0].split()[-5:] == ["-", "differs:", "0123456789abcdef", "in", "force"], rows
+    assert rows[1].split()[-2:] == ["in", "force"] and "differs" not in rows[1], rows
+    entries = listed(config)
+    assert entries["nightly-report"]["fingerprint"] == nightly.fingerprint
+    assert entries["nightly-report"]["definition_in_force"] == "0123456789abcdef"
+    assert entries["nightly-report"]["definition_differs"] is True
+    assert entries["nightly-report"]["next_fire"] is None  # this definition's ticks do not fire
+    assert entries["hourly"]["definition_in_force"] == hourly.fingerprint
+    assert entries["hourly"]["definition_differs"] is False
+    assert entries["hourly"]["next_fire"] is not None
+    document = json.loads(run_cli("check-config", str(config), "--json").stdout)
+    assert [s["fingerprint"] for s in document["schedules"]] == [
+        nightly.fingerprint,
+        hourly.fingerprint,
+    ]
+
+
+def test_pause_and_resume_take_a_name_the_store_knows_and_this_configuration_lacks(
+    tmp_path: Path, db_target: str, raw: RawDB
+) -> None:
+    migrate(db_target)
+    config = write_config(tmp_path, db_target)
+    record_definition(db_target, "retired", "0123456789abcdef")  # another deploy's schedule
+    paused = run_cli("--config", str(config), "schedules", "pause", "retired")
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.strip() == "paused schedule retired (not in this configuration)"
+    assert int(raw.scalar("SELECT paused FROM dispatch_schedules WHERE name = 'retired'")) == 1
+    resumed = run_cli("--config", str(config), "schedules", "resume", "retired", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"schedule": "retired", "paused": False, "changed": True}
+    assert int(raw.scalar("SELECT paused FROM dispatch_schedules WHERE name = 'retired'")) == 0
+    # A name neither holds is still exit 1, and nothing is written.
+    before = raw.rows("SELECT * FROM dispatch_schedules ORDER BY name")
+    for action in ("pause", "resume", "run"):
+        done = run_cli("--config", str(config), "schedules", action, "nowhere")
+        assert_one_line_error(done, 1, "'nowhere'", "configured: nightly-report, hourly")
+    assert raw.rows("SELECT * FROM dispatch_schedules ORDER BY name") == before
+    # run needs the definition: a name only the store knows cannot be run from here.
+    ran = run_cli("--config", str(config), "schedules", "run", "retired")
+    assert_one_line_error(ran, 1, "'retired'", "in the configuration")
+    assert raw.scalar("SELECT COUNT(*) FROM schedule_runs") == 0

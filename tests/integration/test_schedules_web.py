@@ -47,17 +47,15 @@ def runs_by_origin(raw: RawDB, name: str) -> dict[str, int]:
 async def test_metrics_count_a_worker_s_runs_by_outcome_and_give_each_next_fire(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    # The worker's clock stands half an hour past an hour's tick, so the
-    # hourly schedule, first seen two hours before, has a missed tick to
-    # catch up (backfilled) while the every-1s one fires on time.
-    start = time.time()
-    shift = math.floor(start / 3600) * 3600 + 1800 - start
-
-    def clock() -> float:
-        return time.time() + shift
-
+    # The hourly schedule fires half an hour from the minute the test starts,
+    # so, first seen two hours before, it has a missed tick about half an
+    # hour old to catch up (backfilled) while the every-1s one fires on
+    # time. (The clock is the real one: on PostgreSQL the database's clock
+    # decides when a tick is due.)
+    clock = time.time
+    minute = (time.gmtime(clock()).tm_min + 30) % 60
     fast = Schedule(name="fast", every="1s", kind="tick", deliver_to="ticks")
-    hourly = Schedule(name="hourly", every="1h", kind="tick", deliver_to="ticks")
+    hourly = Schedule(name="hourly", cron=f"{minute} * * * *", kind="tick", deliver_to="ticks")
     held = Schedule(name="held", every="1h", kind="tick", deliver_to="ticks")
     await store.write(partial(see, names=["hourly"], now=clock() - 7200))
     await store.write(partial(set_paused, name="held", paused=True, now=clock()))
@@ -99,7 +97,8 @@ async def test_metrics_count_a_worker_s_runs_by_outcome_and_give_each_next_fire(
     hourly_next = next_fire[
         ("trio_dispatch_schedule_next_fire_timestamp_seconds", ("schedule", "hourly"))
     ]
-    assert hourly_next == math.floor(scraped_at / 3600) * 3600 + 3600
+    expected_next = math.floor(scraped_at / 3600) * 3600 + minute * 60
+    assert hourly_next == expected_next + (3600 if expected_next <= scraped_at else 0)
     after_pause = samples(settled["trio_dispatch_schedule_next_fire_timestamp_seconds"])
     assert [key[1] for key in after_pause] == [("schedule", "hourly")]
     final = samples(settled["trio_dispatch_schedule_runs"])
@@ -154,6 +153,10 @@ async def test_the_schedules_page_lists_each_schedule_with_its_state_escaped(
     now = time.time()
     run = await store.write(partial(fire_manual, schedule=nightly, now=now))
     await store.write(partial(set_paused, name="hourly", paused=True, now=now))
+    # Another deploy's definition of hourly is in force.
+    raw.execute(
+        "UPDATE dispatch_schedules SET definition = 'ffffffffffffffff' WHERE name = 'hourly'"
+    )
     before = raw.rows("SELECT * FROM dispatch_schedules ORDER BY name")
     app = WebApp(store, schedules=[nightly, hourly, never])
     async with serving(app) as client:
@@ -173,6 +176,8 @@ async def test_the_schedules_page_lists_each_schedule_with_its_state_escaped(
     assert re.search(r"T<wbr>0[01]:30:00Z", first)  # next fire: 02:30 in Berlin, in UTC
     paused = rows["hourly"]
     assert 'badge paused">paused<' in paused and "every 1h" in paused
+    assert 'badge other_definition">other definition<' in paused
+    assert "other definition" not in first
     assert paused.endswith("<td class=when>-</td>")  # paused: no next fire
     fresh = rows["never-seen"]
     assert "<td>-</td>" in fresh and 'badge active">active<' in fresh

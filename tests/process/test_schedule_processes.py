@@ -1,18 +1,27 @@
 """Schedules (SPEC 14) under real worker processes (scripts/schedule_soak.py):
 three workers with the same ``every: 1s`` schedules on one store fire each
 tick exactly once, left alone and with one of them SIGKILLed and restarted
-every second or two; on SQLite and on PostgreSQL."""
+every second or two; a rolling deploy that changes a schedule fires each
+tick with one definition; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import signal
+import subprocess
 import sys
+import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from ..conftest import RawDB
+from ..helpers import start_worker
 
 
 def _driver() -> ModuleType:
@@ -114,3 +123,87 @@ def test_the_check_sees_a_missing_tick_and_a_tick_with_two_dispatches(tmp_path: 
     assert figures["missing_ticks"] == 1 and figures["missing_examples"] == [(names[0], 101.0)]
     assert figures["runs_with_several_dispatches"] == 1, figures
     assert figures["runs_without_dispatch"] == 1, figures
+
+
+def _deploy(tmp_path: Path, name: str, target: str, every: str, kind: str) -> Path:
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(
+        json.dumps(  # JSON is YAML
+            {
+                "store": target,
+                "dispatch": {"notify_template": ["true"]},
+                "worker": {"tick_seconds": 3600, "grace_seconds": 0.3},
+                "schedules": {"beat": {"every": every, "kind": kind, "deliver_to": "d"}},
+                "log_level": "INFO",
+            }
+        )
+    )
+    return config
+
+
+def _until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _stop(worker: subprocess.Popen[str]) -> str:
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    return stderr
+
+
+@pytest.mark.slow
+def test_a_rolling_deploy_that_changes_a_schedule_fires_each_tick_with_one_definition(
+    tmp_path: Path, db_target: str, raw: RawDB
+) -> None:
+    def kinds() -> list[tuple[float, str]]:
+        rows = raw.rows(
+            "SELECT r.scheduled_for, d.kind FROM schedule_runs r "
+            "JOIN dispatch_outbox d ON d.schedule_run_id = r.id ORDER BY r.scheduled_for"
+        )
+        return [(float(row["scheduled_for"]), str(row["kind"])) for row in rows]
+
+    def count(kind: str) -> int:
+        return [k for _, k in kinds()].count(kind)
+
+    import anyio
+
+    from trio_dispatch import open_store
+
+    async def migrate() -> None:
+        async with open_store(db_target):
+            pass
+
+    anyio.run(migrate)
+    old = _deploy(tmp_path, "old", db_target, "1s", "old")
+    new = _deploy(tmp_path, "new", db_target, "2s", "new")
+    running = start_worker(old)
+    try:
+        _until(lambda: count("old") >= 2)
+        deployed = start_worker(new)  # the deploy starts a worker with the new definition
+        try:
+            _until(lambda: count("new") >= 2)
+            said_old = _stop(running)  # ... and stops the old one
+            # A straggler with the old definition restarts: it takes nothing back.
+            running = start_worker(old)
+            seen = count("new")
+            _until(lambda: count("new") >= seen + 2)
+            said_again = _stop(running)
+        finally:
+            if deployed.poll() is None:
+                said_new = _stop(deployed)
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    fired = kinds()
+    order = [kind for _, kind in fired]
+    switch = order.index("new")
+    assert order == ["old"] * switch + ["new"] * (len(order) - switch), fired
+    assert all(tick % 2 == 0 for tick, kind in fired if kind == "new"), fired
+    for said in (said_old, said_again):
+        assert said.count("is not this worker's") == 1, said
+    assert said_new.count("is now the one in force") == 1, said_new

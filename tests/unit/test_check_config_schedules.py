@@ -155,3 +155,26 @@ def test_check_config_reports_every_bad_schedule_at_once(tmp_path: Path) -> None
         "schedules.b.cron",
         "worker.concurrency",
     ]
+
+
+def test_a_schedule_body_is_held_to_the_configured_body_limit(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    body = "{text: " + "x" * 200 + "}"
+    schedule = (
+        f"schedules:\n  big:\n    every: 5s\n    kind: k\n    deliver_to: d\n    body: {body}\n"
+    )
+    config.write_text(f"store: o.db\ndispatch:\n  max_body_bytes: 100\n{schedule}")
+    words = [
+        "schedules.big.body is 212 bytes of JSON, over the limit of 100 bytes "
+        "(dispatch.max_body_bytes)"
+    ]
+    assert_one_line_error(cli("check-config", str(config)), 2, str(config), *words)
+    document = json.loads(cli("check-config", str(config), "--json").stdout)
+    assert document["valid"] is False and document["errors"] == words
+    # every command that reads the file refuses it the same way (the worker too)
+    assert_one_line_error(cli("--config", str(config), "schedules"), 2, words[0])
+    assert_one_line_error(cli("--config", str(config), "worker"), 2, words[0])
+    # Under a limit it fits, the same schedule is what the worker takes.
+    config.write_text(f"store: o.db\ndispatch:\n  max_body_bytes: 212\n{schedule}")
+    done = cli("check-config", str(config))
+    assert done.returncode == 0, done.stderr

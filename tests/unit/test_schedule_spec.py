@@ -9,10 +9,20 @@ from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trio_dispatch.config import ConfigError, parse_config
 from trio_dispatch.schedules import Schedule, schedules_from_config
-from trio_dispatch.schedules.spec import ON_TIME_SECONDS, plan
+from trio_dispatch.schedules.spec import (
+    MAX_BACKFILL_RUNS,
+    MAX_CATCH_UP_SECONDS,
+    ON_TIME_SECONDS,
+    WALK_STEP,
+    Plan,
+    plan,
+    planning,
+)
 
 
 def schedule(**fields: object) -> Schedule:
@@ -222,3 +232,163 @@ def test_a_jitter_longer_than_the_interval_keeps_every_tick_in_order() -> None:
         fired += [tick for tick, backfilled in decided.fire if not backfilled]
         cursor = decided.handled if decided.handled is not None else cursor
     assert fired[:100] == [float(t) for t in range(1000, 1100)]
+
+
+# -- long catch-ups: bounded work, bounded backfill ----------------------------------
+
+DAY = 86400.0
+
+
+def planned(s: Schedule, cursor: float, now: float) -> tuple[Plan, int]:
+    """The plan, and how many times it yielded on the way (a count of its work)."""
+    steps, yields = planning(s, cursor, now), 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: Plan = done.value
+            return result, yields
+        yields += 1
+
+
+def reference_plan(s: Schedule, cursor: float, now: float) -> list[tuple[float, bool]]:
+    """What fires, found the slow way: every tick of the window walked."""
+    horizon = now - max(s.catch_up_seconds, ON_TIME_SECONDS) - s.jitter_seconds
+    tick = s.next_tick(cursor if cursor >= horizon else horizon - 0.001)
+    due = []
+    while s.fire_time(tick) <= now:
+        due.append(tick)
+        tick = s.next_tick(tick)
+    if not due:
+        return []
+    on_time = due[-1] if now - s.fire_time(due[-1]) <= ON_TIME_SECONDS else None
+    missed = [
+        t for t in (due[:-1] if on_time is not None else due) if t >= now - s.catch_up_seconds
+    ]
+    chosen = {"skip": [], "latest": missed[-1:] if on_time is None else [], "all": missed}
+    return [(t, True) for t in chosen[s.missed][-MAX_BACKFILL_RUNS:]] + (
+        [(on_time, False)] if on_time is not None else []
+    )
+
+
+@pytest.mark.parametrize("missed", ["skip", "latest", "all"])
+def test_a_30_day_window_of_every_second_is_planned_without_walking_it(missed: str) -> None:
+    # First seen 30 days ago, every second: 2,592,000 ticks since.
+    s = schedule(every="1s", missed=missed, catch_up_seconds=30 * DAY)
+    now = 2_000_000_000.25
+    decided, yields = planned(s, now - 30 * DAY, now)
+    assert decided.handled == 2_000_000_000.0 and decided.wake_at == 2_000_000_001.0
+    on_time = [(2_000_000_000.0, False)]  # the newest tick is a quarter second old
+    if missed == "all":
+        assert len(decided.fire) == MAX_BACKFILL_RUNS + 1 and decided.capped
+        first = 2_000_000_000.0 - MAX_BACKFILL_RUNS
+        assert list(decided.fire[:2]) == [(first, True), (first + 1, True)]
+        assert list(decided.fire[-1:]) == on_time
+    else:
+        assert list(decided.fire) == on_time and not decided.capped
+    assert yields == 0  # arithmetic: no tick walked
+
+
+@pytest.mark.parametrize("missed", ["skip", "latest", "all"])
+def test_a_30_day_window_of_a_minutely_cron_walks_about_the_runs_it_fires(missed: str) -> None:
+    s = schedule(
+        cron="* * * * *", timezone="Europe/Berlin", missed=missed, catch_up_seconds=30 * DAY
+    )
+    now = datetime(2026, 3, 29, 12, 0, 30, tzinfo=UTC).timestamp()  # a DST day behind it
+    decided, yields = planned(s, now - 30 * DAY, now)
+    assert decided.handled == now - 30
+    if missed == "all":
+        ticks = [tick for tick, _ in decided.fire]
+        assert len(ticks) == MAX_BACKFILL_RUNS + 1 and decided.capped
+        assert ticks == [now - 30 - 60 * n for n in range(MAX_BACKFILL_RUNS, -1, -1)]
+        # 43,200 ticks in the window; the walk covers about twice those kept.
+        assert yields <= 2 * MAX_BACKFILL_RUNS // WALK_STEP + 2
+    else:
+        assert list(decided.fire) == [(now - 30, False)] and yields == 0
+
+
+def test_a_daily_cron_after_a_long_downtime_fires_its_newest_missed_tick_once() -> None:
+    s = schedule(cron="30 2 * * *", timezone="Europe/Berlin", catch_up_seconds=2 * DAY)
+    now = datetime(2026, 3, 30, 12, 0, tzinfo=UTC).timestamp()
+    decided, yields = planned(s, now - 300 * DAY, now)
+    newest = datetime(2026, 3, 30, 0, 30, tzinfo=UTC).timestamp()  # 02:30 CEST
+    assert list(decided.fire) == [(newest, True)] and decided.handled == newest
+    assert yields == 0
+
+
+def test_all_below_the_cap_fires_every_missed_tick_and_says_nothing_was_passed_over() -> None:
+    s = schedule(every="1h", missed="all", catch_up_seconds=30 * DAY)
+    decided = plan(s, 0.0, 100 * HOUR + 1800)
+    assert [t for t, _ in decided.fire] == [HOUR * n for n in range(1, 101)]
+    assert not decided.capped
+    c = schedule(cron="0 * * * *", missed="all", catch_up_seconds=30 * DAY)
+    assert plan(c, 0.0, 100 * HOUR + 1800) == decided
+
+
+@given(
+    cursor=st.integers(0, 4 * 86400),
+    ahead=st.floats(0, 3 * 86400),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+    cadence=st.sampled_from(
+        [
+            {"every": "7m"},
+            {"every": "1h"},
+            {"cron": "*/20 * * * *"},
+            {"cron": "30 2 * * *"},
+            {"cron": "0 9-17 * * 1-5"},
+            {"cron": "15 1,2,3 * * *"},
+        ]
+    ),
+    missed=st.sampled_from(["skip", "latest", "all"]),
+    catch_up=st.sampled_from([0, 60, 3600, 86400]),
+    jitter=st.sampled_from([0, 30, 600]),
+    base=st.sampled_from([date(2026, 3, 27), date(2026, 10, 23), date(2026, 10, 30)]),
+)
+def test_the_plan_fires_what_walking_every_tick_would(
+    base: date,
+    cursor: int,
+    ahead: float,
+    zone: str,
+    cadence: dict[str, str],
+    missed: str,
+    catch_up: int,
+    jitter: int,
+) -> None:
+    # Days with a DST change in Europe or America ahead of them.
+    start = datetime(base.year, base.month, base.day, tzinfo=UTC).timestamp()
+    s = schedule(
+        **cadence, timezone=zone, missed=missed, catch_up_seconds=catch_up, jitter_seconds=jitter
+    )
+    now = start + cursor + ahead
+    assert list(plan(s, start + cursor, now).fire) == reference_plan(s, start + cursor, now)
+
+
+def test_catch_up_is_bounded_with_an_error_naming_the_value_and_the_maximum() -> None:
+    assert schedule(every="1m", catch_up_seconds=MAX_CATCH_UP_SECONDS).catch_up_seconds == 31 * DAY
+    with pytest.raises(ValueError) as caught:
+        schedule(every="1m", catch_up_seconds=MAX_CATCH_UP_SECONDS + 1)
+    assert str(caught.value) == (
+        "schedule 's': catch_up_seconds must be at most 2678400 (31 days), got 2678401"
+    )
+    with pytest.raises(ConfigError, match=r"schedules\.n\.catch_up_seconds must be at most"):
+        parse_config(
+            {
+                "schedules": {
+                    "n": {"every": "1m", "kind": "r", "deliver_to": "d", "catch_up_seconds": 10**9}
+                }
+            }
+        )
+
+
+def test_a_catch_up_is_written_in_parts_of_a_bounded_number_of_runs() -> None:
+    from trio_dispatch.schedules.service import parts
+
+    a, b, c = schedule(name="a", every="1s"), schedule(name="b", every="1s"), schedule(every="1h")
+    ticks = [(float(t), True) for t in range(1, 451)]
+    cut = parts([(a, ticks, 451.0), (b, ticks[:10], 10.0), (c, [], 3600.0)], 200)
+    assert [[(s.name, len(t), handled) for s, t, handled in part] for part in cut] == [
+        [("a", 200, None)],
+        [("a", 200, None)],
+        [("a", 50, 451.0), ("b", 10, 10.0), ("s", 0, 3600.0)],
+    ]
+    assert [t for part in cut for s, ts, _ in part if s is a for t in ts] == ticks

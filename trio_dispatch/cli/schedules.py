@@ -8,8 +8,11 @@ changes anything. ``schedules pause NAME`` and ``schedules resume NAME``
 set the flag every worker reads from the store (a worker notices within
 its refresh period; resumed, the missed ticks follow the schedule's
 ``missed``); ``schedules run NAME`` fires one extra run now, flagged
-manual, and prints its dispatch id. A name the configuration does not
-hold is exit 1 with one line naming it and the configured names.
+manual, and prints its dispatch id. Pause and resume also take a name the
+store knows that this configuration lacks (a schedule another deploy's
+workers run). A name neither holds (``run``: the configuration does not
+hold) is exit 1 with one line naming it and the configured names, and
+nothing is written.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from ..redact import visible
-from ..schedules.runs import Fired, fire_manual, listing, set_paused
+from ..schedules.runs import Fired, Listing, fire_manual, listing, set_paused
 from ..schedules.service import REFRESH_SECONDS
 from ..schedules.spec import Schedule
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
@@ -51,11 +54,12 @@ def is_read(args: argparse.Namespace) -> bool:
 
 def check_schedules_args(args: argparse.Namespace, choice: StoreChoice) -> None:
     """Before the store is opened: keep the configuration's schedules (and
-    body limit) in ``args``; an act on a name not configured is
-    :class:`NotApplied`, the store untouched."""
+    body limit) in ``args``; ``run`` of a name not configured is
+    :class:`NotApplied`, the store untouched (pause and resume look in the
+    store too)."""
     args.configured_schedules = choice.schedules
     args.max_body_bytes = choice.max_body_bytes or DEFAULT_MAX_BODY_BYTES
-    if not is_read(args):
+    if getattr(args, "action", None) == "run":
         schedule_named(choice.schedules, args.name)
 
 
@@ -65,40 +69,61 @@ async def cmd_schedules(db: Store, args: argparse.Namespace) -> int:
     action = getattr(args, "action", None)
     if action is None:
         return await _list(db, args, args.configured_schedules)
-    schedule = schedule_named(args.configured_schedules, args.name)
     now = time.time()
-    if action == "run":
-        limit = args.max_body_bytes
-        run: Fired = await db.write(
-            partial(fire_manual, schedule=schedule, now=now, max_body=limit)
-        )
-        db.notify_enqueued()
-        if args.json:
-            emit_json(
-                {
-                    "schedule": run.schedule,
-                    "origin": run.origin,
-                    "run_id": run.run_id,
-                    "dispatch_id": run.dispatch_id,
-                }
-            )
-        else:
-            print(f"ran schedule {visible(schedule.name)} (manual): dispatch {run.dispatch_id}")
-        return EXIT_OK
-    paused = action == "pause"
-    changed: bool = await db.write(partial(set_paused, name=schedule.name, paused=paused, now=now))
+    if action in ("pause", "resume"):
+        return await _set_paused(db, args, action == "pause", now)
+    schedule = schedule_named(args.configured_schedules, args.name)  # action "run"
+    run: Fired = await db.write(
+        partial(fire_manual, schedule=schedule, now=now, max_body=args.max_body_bytes)
+    )
+    db.notify_enqueued()
     if args.json:
-        emit_json({"schedule": schedule.name, "paused": paused, "changed": changed})
+        emit_json(
+            {
+                "schedule": run.schedule,
+                "origin": run.origin,
+                "run_id": run.run_id,
+                "dispatch_id": run.dispatch_id,
+            }
+        )
+    else:
+        print(f"ran schedule {visible(schedule.name)} (manual): dispatch {run.dispatch_id}")
+    return EXIT_OK
+
+
+async def _set_paused(db: Store, args: argparse.Namespace, paused: bool, now: float) -> int:
+    """Pause or resume the schedule named: a configured one (recorded first
+    if no worker has seen it), else one the store knows."""
+    name: str = args.name
+    configured = next((s for s in args.configured_schedules if s.name == name), None)
+    changed: bool | None = await db.write(
+        partial(set_paused, name=name, paused=paused, now=now, known_only=configured is None)
+    )
+    if changed is None:
+        names = ", ".join(visible(s.name) for s in args.configured_schedules) or "none"
+        raise NotApplied(
+            f"no schedule named {visible(repr(name))} in the configuration "
+            f"(configured: {names}) or in the store"
+        )
+    shown = visible(name)
+    if args.json:
+        emit_json({"schedule": name, "paused": paused, "changed": changed})
     elif changed and paused:
-        print(f"paused schedule {visible(schedule.name)}")
+        print(f"paused schedule {shown}" + ("" if configured else " (not in this configuration)"))
     elif changed:
+        follows = (
+            f"its missed ticks follow missed: {configured.missed}"
+            if configured is not None
+            else "not in this configuration: its missed ticks follow the missed of the "
+            "workers that have it"
+        )
         print(
-            f"resumed schedule {visible(schedule.name)} (running workers take it up within "
-            f"{REFRESH_SECONDS:g}s; its missed ticks follow missed: {schedule.missed})"
+            f"resumed schedule {shown} (running workers take it up within "
+            f"{REFRESH_SECONDS:g}s; {follows})"
         )
     else:
         state = "paused" if paused else "not paused"
-        print(f"schedule {visible(schedule.name)} was already {state}: nothing to do")
+        print(f"schedule {shown} was already {state}: nothing to do")
     return EXIT_OK
 
 
@@ -110,6 +135,13 @@ def _last(last: Any, now: float) -> tuple[str, str, str]:
         format_time(float(last["created_at"]), now),
         visible(last["origin"]),
     )
+
+
+def _definition(entry: Listing) -> str:
+    """Whether this configuration's definition is the one in force."""
+    if entry.in_force is None:
+        return "-"  # no worker has recorded one yet
+    return f"differs: {entry.in_force} in force" if entry.differs else "in force"
 
 
 async def _list(db: Store, args: argparse.Namespace, schedules: tuple[Schedule, ...]) -> int:
@@ -136,8 +168,12 @@ async def _list(db: Store, args: argparse.Namespace, schedules: tuple[Schedule, 
                 fired,
                 origin,
                 "paused" if paused else format_time(entry.next_fire, now),
+                _definition(entry),
             ]
         )
-    headers = ["NAME", "SCHEDULE", "TIMEZONE", "PAUSED", "LAST_TICK", "FIRED_AT", "ORIGIN", "NEXT"]
+    headers = [
+        "NAME", "SCHEDULE", "TIMEZONE", "PAUSED", "LAST_TICK", "FIRED_AT", "ORIGIN", "NEXT",
+        "DEFINITION",
+    ]  # fmt: skip
     print(format_table(headers, rows, flexible=1, wide=args.wide))
     return EXIT_OK

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import re
-from collections.abc import Mapping
+import sys
+from collections.abc import Generator, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError
@@ -43,11 +45,29 @@ ON_TIME_SECONDS: Final = 60.0
 older than that, or followed by a newer due tick, was missed (no worker ran,
 or the schedule was paused) and follows the schedule's ``missed`` policy."""
 MAX_TICKS_PER_PLAN: Final = 10_000
-"""Most ticks one look at a schedule considers (``every: 1s`` with a day of
-catch-up would be 86,400): the newest are kept."""
+"""Most wall times one search for the next tick passes over (a repeated
+hour's) before it gives up."""
+MAX_CATCH_UP_SECONDS: Final = 31 * 86400
+"""The longest ``catch_up_seconds``: 31 days, so a monthly cron's missed
+tick can still be caught up."""
+MAX_BACKFILL_RUNS: Final = 1000
+"""The most runs one catch-up of ``missed: all`` fires: the newest missed
+ticks inside the window. Older ones are passed over, and the service says
+so once."""
+WALK_STEP: Final = 64
+"""Cron ticks walked between two yields of a plan (:func:`planning`), so a
+long walk never holds the event loop for more than a fraction of a
+millisecond at a time."""
+_SEARCH_WALK: Final = 8
+"""Ticks walked from the cursor before the newest due tick is searched for
+instead (a worker that keeps up finds it within one or two)."""
 _NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 _EVERY: Final = re.compile(r"(\d+)\s*(s|m|h|d)")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+T = TypeVar("T")
+Steps = Generator[None, None, T]
+"""A computation that yields now and then, so the service can let other
+tasks run between its steps; :func:`finish` runs one to its end at once."""
 ENQUEUE_FIELDS: Final = ("max_attempts", "ack_required", "ordering_key", "expires_after_seconds")
 """The enqueue arguments a schedule may set for each of its dispatches."""
 
@@ -136,10 +156,14 @@ class Schedule:
         try:  # these checks name the bare field
             require_kind(self.kind)
             require_route(self.deliver_to)
+            body_bytes = 0
             if self.body is not None:
                 if not isinstance(self.body, Mapping):
                     raise TypeError(f"body must be a mapping, got {type(self.body).__name__}")
-                require_body(dict(self.body))
+                # Its size is held to the store's limit where that is known
+                # (the configuration's dispatch.max_body_bytes, the store a
+                # worker runs on): :meth:`check_body_size`.
+                body_bytes = len(require_body(dict(self.body), sys.maxsize).encode())
             if self.ordering_key is not None:
                 require_ordering_key(self.ordering_key)
         except (TypeError, ValueError) as exc:
@@ -149,6 +173,11 @@ class Schedule:
                 f"{at}missed must be one of {', '.join(MISSED_POLICIES)}, got {show(self.missed)}"
             )
         catch_up = require_number(f"{at}catch_up_seconds", self.catch_up_seconds, minimum=0.0)
+        if catch_up > MAX_CATCH_UP_SECONDS:
+            raise ValueError(
+                f"{at}catch_up_seconds must be at most {MAX_CATCH_UP_SECONDS} (31 days), "
+                f"got {show(self.catch_up_seconds)}"
+            )
         jitter = require_number(f"{at}jitter_seconds", self.jitter_seconds, minimum=0.0)
         if self.max_attempts is not None:
             require_int(f"{at}max_attempts", self.max_attempts, minimum=1)
@@ -160,6 +189,52 @@ class Schedule:
         object.__setattr__(self, "jitter_seconds", jitter)
         object.__setattr__(self, "_seconds", seconds)
         object.__setattr__(self, "_zone", zone)
+        object.__setattr__(self, "_body_bytes", body_bytes)
+        object.__setattr__(self, "_fingerprint", self._digest())
+
+    def _digest(self) -> str:
+        definition = {
+            "cron": None if self.cron is None else " ".join(self.cron.split()),
+            "every": self.interval_seconds,
+            "timezone": self.timezone,
+            "kind": self.kind,
+            "deliver_to": self.deliver_to,
+            # As stored: keys as strings, so any body sorts.
+            "body": None if self.body is None else json.loads(json.dumps(dict(self.body))),
+            "missed": self.missed,
+            "catch_up_seconds": self.catch_up_seconds,
+            "jitter_seconds": self.jitter_seconds,
+            **{field: getattr(self, field) for field in ENQUEUE_FIELDS},
+        }
+        text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the definition: every field but the name (cadence,
+        timezone, what each tick enqueues, the missed policy), 16 hex
+        digits. Workers whose fingerprints for one name differ hold
+        different definitions; the store records the one in force (see
+        :mod:`.runs`)."""
+        fingerprint: str = self.__dict__["_fingerprint"]
+        return fingerprint
+
+    @property
+    def body_bytes(self) -> int:
+        """The size of ``body`` in bytes of JSON (0 without one)."""
+        size: int = self.__dict__["_body_bytes"]
+        return size
+
+    def check_body_size(self, limit: int, setting: str = "max_body_bytes") -> None:
+        """Raise ``ValueError`` naming the schedule, its body's size and
+        ``setting`` when the body is over ``limit`` bytes of JSON: every
+        tick's enqueue would be refused."""
+        if self.body_bytes > limit:
+            at = self.where or f"schedule {self.name!r}: "
+            raise ValueError(
+                f"{at}body is {self.body_bytes:,} bytes of JSON, over the limit of "
+                f"{limit:,} bytes ({setting})"
+            )
 
     @property
     def interval_seconds(self) -> int | None:
@@ -185,6 +260,7 @@ class Schedule:
             "missed": self.missed,
             "catch_up_seconds": self.catch_up_seconds,
             "jitter_seconds": self.jitter_seconds,
+            "fingerprint": self.fingerprint,
         }
 
     def next_tick(self, after: float) -> float:
@@ -193,21 +269,103 @@ class Schedule:
         seconds = self.interval_seconds
         if seconds is not None:
             return float((math.floor(after / seconds) + 1) * seconds)
+        return next(self._cron_ticks(after), math.inf)
+
+    def _cron_ticks(self, after: float) -> Iterator[float]:
+        """The cron's ticks after ``after``, in order, each instant once."""
         from cronsim import CronSim
 
         start = datetime.fromtimestamp(math.floor(after), self.__dict__["_zone"])
+        newest, passed = after, 0
         try:
             # A repeated hour yields wall times whose instants lie behind
-            # ``after``; they are passed over (each instant fires once).
-            for count, moment in enumerate(CronSim(str(self.cron), start)):
+            # ``after`` (or behind the tick before); they are passed over
+            # (each instant fires once).
+            for moment in CronSim(str(self.cron), start):
                 stamp = moment.timestamp()
-                if stamp > after:
-                    return stamp
-                if count > MAX_TICKS_PER_PLAN:
-                    break
+                if stamp > newest:
+                    newest, passed = stamp, 0
+                    yield stamp
+                elif (passed := passed + 1) > MAX_TICKS_PER_PLAN:
+                    return
         except StopIteration:  # pragma: no cover - cronsim's 50-year horizon
-            pass
-        return math.inf
+            return
+
+    def last_tick(self, after: float, at: float) -> float | None:
+        """The newest tick in ``(after, at]``, or None. Arithmetic for
+        ``every``; for a cron, a few steps from ``after`` or else a binary
+        search over the seconds between (about 22 looks for a 31-day span),
+        never a walk over every tick between."""
+        seconds = self.interval_seconds
+        if seconds is not None:
+            tick = float(math.floor(at / seconds) * seconds)
+            return tick if tick > after else None
+        found = None
+        for count, tick in enumerate(self._cron_ticks(after)):
+            if tick > at:
+                return found
+            if count == _SEARCH_WALK:
+                break
+            found = tick
+        else:
+            return found
+        # Ticks fall on whole seconds, and the first tick after a second is
+        # never earlier than the first tick after an earlier one: the newest
+        # tick up to ``at`` is the first tick after the last second whose
+        # first tick after it is still no later than ``at``.
+        assert found is not None
+        low, high = math.floor(found), math.floor(at)  # next_tick(low) <= at < next_tick(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.next_tick(middle) <= at:
+                low = middle
+            else:
+                high = middle
+        return self.next_tick(low)
+
+    def ticks_between(self, after: float, until: float) -> Steps[list[float]]:
+        """Every tick in ``(after, until]``, oldest first; a cron's are
+        walked, with a yield every :data:`WALK_STEP` ticks."""
+        seconds = self.interval_seconds
+        if seconds is not None:
+            first = math.floor(after / seconds) + 1
+            last = math.floor(until / seconds)
+            return [float(n * seconds) for n in range(first, last + 1)]
+        found: list[float] = []
+        for tick in self._cron_ticks(after):
+            if tick > until:
+                break
+            found.append(tick)
+            if len(found) % WALK_STEP == 0:
+                yield
+        return found
+
+    def newest_ticks(
+        self, after: float, until: float, most: int
+    ) -> Steps[tuple[list[float], bool]]:
+        """The newest ``most`` ticks in ``(after, until]``, oldest first,
+        and whether older ones in that span were left out. A cron is walked
+        back from ``until`` in spans that double, each walked forward, so
+        the walk covers about the ticks kept, not the whole span."""
+        seconds = self.interval_seconds
+        if seconds is not None:
+            first = math.floor(after / seconds) + 1
+            last = math.floor(until / seconds)
+            kept = max(first, last - most + 1)
+            return [float(n * seconds) for n in range(kept, last + 1)], kept > first
+        before = self.last_tick(after, until - 0.5)
+        if before is None:
+            return ([until] if until > after else []), False
+        span = max(60.0, (until - before) * most)
+        found: list[float] = []
+        end, start = until, until
+        while len(found) < most and start > after:
+            start = max(after, end - span)
+            found = (yield from self.ticks_between(start, end)) + found
+            end, span = start, span * 2
+        if len(found) > most:
+            return found[-most:], True
+        return found, start > after and self.last_tick(after, start) is not None
 
     def next_fire(self, after: float) -> float | None:
         """When the first tick after ``after`` is due (its jitter included);
@@ -243,38 +401,65 @@ class Plan:
     """The newest due tick (fired or passed over): the schedule's new cursor."""
     wake_at: float
     """When the next tick is due."""
+    capped: bool = False
+    """Whether ``missed: all`` found more missed ticks inside the window than
+    :data:`MAX_BACKFILL_RUNS`: only the newest fire, the older are passed over."""
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run ``steps`` to its end at once and return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
 
 def plan(schedule: Schedule, cursor: float, now: float) -> Plan:
+    """:func:`planning` run at once."""
+    return finish(planning(schedule, cursor, now))
+
+
+def planning(schedule: Schedule, cursor: float, now: float) -> Steps[Plan]:
     """Which ticks after ``cursor`` (the newest tick handled, else when the
     schedule was first seen) fire at ``now`` under the ``missed`` policy:
     the newest due tick fires if it is on time (:data:`ON_TIME_SECONDS`);
     the missed ones fire as ``skip`` (none), ``latest`` (the newest inside
     ``catch_up_seconds``, unless an on-time tick fires) or ``all`` (each
-    inside ``catch_up_seconds``, oldest first) say, flagged backfilled."""
+    inside ``catch_up_seconds``, oldest first, at most
+    :data:`MAX_BACKFILL_RUNS` of the newest) say, flagged backfilled.
+
+    The work does not grow with the window: the newest due tick is found
+    by arithmetic (``every``) or a search (cron), and only ``all`` walks
+    ticks, at most about twice the runs it fires, yielding every
+    :data:`WALK_STEP` of them."""
     horizon = now - max(schedule.catch_up_seconds, ON_TIME_SECONDS) - schedule.jitter_seconds
     # A tick exactly at the window's edge is inside it.
-    tick = schedule.next_tick(cursor if cursor >= horizon else horizon - 0.001)
-    due: list[float] = []
-    while schedule.fire_time(tick) <= now:
-        due.append(tick)
-        if len(due) > MAX_TICKS_PER_PLAN:
-            del due[0]
-        tick = schedule.next_tick(tick)
-    wake_at = schedule.fire_time(tick)
-    if not due:
+    after = cursor if cursor >= horizon else horizon - 0.001
+    newest = schedule.last_tick(after, now)
+    if newest is not None and schedule.fire_time(newest) > now:
+        # Its jitter has not passed yet; the tick before it is due (a
+        # jitter stays short of the next tick).
+        newest = schedule.last_tick(after, newest - 0.5)
+    upcoming = schedule.next_tick(after if newest is None else newest)
+    wake_at = upcoming if math.isinf(upcoming) else schedule.fire_time(upcoming)
+    if newest is None:
         return Plan((), None, wake_at)
-    on_time = due[-1] if now - schedule.fire_time(due[-1]) <= ON_TIME_SECONDS else None
+    on_time = newest if now - schedule.fire_time(newest) <= ON_TIME_SECONDS else None
     oldest = now - schedule.catch_up_seconds
-    missed = [t for t in (due[:-1] if on_time is not None else due) if t >= oldest]
-    if schedule.missed == "skip":
-        chosen: list[float] = []
-    elif schedule.missed == "latest":
-        chosen = missed[-1:] if on_time is None else []
-    else:
-        chosen = missed
+    chosen: list[float] = []
+    capped = False
+    if schedule.missed == "latest" and on_time is None and newest >= oldest:
+        chosen = [newest]
+    elif schedule.missed == "all":
+        missed = newest if on_time is None else schedule.last_tick(after, newest - 0.5)
+        if missed is not None and missed >= oldest:
+            # A tick exactly ``catch_up_seconds`` old is inside the window.
+            start = max(after, math.nextafter(oldest, -math.inf))
+            chosen, capped = yield from schedule.newest_ticks(start, missed, MAX_BACKFILL_RUNS)
     fire = [(t, True) for t in chosen] + ([(on_time, False)] if on_time is not None else [])
-    return Plan(tuple(fire), due[-1], wake_at)
+    return Plan(tuple(fire), newest, wake_at, capped)
 
 
 _FILE_KEYS: Final = (

@@ -90,6 +90,12 @@ class Dialect:
     key_try_locks: str = ""
     """Like :attr:`key_locks` without waiting: answers the keys (column
     ``key``) it took; a key another transaction holds is left out."""
+    clock: str = ""
+    """An expression for the store's own time in Unix seconds, where every
+    host that shares the store shares its clock (the database server's):
+    what a second host must agree on (is this schedule's tick due?) is
+    decided by it, not by one host's wall clock. Empty where the process's
+    clock is the store's (SQLite: one machine)."""
 
     def use_index(self, name: str) -> str:
         """The clause that makes a read use index ``name`` (empty where the
@@ -207,5 +213,8 @@ POSTGRES: Final = Dialect(
         "AS u(k) ORDER BY k) "
         f"AS sorted WHERE pg_try_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))"
     ),
+    # clock_timestamp(), not now(): the time the statement runs, not the
+    # time its transaction began.
+    clock="EXTRACT(EPOCH FROM clock_timestamp())::float8",
 )
 DIALECTS: Final = {dialect.name: dialect for dialect in (SQLITE, POSTGRES)}

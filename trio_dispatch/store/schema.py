@@ -17,7 +17,9 @@ keys' heads. Version 7 gives ``schedule_runs`` its job (SPEC section 14): the
 tick columns, their unique index, and the ``dispatch_schedules`` state table.
 Version 8 orders a key's rows by commit order: the ``key_seq`` column, and
 the ordering index on (ordering_key, key_seq, id) in place of (ordering_key,
-id).
+id). Version 9 gives the schedules' state table its record of which
+definition of each schedule is in force (its fingerprint, the ones it
+replaced, when it was last confirmed).
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -266,7 +268,30 @@ _V8: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+_V9: Final = (
+    # Which definition of a schedule is in force, when workers disagree (a
+    # rolling deploy that changes a cron): the fingerprint of the one whose
+    # ticks fire (the cursor's UPDATE requires it), the fingerprints it
+    # replaced (a JSON array, newest first: a worker holding one of them
+    # waits), and when a worker holding it last said so (one that goes
+    # unconfirmed long enough gives way). Rows from before have none; the
+    # first worker to look records its own.
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN definition TEXT NULL",
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN superseded TEXT NULL",
+    f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN confirmed_at FLOAT NULL",
+)
+
+MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    _V9,
+)
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

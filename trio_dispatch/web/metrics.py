@@ -138,8 +138,10 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
 
 def schedule_families(scheduler: Scheduler) -> list[Metric]:
     """A worker's schedules (SPEC section 14): the runs this process fired,
-    by schedule and outcome (every pair, from 0), and each schedule's next
-    fire time (none while it is paused or matches no time ahead)."""
+    by schedule and outcome (every pair, from 0), each schedule's next
+    fire time (none while it is paused, another definition is in force or
+    it matches no time ahead), its failed writes (from 0), and whether
+    another definition than this worker's is in force."""
     runs = CounterMetricFamily(
         "trio_dispatch_schedule_runs",
         "Schedule runs this worker fired, by schedule and outcome (fired: a tick on time; "
@@ -158,7 +160,23 @@ def schedule_families(scheduler: Scheduler) -> list[Metric]:
     for name, when in sorted(scheduler.next_fire.items()):
         if when is not None:
             next_fire.add_metric([name], when)
-    return [runs, next_fire]
+    failures = CounterMetricFamily(
+        "trio_dispatch_schedule_failures",
+        "Writes of a schedule's ticks this worker made that failed (the schedule was "
+        "rolled back alone and waits, doubling, before it tries again).",
+        labels=["schedule"],
+    )
+    for name in sorted(scheduler.schedules):
+        failures.add_metric([name], scheduler.failures[name])
+    mismatch = GaugeMetricFamily(
+        "trio_dispatch_schedule_definition_mismatch",
+        "1 while another definition of the schedule than this worker's is in force (this "
+        "worker fires nothing for it), else 0.",
+        labels=["schedule"],
+    )
+    for name in sorted(scheduler.schedules):
+        mismatch.add_metric([name], 1.0 if name in scheduler.mismatched else 0.0)
+    return [runs, next_fire, failures, mismatch]
 
 
 def render(metric_families: Iterable[Metric]) -> bytes:
