@@ -4,12 +4,14 @@ producer's clock) cannot put its row ahead of one committed before it."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from trio_dispatch import enqueue_dispatch
+from trio_dispatch import enqueue_dispatch, open_store
 from trio_dispatch.outbox import claim_due, finish_attempt
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import TransportResult
@@ -60,3 +62,37 @@ async def test_a_key_follows_commit_order_whatever_the_producers_clock(
         await finish_attempt(store, claims[0], TransportResult.success())
     assert delivered == [first, second, third]
     assert [raw.row(i)["key_seq"] for i in delivered] == [1, 2, 3]
+
+
+@pytest.mark.sqlite_only
+async def test_keyed_rows_from_before_commit_order_keep_their_order_ahead_of_new_ones(
+    db_path: Path, raw: RawDB
+) -> None:
+    from trio_dispatch.store.schema import MIGRATIONS
+
+    # A database at schema version 7 holding two rows of one key (ordered
+    # by id then), migrated forward by opening it.
+    async with open_store(db_path) as db:
+        older = [
+            await enqueue_dispatch(db, kind="k", deliver_to="x", ordering_key="acct-1")
+            for _ in range(2)
+        ]
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    conn.execute("DROP INDEX ix_dispatch_outbox_ordering_seq")
+    conn.execute("ALTER TABLE dispatch_outbox DROP COLUMN key_seq")
+    for statement in MIGRATIONS[4]:  # version 5's ordering index
+        if "ix_dispatch_outbox_ordering " in statement or "(ordering_key, id)" in statement:
+            conn.execute(statement)
+    conn.execute("DELETE FROM trio_dispatch_schema WHERE version > 7")
+    conn.close()
+
+    async with open_store(db_path) as db:
+        newer = await enqueue_dispatch(db, kind="k", deliver_to="x", ordering_key="acct-1")
+        delivered: list[str] = []
+        for _ in range(3):
+            claims, _ = await claim_due(db, lease_seconds=30)
+            assert len(claims) == 1
+            delivered.append(claims[0].dispatch_id)
+            await finish_attempt(db, claims[0], TransportResult.success())
+    assert delivered == [*older, newer]
+    assert [raw.row(i)["key_seq"] for i in delivered] == [0, 0, 1]
