@@ -76,15 +76,18 @@ def start(tmp_path: Path, store: str, **settings: Any) -> tuple[subprocess.Popen
 
 
 async def listening(raw: RawDB, log: Path) -> None:
-    """Until the worker's listener is registered on the server."""
+    """Until the worker's listener is registered on the server and its
+    first scan (a write transaction, found nothing) has committed: the next
+    COMMIT the worker sends is then the claim's."""
 
     def ready() -> bool:
-        return bool(
-            raw.scalar(
-                "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query LIKE 'LISTEN%'"
-            )
+        sessions = raw.rows(
+            "SELECT state, query FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
         )
+        listens = any(str(s["query"]).startswith("LISTEN") for s in sessions)
+        scanned = any(s["state"] == "idle" and s["query"] == "COMMIT" for s in sessions)
+        return listens and scanned
 
     await wait_for(ready, timeout=20)
 
