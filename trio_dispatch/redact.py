@@ -244,3 +244,30 @@ def scrubbed_logger(name: str) -> logging.Logger:
     if not any(isinstance(f, SecretFilter) for f in logger.filters):
         logger.addFilter(SecretFilter())
     return logger
+
+
+_SECRET_NAME: Final = re.compile(
+    r"SECRET|PASSW(OR)?D|PASSPHRASE|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH(?!OR)"
+    r"|COOKIE|SESSION_?KEY|SIGNING|BEARER|WEBHOOK_?URL|(^|_)DSN$|(_|^)(KEY|PASS|PWD|PW|PAT|SK)$"
+    r"|^DATABASE_URL$",
+)
+_NOT_SECRET: Final = frozenset({"PWD", "OLDPWD"})  # the shell's directories
+_URL_CREDENTIALS: Final = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:(?![0-9]*(?:[/?#\s]|$))[^\s]*@"
+)
+"""``scheme://user:password@...`` anywhere in a value (a password may hold
+``/`` or ``@`` unescaped, so the userinfo runs to the last ``@``; a port
+followed by a path is not a password)."""
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """Whether an environment variable looks like it holds a secret: its
+    name says so (``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``, ``*BEARER*``,
+    ``*WEBHOOK_URL*``, ``*_KEY``, ``*_PAT``, ``*_SK``, ``*AUTH*``,
+    ``DATABASE_URL``, ...) or its value holds a URL with credentials
+    (``scheme://user:password@host``) or a ``password=`` parameter."""
+    if name in _NOT_SECRET:
+        return False
+    return bool(
+        _SECRET_NAME.search(name.upper()) or _URL_CREDENTIALS.search(value) or url_secrets(value)
+    )

@@ -15,7 +15,7 @@ from typing import Any, Final, Protocol
 from .backoff import check_retry_schedule
 from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, require_policy
-from .transports import DEFAULT_KILL_GRACE_SECONDS, NOTIFY_TIMEOUT_SECONDS
+from .transports import DEFAULT_KILL_GRACE_SECONDS, TRANSPORT_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 from .values import replaced
 
@@ -93,7 +93,7 @@ class WorkerSettings:
     """Most rows claimed per scan."""
     tick_seconds: float = DEFAULT_TICK_SECONDS
     """Seconds between scans when nothing wakes the worker sooner."""
-    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS
+    timeout_seconds: float = TRANSPORT_TIMEOUT_SECONDS
     """Seconds one transport call may take."""
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     """On shutdown, seconds running deliveries get before they are killed."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import inspect
 
+from ..redact import looks_secret
 from .base import (
     LAST_ERROR_LIMIT,
     NOTIFY_TIMEOUT_SECONDS,
+    TRANSPORT_TIMEOUT_SECONDS,
     Adapted,
     BaseTransport,
     Delivery,
@@ -46,7 +48,6 @@ from .command import (
     ChildEnvironment,
     CommandTransport,
     is_valid_template,
-    looks_secret,
     render_argv,
     template_warnings,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "NOTIFY_TIMEOUT_SECONDS",
     "NOT_CONFIGURED_ERROR",
     "PAYLOAD_PLACEHOLDER",
+    "TRANSPORT_TIMEOUT_SECONDS",
     "AsyncioCallableTransport",
     "BaseTransport",
     "CallableTransport",
@@ -90,7 +92,7 @@ def _is_async_callable(value: object) -> bool:
     return inspect.iscoroutinefunction(value) or inspect.iscoroutinefunction(type(value).__call__)
 
 
-def as_transport(value: object, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> Transport:
+def as_transport(value: object, *, timeout: float = TRANSPORT_TIMEOUT_SECONDS) -> Transport:
     """The transport for a configured value.
 
     - ``None``, a list or a tuple: a :class:`CommandTransport` with

@@ -25,7 +25,12 @@ from ..attempt import Delivery as Delivery
 from ..attempt import TransportResult as TransportResult
 from ..attempt import clean_error as clean_error
 
-NOTIFY_TIMEOUT_SECONDS: Final = 10.0
+TRANSPORT_TIMEOUT_SECONDS: Final = 10.0
+"""The default timeout of every transport (command, callable, webhook), in
+seconds: what one attempt may take before it is cut."""
+NOTIFY_TIMEOUT_SECONDS: Final = TRANSPORT_TIMEOUT_SECONDS
+"""The public name of :data:`TRANSPORT_TIMEOUT_SECONDS`, kept from the
+design this package implements (where the transport was a notify command)."""
 
 
 class Transport(Protocol):

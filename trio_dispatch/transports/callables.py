@@ -12,7 +12,7 @@ import sniffio
 
 from .. import tracing
 from .base import (
-    NOTIFY_TIMEOUT_SECONDS,
+    TRANSPORT_TIMEOUT_SECONDS,
     BaseTransport,
     Delivery,
     TransportResult,
@@ -37,7 +37,9 @@ class CallableTransport(BaseTransport):
     Cancellation from outside propagates unchanged.
     """
 
-    def __init__(self, fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self, fn: TransportCallable, *, timeout: float = TRANSPORT_TIMEOUT_SECONDS
+    ) -> None:
         if not callable(fn):
             raise TypeError(f"transport callable must be callable, got {fn!r}")
         self.fn = fn
@@ -99,7 +101,7 @@ class AsyncioCallableTransport(CallableTransport):
 
 
 def asyncio_transport(
-    fn: TransportCallable, *, timeout: float = NOTIFY_TIMEOUT_SECONDS
+    fn: TransportCallable, *, timeout: float = TRANSPORT_TIMEOUT_SECONDS
 ) -> AsyncioCallableTransport:
     """Mark an asyncio-only async callable as a transport (SPEC B8), so a
     trio worker runs it through trio-asyncio."""

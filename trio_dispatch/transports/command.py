@@ -22,11 +22,11 @@ from typing import Any, Final, TypeGuard
 import anyio
 
 from .. import tracing
-from ..redact import url_secrets, visible
+from ..redact import looks_secret, visible
 from ..validate import require_bool, require_number
 from ..values import show
 from .base import (
-    NOTIFY_TIMEOUT_SECONDS,
+    TRANSPORT_TIMEOUT_SECONDS,
     BaseTransport,
     Delivery,
     TransportResult,
@@ -48,33 +48,6 @@ NOT_CONFIGURED_ERROR: Final = "notify_template is not configured"
 
 _GROUP_POLL_SECONDS: Final = 0.02
 _READ_CHUNK: Final = 64 * 1024
-
-
-_SECRET_NAME: Final = re.compile(
-    r"SECRET|PASSW(OR)?D|PASSPHRASE|TOKEN|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH(?!OR)"
-    r"|COOKIE|SESSION_?KEY|SIGNING|BEARER|WEBHOOK_?URL|(^|_)DSN$|(_|^)(KEY|PASS|PWD|PW|PAT|SK)$"
-    r"|^DATABASE_URL$",
-)
-_NOT_SECRET: Final = frozenset({"PWD", "OLDPWD"})  # the shell's directories
-_URL_CREDENTIALS: Final = re.compile(
-    r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:(?![0-9]*(?:[/?#\s]|$))[^\s]*@"
-)
-"""``scheme://user:password@...`` anywhere in a value (a password may hold
-``/`` or ``@`` unescaped, so the userinfo runs to the last ``@``; a port
-followed by a path is not a password)."""
-
-
-def looks_secret(name: str, value: str) -> bool:
-    """Whether an environment variable looks like it holds a secret: its
-    name says so (``*SECRET*``, ``*PASSWORD*``, ``*TOKEN*``, ``*BEARER*``,
-    ``*WEBHOOK_URL*``, ``*_KEY``, ``*_PAT``, ``*_SK``, ``*AUTH*``,
-    ``DATABASE_URL``, ...) or its value holds a URL with credentials
-    (``scheme://user:password@host``) or a ``password=`` parameter."""
-    if name in _NOT_SECRET:
-        return False
-    return bool(
-        _SECRET_NAME.search(name.upper()) or _URL_CREDENTIALS.search(value) or url_secrets(value)
-    )
 
 
 @dataclass(frozen=True)
@@ -278,7 +251,7 @@ class CommandTransport(BaseTransport):
         self,
         template: Sequence[str] | None,
         *,
-        timeout: float = NOTIFY_TIMEOUT_SECONDS,
+        timeout: float = TRANSPORT_TIMEOUT_SECONDS,
         kill_grace: float = DEFAULT_KILL_GRACE_SECONDS,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         env: Mapping[str, str] | None = None,
@@ -492,7 +465,7 @@ class CommandOptions:
     ``dispatch.env``, checked."""
 
     notify_template: tuple[str, ...] | None = None
-    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS
+    timeout_seconds: float = TRANSPORT_TIMEOUT_SECONDS
     env: ChildEnvironment = field(default_factory=ChildEnvironment)
 
 
@@ -506,7 +479,7 @@ class CommandPlugin:
     extra = ""
     options: Final = {
         "notify_template": Option(_check_template, None),
-        "timeout_seconds": Option(_check_timeout, NOTIFY_TIMEOUT_SECONDS),
+        "timeout_seconds": Option(_check_timeout, TRANSPORT_TIMEOUT_SECONDS),
         "env": Option(_check_env, None),
     }
 

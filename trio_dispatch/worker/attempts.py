@@ -39,7 +39,7 @@ from ..settings import (
 )
 from ..store.base import Database
 from ..transports import (
-    NOTIFY_TIMEOUT_SECONDS,
+    TRANSPORT_TIMEOUT_SECONDS,
     CallableTransport,
     CommandTransport,
     Transport,
@@ -163,7 +163,7 @@ async def deliver_due_dispatches(
     notify_template: list[str] | None = None,
     transport: Transport | Callable[..., Any] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    timeout_seconds: float = NOTIFY_TIMEOUT_SECONDS,
+    timeout_seconds: float = TRANSPORT_TIMEOUT_SECONDS,
     retry_jitter: float = 0.0,
     actor: str = ACTOR_DELIVERY,
     lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS,

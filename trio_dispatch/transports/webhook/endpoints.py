@@ -15,6 +15,7 @@ from ...redact import (
     AMBIGUOUS_URL_ERROR,
     MASK,
     ambiguous_userinfo,
+    looks_secret,
     register_secrets,
     url_secrets,
 )
@@ -271,8 +272,6 @@ def secret_header(name: str, value: str) -> bool:
     or ``Cookie``, a name that says so (``X-Api-Key``, ``X-Auth-Token``,
     ``X-Signature``...), or a value in an authorization scheme
     (``Bearer ...``)."""
-    from ..command import looks_secret
-
     lowered = name.lower()
     return (
         lowered in _CREDENTIAL_HEADERS
