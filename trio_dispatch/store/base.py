@@ -34,7 +34,7 @@ from typing import (
 from ..errors import ConnectionLostError as ConnectionLostError
 from ..errors import SchemaError as SchemaError
 from ..errors import StoreError as StoreError
-from ..redact import AMBIGUOUS_URL_ERROR, ambiguous_userinfo, mask_url, url_secrets
+from ..redact import mask_url
 from ..values import replaced, show
 
 
@@ -257,9 +257,9 @@ def parse_target(target: str) -> tuple[Engine, str]:
             f"store target {show(mask_url(target))} is not valid text (a lone surrogate)"
         ) from None
     if target.startswith(("postgresql://", "postgres://")):
-        if ambiguous_userinfo(target):  # not even masked: its host may be a piece of it
-            raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
-        _check_postgres_url(target)
+        from .postgres import check_url  # the engine's own rules, where its driver is
+
+        check_url(target)
         return "postgres", target
     if target.startswith("sqlite:"):
         rest = target[len("sqlite:") :]
@@ -278,38 +278,6 @@ def parse_target(target: str) -> tuple[Engine, str]:
             "sqlite:///path or postgresql://..."
         )
     return "sqlite", target
-
-
-def _check_postgres_url(url: str) -> None:
-    """What libpq would refuse only when connecting (an unknown parameter, a
-    port that is not a number), refused now, naming the URL masked. Without
-    psycopg nothing is checked here (opening names the missing extra)."""
-    try:
-        from psycopg import Error
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:
-        return
-    # libpq splits a password at its own idea of the URL's pieces and quotes
-    # a piece (in "user:pa/ss@host" it reads "user:pa" as host and port):
-    # with a password in the URL, libpq's text is not shown.
-    has_password = bool(url_secrets(url))
-    try:
-        params = conninfo_to_dict(url)
-    except Error as exc:
-        reason = (
-            "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
-            "?, # or % in the user name or password that is not percent-encoded)"
-            if has_password
-            else " ".join(str(exc).split())
-        )
-        raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
-    for port in str(params.get("port") or "").split(","):
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            shown = "" if has_password else f" {show(port)}"
-            raise ValueError(
-                f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
-                "from 1 to 65535"
-            )
 
 
 _SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")

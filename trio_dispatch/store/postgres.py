@@ -54,6 +54,8 @@ from typing import Any, Final, NoReturn
 import anyio
 
 from ..redact import (
+    AMBIGUOUS_URL_ERROR,
+    ambiguous_userinfo,
     known_secrets,
     mask_url,
     one_line,
@@ -61,6 +63,7 @@ from ..redact import (
     scrubbed_logger,
     url_secrets,
 )
+from ..values import show
 from .base import (
     ConnectionLostError,
     Row,
@@ -134,6 +137,39 @@ def _shut(conn: psycopg.Connection[Any]) -> None:
     except psycopg.OperationalError:
         return
     shut_socket(fd)
+
+
+def check_url(url: str) -> None:
+    """A ``postgresql://`` store URL as libpq would take it, checked before
+    anything connects: a user name and password whose pieces libpq would
+    split differently, an unknown parameter, a port that is not a number
+    are ValueErrors naming the URL masked. Without psycopg only the first
+    is checked (opening names the missing extra)."""
+    if ambiguous_userinfo(url):  # not even masked: its host may be a piece of it
+        raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
+    if psycopg is None:
+        return
+    # libpq splits a password at its own idea of the URL's pieces and quotes
+    # a piece (in "user:pa/ss@host" it reads "user:pa" as host and port):
+    # with a password in the URL, libpq's text is not shown.
+    has_password = bool(url_secrets(url))
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        reason = (
+            "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
+            "?, # or % in the user name or password that is not percent-encoded)"
+            if has_password
+            else " ".join(str(exc).split())
+        )
+        raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            shown = "" if has_password else f" {show(port)}"
+            raise ValueError(
+                f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
+                "from 1 to 65535"
+            )
 
 
 def _placeholders(sql: str) -> str:
