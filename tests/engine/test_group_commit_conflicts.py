@@ -173,3 +173,56 @@ async def test_a_driver_error_in_a_write_is_a_store_error(store: SQLiteStore) ->
     assert "\n" not in str(info.value)
     # The store goes on.
     assert await enqueue_dispatch(store, kind="k", deliver_to="x")
+
+
+async def test_a_unit_taking_its_own_keys_out_of_order_waits_for_them_instead_of_spinning(
+    store: SQLiteStore, raw: RawDB, db_target: str
+) -> None:
+    def falling(conn: Any) -> str:
+        lock_keys(conn, ["b"])
+        lock_keys(conn, ["a"])  # below a key it holds: only tried, and "a" is taken
+        return "written"
+
+    with other_session(db_target) as other:
+        lock_key(other, "a")
+        async with anyio.create_task_group() as tg:
+            outcome: list[Any] = []
+
+            async def write() -> None:
+                outcome.append(await store.write(falling))
+
+            tg.start_soon(write)
+            # Alone in its transaction it waits for "a" like any lock
+            # (before, it tried, rolled back and tried again without end).
+            await wait_for(lambda: waiting_on_locks(raw) == 1, timeout=5)
+            other.execute("COMMIT")
+            other.execute("BEGIN")
+    assert outcome == ["written"]
+
+
+async def test_enqueue_many_with_keys_in_falling_order_writes_them_all(
+    store: SQLiteStore, raw: RawDB, db_target: str
+) -> None:
+    from trio_dispatch import enqueue_many
+
+    with other_session(db_target) as other:
+        lock_key(other, "a")
+        async with anyio.create_task_group() as tg:
+            results: list[Any] = []
+
+            async def enqueue() -> None:
+                results.extend(
+                    await enqueue_many(
+                        store,
+                        [
+                            {"kind": "k", "deliver_to": "x", "ordering_key": key, "dedup_key": key}
+                            for key in ("b", "a")
+                        ],
+                    )
+                )
+
+            tg.start_soon(enqueue)
+            await wait_for(lambda: waiting_on_locks(raw) == 1, timeout=5)
+            other.execute("COMMIT")
+            other.execute("BEGIN")
+    assert [raw.row(r.id)["ordering_key"] for r in results] == ["b", "a"]

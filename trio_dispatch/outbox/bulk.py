@@ -22,7 +22,7 @@ from ..validate import clock_from
 from ..values import show
 from .machine import delete
 from .operator import PRUNE_CHUNK, RETRYABLE, retry_row
-from .ordering import require_ordering_key
+from .ordering import lock_keys, require_ordering_key
 
 BULK_LIMIT: Final = 10_000
 """Most rows one bulk action applies to."""
@@ -137,6 +137,7 @@ async def apply_bulk(
     def chunk(conn: Conn, part: list[Row]) -> int:
         at = clock()
         done = 0
+        lock_keys(conn, [row["ordering_key"] for row in part])  # all at once, in order
         for row in part:
             if action == "retry":
                 done += retry_row(conn, row, at, actor, metadata=metadata)

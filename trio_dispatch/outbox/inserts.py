@@ -146,6 +146,9 @@ def insert_all(
                 raise
             raise ValueError(f"item {index}: {exc}") from None
 
+    # Every key of the batch locked at once, in the one order: the items
+    # below take their keys one by one, in the batch's order.
+    lock_keys(conn, [new.ordering_key for new in batch])
     plain = [new for new in batch if new.plain]
     if len(plain) < 2:
         return [one(index, new) for index, new in enumerate(batch)]

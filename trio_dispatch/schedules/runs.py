@@ -34,8 +34,9 @@ from .. import tracing
 from ..lifecycle import Source
 from ..outbox.enqueue import prepare
 from ..outbox.inserts import insert_new
+from ..outbox.ordering import lock_keys
 from ..signal import uuid7_bytes
-from ..store.base import DEFAULT_MAX_BODY_BYTES, Conn
+from ..store.base import DEFAULT_MAX_BODY_BYTES, Conn, KeyOrderConflict
 from .spec import Schedule
 
 _SEE: Final = (
@@ -320,6 +321,10 @@ def fire(
     if failed is not None:
         failed.clear()
     fired: list[Fired] = []
+    # Every key this unit may write, locked at once in the one order and
+    # before any savepoint below (whose rollback would let go of locks taken
+    # after it).
+    lock_keys(conn, [schedule.ordering_key for schedule, _, _ in work])
     for schedule, ticks, handled in work:
         if failed is None:
             fired += _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
@@ -328,6 +333,8 @@ def fire(
         conn.execute("SAVEPOINT schedule")
         try:
             runs = _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
+        except KeyOrderConflict:
+            raise  # not this schedule's fault: the group commit runs the unit again
         except Exception as exc:  # this schedule's own failure: the others go on
             conn.execute("ROLLBACK TO SAVEPOINT schedule")
             conn.execute("RELEASE SAVEPOINT schedule")

@@ -90,6 +90,7 @@ class _Unit:
         "many",
         "result",
         "single",
+        "solo",
         "state",
         "tries",
         "work",
@@ -108,6 +109,7 @@ class _Unit:
         self.single = single  # alone in its transaction, it is one statement
         self.alone = False  # set after its group failed: run it by itself
         self.first = False  # set after a key-order conflict: first in its transaction
+        self.solo = False  # set after one while first: alone, waiting for keys in its order
         self.tries = 0  # transactions the database aborted under it (deadlocks)
         self.state = _State.QUEUED
         self.result: Any = None
@@ -369,11 +371,15 @@ class BatchingStore(abc.ABC):
         to run again in a new transaction (empty when this one settled).
         A unit marked ``first`` (after a key-order conflict) that is not
         first here ends this transaction before it: what ran commits, and
-        it starts the next."""
+        it starts the next. A unit marked ``solo`` (it conflicted even
+        first: it takes its own keys out of order) runs alone in its
+        transaction, waiting for each key as it asks (a deadlock that may
+        close is broken by the server and tried again, a bounded number of
+        times)."""
         try:
             steps = _steps(units)
             for index, step in enumerate(steps):
-                if index and any(unit.first for unit in step):
+                if index and any(unit.first or unit.solo for unit in step):
                     ran = [unit for done in steps[:index] for unit in done]
                     try:
                         self._commit()
@@ -382,8 +388,14 @@ class BatchingStore(abc.ABC):
                             unit.result, unit.error = None, exc
                         self._rollback()
                     return [unit for later in steps[index:] for unit in later]
+                solo = any(unit.solo for unit in step)
                 try:
+                    if solo:
+                        self._owned_by_caller()  # its key locks wait, in its own order
                     _run_step(conn, step)
+                    if solo and len(steps) > 1:  # commit it alone; the rest go next
+                        self._commit()
+                        return [unit for later in steps[1:] for unit in later]
                 except BaseException as exc:
                     self._rollback()
                     settled = (
@@ -395,6 +407,8 @@ class BatchingStore(abc.ABC):
                         # key locks in order). A deadlock is tried again a
                         # few times before it is reported.
                         for unit in step:
+                            if isinstance(exc, KeyOrderConflict) and index == 0:
+                                unit.solo = True  # its own keys are out of order
                             unit.first = True
                             if not isinstance(exc, KeyOrderConflict):
                                 unit.tries += 1
