@@ -721,3 +721,25 @@ async def test_revival_heartbeat_repeats_return_first_ids_and_write_nothing(
     fresh = await enqueue_revival_heartbeat(store, ["a"], reset_epoch=epoch + 1)
     assert fresh[0] not in first
     assert raw.counts() == (3, 3)
+
+
+async def test_a_purge_that_read_a_row_before_another_worker_reclaimed_it_deletes_nothing(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    from trio_dispatch.lifecycle import Reason
+    from trio_dispatch.outbox.machine import delete
+    from trio_dispatch.outbox.sql import SELECT_FOR_REMOVAL
+
+    dispatch_id = await enqueue(store, ordering_key="order-9")
+    await claim_due(store, now=T0, lease_seconds=30)
+    # The purge reads the row once its lease has ended ...
+    stale = await store.read(lambda conn: conn.query_one(SELECT_FOR_REMOVAL, (dispatch_id,)))
+    # ... and before it deletes, another worker recovers the lease.
+    claims, _ = await claim_due(store, now=T0 + 31, lease_seconds=30)
+    assert [claim.dispatch_id for claim in claims] == [dispatch_id]
+
+    def purge(conn: Any) -> bool:
+        return delete(conn, stale, Reason.PURGED_OPERATOR, "purged", "test", T0 + 32, None)
+
+    assert await store.write(purge) is False
+    assert (raw.row(dispatch_id)["status"], raw.row(dispatch_id)["attempt"]) == ("delivering", 2)

@@ -378,7 +378,7 @@ def delete(
     history = transition_rows([change])
     key = row.get("ordering_key")
     lock_keys(conn, [key])
-    deleted = conn.execute(sql.DELETE, (row["id"], row["status"]))
+    deleted = conn.execute(sql.DELETE, (row["id"], row["status"], row["attempt"], now))
     if deleted:
         promote(conn, [key], now)
         insert_rows(conn, history)

@@ -352,7 +352,13 @@ def set_status(assignments: str = "") -> str:
     )
 
 
-DELETE: Final = "DELETE FROM dispatch_outbox WHERE id = ? AND status = ?"
+DELETE: Final = (
+    "DELETE FROM dispatch_outbox WHERE id = ? AND status = ? AND attempt = ? "
+    f"AND (status <> '{Status.DELIVERING}' OR next_attempt_at <= ?)"
+)
+"""Remove a row still as it was read (id, status, attempt); a delivering
+row only once its lease (``next_attempt_at``) has ended by the last
+parameter's time: one claimed again meanwhile has a running attempt."""
 
 AGE: Final = "COALESCE(updated_at, created_at)"
 
