@@ -203,7 +203,8 @@ class StoreOptions:
     ``busy_timeout + network_timeout`` seconds is abandoned and its
     connection dropped (a silent network: no reset ever comes); the server
     ends a session of the store's left idle in a transaction, or running
-    one statement, as long. Connecting waits ``network_timeout`` (at least
+    one statement, a little sooner (half ``network_timeout`` before that
+    deadline). Connecting waits ``network_timeout`` (at least
     2 s), and a connection dropped this way is not tried again for as long.
     SQLite ignores it."""
     read_only: bool = False

@@ -33,9 +33,11 @@ once in a WARNING until the server answers again. The writer then waits
 ``network_timeout`` before it tries to connect again, and writes that come
 meanwhile fail at once, so nothing waits behind a dead link (a worker stops
 within its grace plus one deadline). On the server, each of the store's
-sessions ends a transaction left idle, or a statement running, for as
-long (``idle_in_transaction_session_timeout``, ``statement_timeout``), so a
-row lock held by a session whose client went silent is let go. Connecting
+sessions ends a transaction left idle, or a statement running, half a
+network timeout before that deadline (``idle_in_transaction_session_timeout``,
+``statement_timeout``), so a row lock held by a session whose client went
+silent is let go, and a slow statement fails as an error on a connection
+that lives on rather than as a lost connection. Connecting
 waits ``network_timeout`` (libpq's ``connect_timeout``, at least 2 s), and
 TCP keepalives and ``tcp_user_timeout`` are set from it unless the URL sets
 them. An idle listener checks its session with a round trip every
@@ -346,7 +348,7 @@ def _configure(
     *,
     durability: str,
     lock_timeout: float,
-    deadline: float,
+    server_deadline: float,
     read_only: bool = False,
     schema: str | None = None,
 ) -> None:
@@ -356,10 +358,12 @@ def _configure(
     settings = [
         f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}",
         f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'",
-        # A session whose client went silent lets its locks go after the
-        # deadline the client gives up at, instead of holding them forever.
-        f"SET idle_in_transaction_session_timeout = '{math.ceil(deadline * 1000)}ms'",
-        f"SET statement_timeout = '{math.ceil(deadline * 1000)}ms'",
+        # A session whose client went silent lets its locks go by the
+        # deadline the client gives up at, instead of holding them forever;
+        # a slow statement ends on the server a little before the client's
+        # deadline, as an error on a connection that lives on.
+        f"SET idle_in_transaction_session_timeout = '{math.ceil(server_deadline * 1000)}ms'",
+        f"SET statement_timeout = '{math.ceil(server_deadline * 1000)}ms'",
     ]
     if conn.info.server_version >= 110000:  # JIT compiled a 0.1 ms claim scan in 11 ms
         settings.append("SET jit = off")
@@ -413,8 +417,16 @@ class PostgresStore(BatchingStore):
         self.reconnects = {"writer": 0, "listener": 0}
         """Connections replaced after their session ended, by role."""
 
+    async def open(self) -> None:
+        try:
+            await super().open()
+        except BaseException:
+            self._dog.stop()  # connecting failed: nothing is watched again
+            raise
+
     def _noticed(self, seconds: float) -> None:
-        """The watchdog cut a round trip (its thread): said once an outage."""
+        """The watchdog is about to cut a round trip (its thread, under its
+        lock): said once an outage."""
         if self._silent:
             return
         self._silent = True
@@ -435,7 +447,7 @@ class PostgresStore(BatchingStore):
                 conn,
                 durability=self.durability,
                 lock_timeout=self.busy_timeout,
-                deadline=self.deadline,
+                server_deadline=max(self.busy_timeout, self.deadline - self.network_timeout / 2),
                 read_only=self.read_only,
                 schema=self.schema,
             )

@@ -4,10 +4,12 @@ A session cut without a word (a network partition; a NAT, pooler or load
 balancer that stops forwarding while the kernel keeps acknowledging) leaves
 a blocking driver call waiting for an answer that never comes: TCP
 keepalives and ``tcp_user_timeout`` do not notice, since the peer they
-talk to is alive. A :class:`Watchdog` gives each such call a deadline: one
-thread of its own wakes a few times a second while any call is watched and
-``cut``\\ s the calls whose deadline has passed -- for a socket, a
-``shutdown`` that makes the blocked call fail at once, as a reset would.
+talk to is alive. A :class:`Watchdog` gives each such call a deadline: a
+thread of its own cuts the calls whose deadline has passed -- for a socket,
+a ``shutdown`` that makes the blocked call fail at once, as a reset would.
+The thread starts with the first watched call and wakes a few times a
+second from then on (a lock and a look at a set: nothing measurable), until
+:meth:`Watchdog.stop`.
 
 Arming and disarming a :class:`Watch` costs a lock and a set operation (no
 thread is woken); a cut runs under the same lock, so it never touches a
@@ -59,9 +61,10 @@ class Watch:
 
 class Watchdog:
     """Cuts watched calls that outlive their deadline (see the module
-    docstring). ``on_cut(seconds)`` is called after each cut, outside the
-    lock, with the deadline's length. The thread starts on first use and
-    ends with :meth:`stop`."""
+    docstring). ``on_cut(seconds)`` is called just before each cut, under
+    the watchdog's lock (so whoever the cut fails sees what it recorded),
+    with the deadline's length. The thread starts on first use and ends
+    with :meth:`stop`."""
 
     def __init__(self, name: str, on_cut: Callable[[float], None] | None = None) -> None:
         self._name = name
@@ -91,16 +94,13 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stopping.wait(self._interval):
             now = time.monotonic()
-            fired: list[float] = []
             with self._lock:
                 for watch in [w for w in self._armed if w.deadline <= now]:
                     self._armed.discard(watch)
                     watch.fired = True
+                    if self._on_cut is not None:
+                        self._on_cut(watch._seconds)
                     watch._cut()  # under the lock: the call is still running
-                    fired.append(watch._seconds)
-            if self._on_cut is not None:
-                for seconds in fired:
-                    self._on_cut(seconds)
 
     def stop(self) -> None:
         """End the thread (calls still watched are no longer cut)."""
