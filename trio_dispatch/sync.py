@@ -290,7 +290,12 @@ class _SQLAlchemy:
             self._conn.exec_driver_sql(self.dialect.notify)
 
     def _autocommit(self) -> bool:
-        level = self._conn.get_isolation_level()
+        # get_isolation_level() asks the database, which answers its own
+        # level (READ COMMITTED) even on a connection in autocommit.
+        probe = getattr(self._conn, "_is_autocommit_isolation", None)
+        if probe is not None:
+            return bool(probe())
+        level = self._conn.get_execution_options().get("isolation_level")
         return str(level).upper() == "AUTOCOMMIT"
 
     @contextlib.contextmanager
@@ -298,6 +303,18 @@ class _SQLAlchemy:
         if self.dialect is POSTGRES and not self._autocommit():
             with self._conn.begin_nested():  # a savepoint in the caller's transaction
                 yield
+            return
+        if self.dialect is POSTGRES:
+            # Autocommit: the enqueue is a transaction of its own, so a key's
+            # lock is held until its row commits (its place in the key is
+            # read under that lock).
+            self._conn.exec_driver_sql("BEGIN")
+            try:
+                yield
+            except BaseException:
+                self._conn.exec_driver_sql("ROLLBACK")
+                raise
+            self._conn.exec_driver_sql("COMMIT")
             return
         # SQLite (where SQLAlchemy's savepoints need a driver workaround) and
         # autocommit: each statement stands alone; a failure after the
@@ -320,6 +337,13 @@ class _Unit:
         self._conn = conn
         self.dialect = conn.dialect
         self.where = "this store"
+
+    @property
+    def held_keys(self) -> set[str] | None:
+        """The store's record of the key locks its transaction holds (see
+        :func:`~trio_dispatch.outbox.ordering.lock_keys`), shared."""
+        held: set[str] | None = getattr(self._conn, "held_keys", None)
+        return held
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self._conn.execute(sql, params)

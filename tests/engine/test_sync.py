@@ -406,6 +406,24 @@ def test_an_error_inside_an_sqlalchemy_session_leaves_it_usable(
     assert raw.counts() == (1, 1) and raw.scalar("SELECT COUNT(*) FROM orders") == 1
 
 
+def test_a_keyed_enqueue_on_an_autocommit_sqlalchemy_connection_is_one_transaction(
+    app: Any, engine: str, db_target: str, raw: RawDB
+) -> None:
+    from sqlalchemy import create_engine
+
+    sa_engine = create_engine(sqlalchemy_url(engine, db_target), isolation_level="AUTOCOMMIT")
+    with sa_engine.connect() as connection:
+        first = outbox.enqueue_dispatch(connection, kind="k", deliver_to="x", ordering_key="o-7")
+        with pytest.raises(ValueError, match="schedule_run_id 'ghost' does not exist"):
+            outbox.enqueue_dispatch(
+                connection, kind="k", deliver_to="x", ordering_key="o-7", schedule_run_id="ghost"
+            )
+        second = outbox.enqueue_dispatch(connection, kind="k", deliver_to="x", ordering_key="o-7")
+    sa_engine.dispose()
+    assert raw.counts() == (2, 2)  # the failed one left nothing
+    assert [raw.row(i)["key_seq"] for i in (first, second)] == [1, 2]
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # asyncio SQLAlchemy runs on asyncio
 async def test_an_asyncio_sqlalchemy_session_enqueues_through_run_sync(
