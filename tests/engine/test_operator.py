@@ -734,6 +734,7 @@ async def test_a_purge_that_read_a_row_before_another_worker_reclaimed_it_delete
     await claim_due(store, now=T0, lease_seconds=30)
     # The purge reads the row once its lease has ended ...
     stale = await store.read(lambda conn: conn.query_one(SELECT_FOR_REMOVAL, (dispatch_id,)))
+    assert stale is not None
     # ... and before it deletes, another worker recovers the lease.
     claims, _ = await claim_due(store, now=T0 + 31, lease_seconds=30)
     assert [claim.dispatch_id for claim in claims] == [dispatch_id]
