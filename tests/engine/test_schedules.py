@@ -118,9 +118,9 @@ async def test_ticks_missed_while_no_worker_ran_follow_missed(
     store: SQLiteStore, raw: RawDB, missed: str, expected: list[int]
 ) -> None:
     now = time.time()
-    last = now - now % HOUR  # the newest whole hour: missed too (over a minute ago, or now)
-    if now - last <= 60:
-        last -= HOUR
+    if now % HOUR <= 60:  # the hour's tick would be on time: be before it
+        now -= 120
+    last = now - now % HOUR  # the newest whole hour: missed too (over a minute ago)
     # Seen 4 hours before the newest tick; ticks since: last-3h .. last.
     await store.write(partial(see, names=["s"], now=last - 4 * HOUR + 1))
     s = every("s", "1h", missed=missed, catch_up_seconds=now - last + 1.5 * HOUR)
