@@ -258,7 +258,7 @@ class PostgresRaw(RawDB):
 
     @staticmethod
     def _sql(sql: str) -> str:
-        from trio_dispatch.store.postgres import _placeholders
+        from trio_dispatch.store.pg_session import placeholders as _placeholders
 
         return _placeholders(sql)
 

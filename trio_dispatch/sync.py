@@ -402,8 +402,8 @@ def _adapt(conn: object) -> _Adapter:
 
     if isinstance(conn, SQLiteConn):
         return _Unit(conn)
-    if module == "trio_dispatch.store.postgres":  # loaded, so psycopg is there
-        from .store.postgres import PostgresConn
+    if module == "trio_dispatch.store.pg_session":  # loaded, so psycopg is there
+        from .store.pg_session import PostgresConn
 
         if isinstance(conn, PostgresConn):
             return _Unit(conn)

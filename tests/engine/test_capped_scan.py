@@ -107,7 +107,7 @@ class Reads:
     def _postgres(self, unit: Any) -> tuple[Any, int]:
         import psycopg
 
-        from trio_dispatch.store.postgres import PostgresConn
+        from trio_dispatch.store.pg_session import PostgresConn
 
         read = (
             "SELECT COALESCE(SUM(pg_stat_get_xact_tuples_returned(oid) "

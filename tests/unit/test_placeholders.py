@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trio_dispatch.store.dialect import Typed
+from trio_dispatch.store.pg_session import placeholders as _placeholders
 from trio_dispatch.store.placeholders import to_paramstyle
-from trio_dispatch.store.postgres import _placeholders
 
 SQL = "SELECT ? FROM t WHERE a = '?' AND \"b?\" = ? -- ?\n AND c LIKE '5%' AND d = $$?$$"
 

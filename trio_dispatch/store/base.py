@@ -258,7 +258,7 @@ def parse_target(target: str) -> tuple[Engine, str]:
             f"store target {show(mask_url(target))} is not valid text (a lone surrogate)"
         ) from None
     if target.startswith(("postgresql://", "postgres://")):
-        from .postgres import check_url  # the engine's own rules, where its driver is
+        from .pg_session import check_url  # the engine's own rules, where its driver is
 
         check_url(target)
         return "postgres", target

@@ -44,7 +44,7 @@ from __future__ import annotations
 import abc
 import enum
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Final
@@ -60,11 +60,11 @@ from .base import (
     ItemT,
     KeyOrderConflict,
     ResultT,
-    Row,
     StoreError,
     StoreOptions,
     T,
 )
+from .transaction import BatchingTransaction
 
 CONFLICT_TRIES: Final = 3
 """How many times a unit whose transaction the database aborted to break a
@@ -220,9 +220,12 @@ class BatchingStore(abc.ABC):
     def _close_connections(self) -> None:
         """Close every connection (the store is idle)."""
 
-    def _owned_by_caller(self) -> None:
-        """The transaction just begun is a caller's own (one the group
-        commit does not compose): by default nothing changes."""
+    def _keys_wait(self) -> None:
+        """From now to its end, this transaction's ordering-key locks wait
+        in the order they are asked for (a caller's own transaction, which
+        the group commit does not compose; a unit that runs alone): by
+        default nothing changes (an engine whose write lock serializes
+        every writer has no key locks)."""
         return
 
     def _settled_error(self, exc: BaseException) -> BaseException | None:
@@ -366,6 +369,44 @@ class BatchingStore(abc.ABC):
                 return
             todo = self._run_units(conn, todo)
 
+    def _commit_before(self, steps: list[list[_Unit]], index: int) -> list[_Unit]:
+        """Commit the steps before ``index`` (a failed commit is their
+        error) and return the units of the rest, for the next transaction."""
+        try:
+            self._commit()
+        except BaseException as exc:
+            for step in steps[:index]:
+                for unit in step:
+                    unit.result, unit.error = None, exc
+            self._rollback()
+        return [unit for later in steps[index:] for unit in later]
+
+    def _after_conflict(
+        self, units: list[_Unit], step: list[_Unit], *, first: bool, exc: BaseException
+    ) -> list[_Unit]:
+        """The units to run again after ``step`` met a conflict and the
+        transaction was rolled back: all of them, ``step`` first in its own
+        transaction (then it takes its key locks in order); a step that was
+        first already takes its own keys out of order and runs alone
+        (``solo``). A deadlock is tried again :data:`CONFLICT_TRIES` times,
+        then reported."""
+        order = isinstance(exc, KeyOrderConflict)
+        for unit in step:
+            unit.first = True
+            unit.solo = unit.solo or (order and first)
+            unit.tries += 0 if order else 1
+        exhausted = [unit for unit in step if unit.tries > CONFLICT_TRIES]
+        for unit in exhausted:
+            unit.error = StoreError(
+                f"store {self.url}: the database aborted this write {CONFLICT_TRIES + 1} "
+                "times to resolve a conflict with another transaction (a deadlock); "
+                "nothing was committed"
+            )
+        rerun = sorted((u for u in units if u not in exhausted), key=lambda u: not u.first)
+        for unit in rerun:
+            unit.result = None
+        return rerun
+
     def _run_units(self, conn: Conn, units: list[_Unit]) -> list[_Unit]:
         """Run ``units`` in the open transaction and commit; return the units
         to run again in a new transaction (empty when this one settled).
@@ -380,50 +421,21 @@ class BatchingStore(abc.ABC):
             steps = _steps(units)
             for index, step in enumerate(steps):
                 if index and any(unit.first or unit.solo for unit in step):
-                    ran = [unit for done in steps[:index] for unit in done]
-                    try:
-                        self._commit()
-                    except BaseException as exc:
-                        for unit in ran:
-                            unit.result, unit.error = None, exc
-                        self._rollback()
-                    return [unit for later in steps[index:] for unit in later]
+                    return self._commit_before(steps, index)
                 solo = any(unit.solo for unit in step)
                 try:
                     if solo:
-                        self._owned_by_caller()  # its key locks wait, in its own order
+                        self._keys_wait()  # its key locks wait, in its own order
                     _run_step(conn, step)
                     if solo and len(steps) > 1:  # commit it alone; the rest go next
-                        self._commit()
-                        return [unit for later in steps[1:] for unit in later]
+                        return self._commit_before(steps, 1)
                 except BaseException as exc:
                     self._rollback()
                     settled = (
                         None if isinstance(exc, KeyOrderConflict) else self._settled_error(exc)
                     )
                     if settled is None:
-                        # Nothing committed; every unit runs again, this step
-                        # first in its own transaction (it then takes its
-                        # key locks in order). A deadlock is tried again a
-                        # few times before it is reported.
-                        for unit in step:
-                            if isinstance(exc, KeyOrderConflict) and index == 0:
-                                unit.solo = True  # its own keys are out of order
-                            unit.first = True
-                            if not isinstance(exc, KeyOrderConflict):
-                                unit.tries += 1
-                        exhausted = [unit for unit in step if unit.tries > CONFLICT_TRIES]
-                        for unit in exhausted:
-                            unit.error = StoreError(
-                                f"store {self.url}: the database aborted this write "
-                                f"{CONFLICT_TRIES + 1} times to resolve a conflict with "
-                                "another transaction (a deadlock); nothing was committed"
-                            )
-                        rerun = [unit for unit in units if unit not in exhausted]
-                        rerun.sort(key=lambda unit: not unit.first)
-                        for other in rerun:
-                            other.result = None
-                        return rerun
+                        return self._after_conflict(units, step, first=index == 0, exc=exc)
                     if isinstance(exc, ConnectionLostError):
                         # The step was on the wire when the connection ended:
                         # its units fail (nothing of them committed). The
@@ -517,91 +529,3 @@ class BatchingStore(abc.ABC):
     def notify_enqueued(self) -> None:
         for callback in list(self._listeners):
             callback()
-
-
-class BatchingTransaction:
-    """A caller-owned write transaction on the store's writer connection.
-    SQL of the caller's own uses ``?`` placeholders on every engine."""
-
-    def __init__(self, store: BatchingStore, conn: Conn) -> None:
-        self._store = store
-        self._conn = conn
-        self._closed = False
-        self._begun = False  # BEGIN rides with the first statement's hop
-        self._enqueued = False
-        self._lost: StoreError | None = None
-
-    @property
-    def max_body_bytes(self) -> int:
-        """The store's limit on an enqueue's ``body`` (bytes of JSON)."""
-        return self._store.max_body_bytes
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        if self._closed:
-            raise TransactionMisuse("the transaction has ended")
-        return await self._store._in_writer(self._guarded, fn)
-
-    def _guarded(self, fn: Callable[[], T]) -> T:
-        # If the database rolled the transaction back by itself (disk full,
-        # I/O error), running on would commit statements one by one, outside
-        # the caller's transaction.
-        if self._lost is not None:
-            raise self._lost
-        if not self._begun:
-            self._store._begin()  # waits for other processes' writers as the engine allows
-            self._store._owned_by_caller()
-            self._begun = True
-        try:
-            return fn()
-        finally:
-            if not self._store._in_transaction():
-                self._lost = StoreError(
-                    "the transaction was rolled back by the database after an error; "
-                    "nothing in it was committed"
-                )
-
-    def _finish(self) -> None:
-        if self._lost is not None:
-            raise self._lost
-        try:
-            self._store._commit()
-        except BaseException:
-            self._store._rollback()
-            raise
-
-    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return await self._run(lambda: self._conn.execute(sql, params))
-
-    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return await self._run(lambda: self._conn.query(sql, params))
-
-    async def read(self, work: Callable[[Conn], T]) -> T:
-        return await self._run(lambda: work(self._conn))
-
-    async def write(self, work: Callable[[Conn], T]) -> T:
-        conn, store = self._conn, self._store
-
-        def in_savepoint() -> T:
-            conn.execute("SAVEPOINT unit")
-            try:
-                result = work(conn)
-            except BaseException:
-                if store._in_transaction():
-                    conn.execute("ROLLBACK TO SAVEPOINT unit")
-                    conn.execute("RELEASE SAVEPOINT unit")
-                raise
-            conn.execute("RELEASE SAVEPOINT unit")
-            return result
-
-        return await self._run(in_savepoint)
-
-    async def write_many(
-        self,
-        many: Callable[[Conn, list[ItemT]], list[ResultT]],
-        item: ItemT,
-        single: bool = False,
-    ) -> ResultT:
-        return await self.write(lambda conn: many(conn, [item])[0])
-
-    def notify_enqueued(self) -> None:
-        self._enqueued = True

@@ -46,45 +46,37 @@ them. An idle listener checks its session with a round trip every
 
 from __future__ import annotations
 
-import contextlib
-import math
-import select
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 import anyio
 
-from ..redact import (
-    AMBIGUOUS_URL_ERROR,
-    ambiguous_userinfo,
-    known_secrets,
-    mask_url,
-    one_line,
-    register_secrets,
-    scrubbed_logger,
-    url_secrets,
-)
-from ..values import show
+from ..redact import mask_url, register_secrets, scrubbed_logger, url_secrets
 from .base import (
     ConnectionLostError,
-    Row,
     StoreError,
     StoreOptions,
     T,
     store_schema,
 )
 from .batching import BatchingStore
-from .dialect import POSTGRES, Typed
-from .placeholders import to_paramstyle
+from .dialect import POSTGRES
+from .pg_session import (
+    PostgresConn,
+    alive,
+    configure,
+    connection_parameters,
+    error_text,
+    lost,
+    raise_lost,
+)
 from .schema import migrate, require_current
-from .watchdog import Watch, Watchdog, shut_socket
+from .watchdog import Watch, Watchdog
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
     import psycopg
     from psycopg.pq import ConnStatus, TransactionStatus
-    from psycopg.rows import dict_row
-    from psycopg.types.string import TextLoader
     from psycopg_pool import ConnectionPool
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
@@ -101,281 +93,12 @@ LISTEN_CHECK_FACTOR: Final = 6
 """An idle listener sends a round trip after this many network timeouts
 without a word from the server (30 s by default): a session a silent
 network cut would otherwise never be noticed, and enqueues never wake."""
-KEEPALIVE_COUNT: Final = 3
 
 log = scrubbed_logger("trio_dispatch.store")
 
 
-def connection_parameters(url: str, network_timeout: float) -> dict[str, Any]:
-    """libpq parameters that bound connecting and a dead peer, from
-    ``network_timeout``; a parameter the URL sets itself is left to it."""
-    seconds = max(1, math.ceil(network_timeout))
-    wanted: dict[str, Any] = {
-        "connect_timeout": max(2, seconds),
-        "keepalives": 1,
-        "keepalives_idle": seconds,
-        "keepalives_interval": max(1, math.ceil(network_timeout / KEEPALIVE_COUNT)),
-        "keepalives_count": KEEPALIVE_COUNT,
-        "tcp_user_timeout": int(network_timeout * 1000),
-    }
-    given = psycopg.conninfo.conninfo_to_dict(url)
-    return {name: value for name, value in wanted.items() if name not in given}
-
-
-def silence(seconds: float) -> str:
-    """What a round trip cut by its deadline says."""
-    return (
-        f"no answer from the server in {seconds:g}s "
-        "(busy_timeout_seconds + network_timeout_seconds); the connection was dropped"
-    )
-
-
-def _shut(conn: psycopg.Connection[Any]) -> None:
-    """Cut ``conn``'s socket under whatever call is blocked on it."""
-    if conn.closed:
-        return
-    try:
-        fd = conn.pgconn.socket
-    except psycopg.OperationalError:
-        return
-    shut_socket(fd)
-
-
-def check_url(url: str) -> None:
-    """A ``postgresql://`` store URL as libpq would take it, checked before
-    anything connects: a user name and password whose pieces libpq would
-    split differently, an unknown parameter, a port that is not a number
-    are ValueErrors naming the URL masked. Without psycopg only the first
-    is checked (opening names the missing extra)."""
-    if ambiguous_userinfo(url):  # not even masked: its host may be a piece of it
-        raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
-    if psycopg is None:
-        return
-    # libpq splits a password at its own idea of the URL's pieces and quotes
-    # a piece (in "user:pa/ss@host" it reads "user:pa" as host and port):
-    # with a password in the URL, libpq's text is not shown.
-    has_password = bool(url_secrets(url))
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error as exc:
-        reason = (
-            "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
-            "?, # or % in the user name or password that is not percent-encoded)"
-            if has_password
-            else " ".join(str(exc).split())
-        )
-        raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
-    for port in str(params.get("port") or "").split(","):
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            shown = "" if has_password else f" {show(port)}"
-            raise ValueError(
-                f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
-                "from 1 to 65535"
-            )
-
-
-def _placeholders(sql: str) -> str:
-    """The outbox's portable SQL (``?`` placeholders) in psycopg's style;
-    a :class:`~.dialect.Typed` statement's parameters go in binary."""
-    return to_paramstyle(sql, "format", isinstance(sql, Typed))
-
-
-def _lost(conn: psycopg.Connection[Any]) -> bool:
-    """Whether ``conn``'s session has ended (libpq knows it is dead)."""
-    return conn.closed or conn.broken
-
-
-def _alive(conn: psycopg.Connection[Any]) -> bool:
-    """Whether an idle connection still has its session, without a round
-    trip: a server that ended the session (terminated, shutting down) sent
-    its last words and closed the socket, so an idle connection with
-    something to read is read, and libpq sees the end. A session that is
-    cut without a word (a network partition) looks alive until used."""
-    if _lost(conn):
-        return False
-    try:
-        fd = conn.fileno()
-        for _ in range(4):  # the farewell, then the end of the stream
-            if not _readable(fd):
-                return True
-            conn.pgconn.consume_input()
-            if conn.pgconn.status != ConnStatus.OK:
-                return False
-    except (psycopg.Error, OSError, ValueError):
-        return False
-    return not _lost(conn)
-
-
-def _readable(fd: int) -> bool:
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))  # POLLHUP and POLLERR count too
-    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - no poll()
-
-
-def _reason(exc: BaseException) -> str:
-    """A driver error as one password-free line."""
-    return one_line(exc, known_secrets())
-
-
 def _next_delay(delay: float) -> float:
     return min(RECONNECT_MAX_DELAY, max(RECONNECT_FIRST_DELAY, delay * 2))
-
-
-class PostgresConn:
-    """A :class:`~trio_dispatch.store.base.Conn` over one psycopg connection.
-
-    With :attr:`begin_pending` set (the store's writer, see
-    :meth:`PostgresStore._begin`) the first statement carries the
-    transaction's ``BEGIN`` with it: both go in one pipelined round trip.
-    With :attr:`single` set (:meth:`PostgresStore._begin_single`) the one
-    statement goes alone and commits by itself; a second one is refused."""
-
-    dialect = POSTGRES
-
-    __slots__ = ("_conn", "begin_pending", "dog", "held_keys", "seconds", "single", "where")
-
-    def __init__(
-        self,
-        conn: psycopg.Connection[Any],
-        where: str = "the server",
-        dog: Watchdog | None = None,
-        seconds: float = 0.0,
-    ) -> None:
-        self._conn = conn
-        self.begin_pending = False
-        self.single: bool | None = None  # None: not a single; False: its statement went
-        self.where = where  # the masked URL, for messages
-        self.dog = dog  # cuts a round trip still unanswered after ``seconds``
-        self.seconds = seconds
-        self.held_keys: set[str] | None = None
-        """The ordering keys whose locks this transaction holds, kept where
-        the group commit composes the transaction (see
-        :func:`~trio_dispatch.outbox.ordering.lock_keys`); None elsewhere."""
-
-    @contextlib.contextmanager
-    def watched(self) -> Iterator[Watch | None]:
-        """Around one round trip: cut it if no answer comes in time."""
-        if self.dog is None:
-            yield None
-            return
-        with self.dog.watch(self.seconds, self._cut) as watch:
-            yield watch
-
-    def _cut(self) -> None:
-        _shut(self._conn)
-
-    def why(self, exc: BaseException, watch: Watch | None) -> str:
-        """Why a round trip failed, in one password-free line."""
-        return silence(self.seconds) if watch is not None and watch.fired else _reason(exc)
-
-    def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
-        single = self.single
-        if single is False:
-            # The first statement has committed: a second would not be
-            # atomic with it. A caller's promise broken is a bug, said loudly.
-            raise StoreError("a single-statement write ran a second statement")
-        if single:
-            self.single = False
-        watch: Watch | None = None
-        try:
-            with self.watched() as watch:
-                self._send_once(send, pipelined)
-        except psycopg.OperationalError as exc:
-            if not _lost(self._conn):
-                raise
-            if single:
-                raise ConnectionLostError(
-                    f"the connection to {self.where} ended while its statement ran "
-                    f"({self.why(exc, watch)}); the outcome is unknown: it may or may not "
-                    "have been committed",
-                    outcome_unknown=True,
-                ) from None
-            _raise_lost(self.why(exc, watch), self.where)
-
-    def _send_once(self, send: Callable[[], object], pipelined: bool) -> None:
-        if not self.begin_pending:
-            send()
-            return
-        self.begin_pending = False
-        if not pipelined or not psycopg.Pipeline.is_supported():
-            # A statement without parameters may hold several commands,
-            # which only the simple protocol (never a pipeline) accepts; and
-            # libpq before 14 has no pipeline mode.
-            self._conn.execute("BEGIN")
-            send()
-            return
-        # BEGIN and the statement in one round trip; the cursor holds the
-        # statement's results once the pipeline has synced at its end.
-        with self._conn.pipeline():
-            self._conn.execute("BEGIN")
-            send()
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        with self._conn.cursor() as cursor:
-            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)), bool(params))
-            return cursor.rowcount
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        with self._conn.cursor() as cursor:
-            self._send(lambda: cursor.executemany(_placeholders(sql), [tuple(r) for r in rows]))
-            return cursor.rowcount
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        with self._conn.cursor(row_factory=dict_row) as cursor:
-            self._send(lambda: cursor.execute(_placeholders(sql), tuple(params)), bool(params))
-            return list(cursor.fetchall()) if cursor.description else []
-
-    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
-
-    def announce_enqueue(self) -> None:
-        # Delivered to listeners when (and only if) this transaction commits.
-        self.execute(POSTGRES.notify)
-
-
-def _raise_lost(reason: str, where: str) -> NoReturn:
-    raise ConnectionLostError(
-        f"the connection to {where} ended during this transaction ({reason}): "
-        "nothing in it was committed"
-    ) from None
-
-
-def _configure(
-    conn: psycopg.Connection[Any],
-    *,
-    durability: str,
-    lock_timeout: float,
-    server_deadline: float,
-    read_only: bool = False,
-    schema: str | None = None,
-) -> None:
-    # JSON columns come back as their text, as stored (the payload is sent as is).
-    conn.adapters.register_loader("json", TextLoader)
-    conn.adapters.register_loader("jsonb", TextLoader)
-    settings = [
-        f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}",
-        f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'",
-        # A session whose client went silent lets its locks go by the
-        # deadline the client gives up at, instead of holding them forever;
-        # a slow statement ends on the server a little before the client's
-        # deadline, as an error on a connection that lives on.
-        f"SET idle_in_transaction_session_timeout = '{math.ceil(server_deadline * 1000)}ms'",
-        f"SET statement_timeout = '{math.ceil(server_deadline * 1000)}ms'",
-    ]
-    if conn.info.server_version >= 110000:  # JIT compiled a 0.1 ms claim scan in 11 ms
-        settings.append("SET jit = off")
-    if schema is not None:
-        # Every outbox statement names its tables unqualified: on every
-        # connection of the store they resolve in this schema alone
-        # (pg_catalog, always searched first, still serves the built-ins).
-        # The name is a checked identifier (store_schema).
-        settings.append(f'SET search_path TO "{schema}"')
-    if read_only:
-        settings.append("SET default_transaction_read_only = on")
-    conn.execute("; ".join(settings))  # one round trip (the simple protocol)
 
 
 class PostgresStore(BatchingStore):
@@ -443,7 +166,7 @@ class PostgresStore(BatchingStore):
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
         with self._watched(conn).watched():
-            _configure(
+            configure(
                 conn,
                 durability=self.durability,
                 lock_timeout=self.busy_timeout,
@@ -505,7 +228,7 @@ class PostgresStore(BatchingStore):
         the backoff first, at most :data:`RECONNECT_MAX_DELAY`)."""
         assert self._lazy is not None
         writer = self._writer
-        if writer is not None and _alive(writer):
+        if writer is not None and alive(writer):
             return
         now = time.monotonic()
         if self._lost_at is None:
@@ -536,7 +259,7 @@ class PostgresStore(BatchingStore):
             self._next_try_at = time.monotonic() + self._delay
             raise ConnectionLostError(
                 f"the connection to {self.url} ended and reconnecting failed "
-                f"({_reason(exc)}); the next try waits {self._delay:g}s"
+                f"({error_text(exc)}); the next try waits {self._delay:g}s"
             ) from None
         self._writer = self._lazy._conn = writer
         self.reconnects["writer"] += 1
@@ -591,7 +314,7 @@ class PostgresStore(BatchingStore):
             if self._silent:  # the server answers again
                 self._silent = False
         except psycopg.OperationalError as exc:
-            if not _lost(self._writer):
+            if not lost(self._writer):
                 raise
             # The server may have committed and its answer been lost:
             # never report success, nor claim a rollback.
@@ -622,9 +345,9 @@ class PostgresStore(BatchingStore):
                 # the one to report.
                 self._writer.close()
 
-    def _owned_by_caller(self) -> None:
-        # The caller composes its own transaction: its key locks wait in
-        # the order it asks for them, as on the caller's own connection.
+    def _keys_wait(self) -> None:
+        # Not composed by the group commit: its key locks wait in the order
+        # they are asked for, as on a caller's own connection.
         assert self._lazy is not None
         self._lazy.held_keys = None
 
@@ -632,7 +355,7 @@ class PostgresStore(BatchingStore):
         if isinstance(exc, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
             return None  # the server aborted this transaction to let another go on
         if isinstance(exc, psycopg.Error):
-            error = StoreError(f"store {self.url}: {_reason(exc)}")
+            error = StoreError(f"store {self.url}: {error_text(exc)}")
             error.__cause__ = exc
             return error
         return exc
@@ -675,7 +398,7 @@ class PostgresStore(BatchingStore):
             # replaces a closed connection when it comes back).
             for _ in range(READERS):
                 with readers.connection() as reader:
-                    if _alive(reader):
+                    if alive(reader):
                         return _read(self._watched(reader), work)
                     reader.close()
             with readers.connection() as reader:
@@ -707,9 +430,9 @@ class PostgresStore(BatchingStore):
                         self.network_timeout * LISTEN_CHECK_FACTOR,
                     )
                 except psycopg.OperationalError as exc:
-                    if not _lost(conn):
+                    if not lost(conn):
                         raise
-                    reason = _reason(exc)
+                    reason = error_text(exc)
                 await anyio.to_thread.run_sync(conn.close)
                 conn = await self._listen_again(reason)
                 callback()  # what was sent while it was away is lost: look once
@@ -740,7 +463,7 @@ class PostgresStore(BatchingStore):
             try:
                 conn = await anyio.to_thread.run_sync(self._listening)
             except psycopg.OperationalError as exc:
-                reason = _reason(exc)
+                reason = error_text(exc)
                 delay = _next_delay(delay)
                 log.debug("store %s: listening again failed (%s)", self.url, reason)
                 await anyio.sleep(delay)
@@ -768,11 +491,11 @@ def _read(watched: PostgresConn, work: Callable[[PostgresConn], T]) -> T:
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             return work(PostgresConn(reader, watched.where))
     except psycopg.OperationalError as exc:
-        if not _lost(reader):
+        if not lost(reader):
             raise
-        _raise_lost(watched.why(exc, watch), watched.where)
+        raise_lost(watched.why(exc, watch), watched.where)
     finally:
-        if not _lost(reader):
+        if not lost(reader):
             try:
                 with watched.watched():
                     reader.execute("ROLLBACK")

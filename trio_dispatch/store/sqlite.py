@@ -27,10 +27,11 @@ from .base import (
     decode_text,
     parse_target,
 )
-from .batching import BatchingStore, BatchingTransaction
+from .batching import BatchingStore
 from .dialect import SQLITE
 from .placeholders import to_paramstyle
 from .schema import migrate, require_current
+from .transaction import BatchingTransaction
 
 __all__ = [
     "DEFAULT_BUSY_TIMEOUT_SECONDS",

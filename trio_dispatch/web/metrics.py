@@ -166,8 +166,6 @@ def schedule_families(scheduler: Scheduler) -> list[Metric]:
         "rolled back alone and waits, doubling, before it tries again).",
         labels=["schedule"],
     )
-    for name in sorted(scheduler.schedules):
-        failures.add_metric([name], scheduler.failures[name])
     mismatch = GaugeMetricFamily(
         "trio_dispatch_schedule_definition_mismatch",
         "1 while another definition of the schedule than this worker's is in force (this "
@@ -175,6 +173,7 @@ def schedule_families(scheduler: Scheduler) -> list[Metric]:
         labels=["schedule"],
     )
     for name in sorted(scheduler.schedules):
+        failures.add_metric([name], scheduler.failures[name])
         mismatch.add_metric([name], 1.0 if name in scheduler.mismatched else 0.0)
     return [runs, next_fire, failures, mismatch]
 

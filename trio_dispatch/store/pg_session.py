@@ -1,0 +1,302 @@
+"""One PostgreSQL session of the store: a psycopg connection seen as a
+:class:`~trio_dispatch.store.base.Conn`, how it is opened and configured,
+whether it is still alive, and the deadline on each of its round trips
+(see :mod:`.postgres` for the store that holds them)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import select
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NoReturn
+
+from ..redact import (
+    AMBIGUOUS_URL_ERROR,
+    ambiguous_userinfo,
+    known_secrets,
+    mask_url,
+    one_line,
+    url_secrets,
+)
+from ..values import show
+from .base import ConnectionLostError, Row, StoreError
+from .dialect import POSTGRES, Typed
+from .placeholders import to_paramstyle
+from .watchdog import Watch, Watchdog, shut_socket
+
+try:  # an optional dependency: `pip install trio_dispatch[postgres]`
+    import psycopg
+    from psycopg.pq import ConnStatus
+    from psycopg.rows import dict_row
+    from psycopg.types.string import TextLoader
+except ImportError:  # pragma: no cover - exercised only without the extra
+    psycopg = None  # type: ignore[assignment]
+
+KEEPALIVE_COUNT: Final = 3
+
+
+def connection_parameters(url: str, network_timeout: float) -> dict[str, Any]:
+    """libpq parameters that bound connecting and a dead peer, from
+    ``network_timeout``; a parameter the URL sets itself is left to it."""
+    seconds = max(1, math.ceil(network_timeout))
+    wanted: dict[str, Any] = {
+        "connect_timeout": max(2, seconds),
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": max(1, math.ceil(network_timeout / KEEPALIVE_COUNT)),
+        "keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": int(network_timeout * 1000),
+    }
+    given = psycopg.conninfo.conninfo_to_dict(url)
+    return {name: value for name, value in wanted.items() if name not in given}
+
+
+def silence(seconds: float) -> str:
+    """What a round trip cut by its deadline says."""
+    return (
+        f"no answer from the server in {seconds:g}s "
+        "(busy_timeout_seconds + network_timeout_seconds); the connection was dropped"
+    )
+
+
+def shut(conn: psycopg.Connection[Any]) -> None:
+    """Cut ``conn``'s socket under whatever call is blocked on it."""
+    if conn.closed:
+        return
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.OperationalError:
+        return
+    shut_socket(fd)
+
+
+def check_url(url: str) -> None:
+    """A ``postgresql://`` store URL as libpq would take it, checked before
+    anything connects: a user name and password whose pieces libpq would
+    split differently, an unknown parameter, a port that is not a number
+    are ValueErrors naming the URL masked. Without psycopg only the first
+    is checked (opening names the missing extra)."""
+    if ambiguous_userinfo(url):  # not even masked: its host may be a piece of it
+        raise ValueError(f"invalid store URL: {AMBIGUOUS_URL_ERROR}")
+    if psycopg is None:
+        return
+    # libpq splits a password at its own idea of the URL's pieces and quotes
+    # a piece (in "user:pa/ss@host" it reads "user:pa" as host and port):
+    # with a password in the URL, libpq's text is not shown.
+    has_password = bool(url_secrets(url))
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        reason = (
+            "libpq cannot parse it (an unknown query parameter, or a space, @, /, :, "
+            "?, # or % in the user name or password that is not percent-encoded)"
+            if has_password
+            else " ".join(str(exc).split())
+        )
+        raise ValueError(f"invalid store URL {show(mask_url(url))}: {reason}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            shown = "" if has_password else f" {show(port)}"
+            raise ValueError(
+                f"invalid store URL {show(mask_url(url))}: the port{shown} is not a number "
+                "from 1 to 65535"
+            )
+
+
+def placeholders(sql: str) -> str:
+    """The outbox's portable SQL (``?`` placeholders) in psycopg's style;
+    a :class:`~.dialect.Typed` statement's parameters go in binary."""
+    return to_paramstyle(sql, "format", isinstance(sql, Typed))
+
+
+def lost(conn: psycopg.Connection[Any]) -> bool:
+    """Whether ``conn``'s session has ended (libpq knows it is dead)."""
+    return conn.closed or conn.broken
+
+
+def alive(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection still has its session, without a round
+    trip: a server that ended the session (terminated, shutting down) sent
+    its last words and closed the socket, so an idle connection with
+    something to read is read, and libpq sees the end. A session that is
+    cut without a word (a network partition) looks alive until used."""
+    if lost(conn):
+        return False
+    try:
+        fd = conn.fileno()
+        for _ in range(4):  # the farewell, then the end of the stream
+            if not _readable(fd):
+                return True
+            conn.pgconn.consume_input()
+            if conn.pgconn.status != ConnStatus.OK:
+                return False
+    except (psycopg.Error, OSError, ValueError):
+        return False
+    return not lost(conn)
+
+
+def _readable(fd: int) -> bool:
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))  # POLLHUP and POLLERR count too
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - no poll()
+
+
+def error_text(exc: BaseException) -> str:
+    """A driver error as one password-free line."""
+    return one_line(exc, known_secrets())
+
+
+class PostgresConn:
+    """A :class:`~trio_dispatch.store.base.Conn` over one psycopg connection.
+
+    With :attr:`begin_pending` set (the store's writer, see
+    :meth:`PostgresStore._begin`) the first statement carries the
+    transaction's ``BEGIN`` with it: both go in one pipelined round trip.
+    With :attr:`single` set (:meth:`PostgresStore._begin_single`) the one
+    statement goes alone and commits by itself; a second one is refused."""
+
+    dialect = POSTGRES
+
+    __slots__ = ("_conn", "begin_pending", "dog", "held_keys", "seconds", "single", "where")
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        where: str = "the server",
+        dog: Watchdog | None = None,
+        seconds: float = 0.0,
+    ) -> None:
+        self._conn = conn
+        self.begin_pending = False
+        self.single: bool | None = None  # None: not a single; False: its statement went
+        self.where = where  # the masked URL, for messages
+        self.dog = dog  # cuts a round trip still unanswered after ``seconds``
+        self.seconds = seconds
+        self.held_keys: set[str] | None = None
+        """The ordering keys whose locks this transaction holds, kept where
+        the group commit composes the transaction (see
+        :func:`~trio_dispatch.outbox.ordering.lock_keys`); None elsewhere."""
+
+    def watched(self) -> Watch | contextlib.nullcontext[None]:
+        """Enter it around one round trip: the round trip is cut if no
+        answer comes in time (no deadline without a watchdog)."""
+        if self.dog is None:
+            return contextlib.nullcontext()
+        return self.dog.watch(self.seconds, self._cut)
+
+    def _cut(self) -> None:
+        shut(self._conn)
+
+    def why(self, exc: BaseException, watch: Watch | None) -> str:
+        """Why a round trip failed, in one password-free line."""
+        return silence(self.seconds) if watch is not None and watch.fired else error_text(exc)
+
+    def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
+        single = self.single
+        if single is False:
+            # The first statement has committed: a second would not be
+            # atomic with it. A caller's promise broken is a bug, said loudly.
+            raise StoreError("a single-statement write ran a second statement")
+        if single:
+            self.single = False
+        watch: Watch | None = None
+        try:
+            with self.watched() as watch:
+                self._send_once(send, pipelined)
+        except psycopg.OperationalError as exc:
+            if not lost(self._conn):
+                raise
+            if single:
+                raise ConnectionLostError(
+                    f"the connection to {self.where} ended while its statement ran "
+                    f"({self.why(exc, watch)}); the outcome is unknown: it may or may not "
+                    "have been committed",
+                    outcome_unknown=True,
+                ) from None
+            raise_lost(self.why(exc, watch), self.where)
+
+    def _send_once(self, send: Callable[[], object], pipelined: bool) -> None:
+        if not self.begin_pending:
+            send()
+            return
+        self.begin_pending = False
+        if not pipelined or not psycopg.Pipeline.is_supported():
+            # A statement without parameters may hold several commands,
+            # which only the simple protocol (never a pipeline) accepts; and
+            # libpq before 14 has no pipeline mode.
+            self._conn.execute("BEGIN")
+            send()
+            return
+        # BEGIN and the statement in one round trip; the cursor holds the
+        # statement's results once the pipeline has synced at its end.
+        with self._conn.pipeline():
+            self._conn.execute("BEGIN")
+            send()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        with self._conn.cursor() as cursor:
+            self._send(lambda: cursor.execute(placeholders(sql), tuple(params)), bool(params))
+            return cursor.rowcount
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        with self._conn.cursor() as cursor:
+            self._send(lambda: cursor.executemany(placeholders(sql), [tuple(r) for r in rows]))
+            return cursor.rowcount
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        with self._conn.cursor(row_factory=dict_row) as cursor:
+            self._send(lambda: cursor.execute(placeholders(sql), tuple(params)), bool(params))
+            return list(cursor.fetchall()) if cursor.description else []
+
+    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def announce_enqueue(self) -> None:
+        # Delivered to listeners when (and only if) this transaction commits.
+        self.execute(POSTGRES.notify)
+
+
+def raise_lost(reason: str, where: str) -> NoReturn:
+    raise ConnectionLostError(
+        f"the connection to {where} ended during this transaction ({reason}): "
+        "nothing in it was committed"
+    ) from None
+
+
+def configure(
+    conn: psycopg.Connection[Any],
+    *,
+    durability: str,
+    lock_timeout: float,
+    server_deadline: float,
+    read_only: bool = False,
+    schema: str | None = None,
+) -> None:
+    # JSON columns come back as their text, as stored (the payload is sent as is).
+    conn.adapters.register_loader("json", TextLoader)
+    conn.adapters.register_loader("jsonb", TextLoader)
+    settings = [
+        f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}",
+        f"SET lock_timeout = '{int(lock_timeout * 1000)}ms'",
+        # A session whose client went silent lets its locks go by the
+        # deadline the client gives up at, instead of holding them forever;
+        # a slow statement ends on the server a little before the client's
+        # deadline, as an error on a connection that lives on.
+        f"SET idle_in_transaction_session_timeout = '{math.ceil(server_deadline * 1000)}ms'",
+        f"SET statement_timeout = '{math.ceil(server_deadline * 1000)}ms'",
+    ]
+    if conn.info.server_version >= 110000:  # JIT compiled a 0.1 ms claim scan in 11 ms
+        settings.append("SET jit = off")
+    if schema is not None:
+        # Every outbox statement names its tables unqualified: on every
+        # connection of the store they resolve in this schema alone
+        # (pg_catalog, always searched first, still serves the built-ins).
+        # The name is a checked identifier (store_schema).
+        settings.append(f'SET search_path TO "{schema}"')
+    if read_only:
+        settings.append("SET default_transaction_read_only = on")
+    conn.execute("; ".join(settings))  # one round trip (the simple protocol)
