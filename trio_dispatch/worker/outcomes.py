@@ -21,8 +21,7 @@ from ..outbox import (
     finish_attempt,
     release_attempt,
 )
-from ..outbox.caps import DestinationCaps
-from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
+from ..outbox.claim import ClaimRules
 from ..store.base import ConnectionLostError, Store
 from ..transports import TransportResult
 from .report import AttemptResult, Interrupted
@@ -49,9 +48,9 @@ class OutcomeWriter:
     retry_jitter: float
     retry_schedule: Sequence[float] | None
     lease_seconds: float
-    caps: DestinationCaps | None
+    rules: ClaimRules
+    """The worker's claim rules: the next claim's."""
     log: logging.Logger
-    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
     stopping: bool = False
     """The worker is stopping: a write that lost its connection is not
     tried again (the lease brings the row back), so a worker cut off from
@@ -107,8 +106,7 @@ class OutcomeWriter:
                 actor=self.actor,
                 clock=self.clock,
                 retry_schedule=self.retry_schedule,
-                caps=self.caps,
-                ordering=self.ordering,
+                rules=self.rules,
             )
         except Exception:
             self.log.exception(
