@@ -32,6 +32,8 @@ TABLES = (
     "sessions",
     "schedule_runs",
     "dispatch_schedules",
+    "dispatch_destinations",
+    "dispatch_destination_changes",
 )
 
 

@@ -15,6 +15,13 @@ from ._version import __version__
 if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on first use
     from .backoff import backoff_seconds
     from .config import resolve_notify_template
+    from .destinations import (
+        Breaker,
+        Destination,
+        enable_destination,
+        pause_destination,
+        resume_destination,
+    )
     from .errors import (
         AckRefused,
         ActionRefused,
@@ -25,6 +32,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
         InvalidTransition,
         SchemaError,
         StoreError,
+        Throttled,
         TransactionMisuse,
         WorkerError,
     )
@@ -55,9 +63,11 @@ __all__ = [
     "SIGNAL_SCHEMA_VERSION",
     "AckRefused",
     "ActionRefused",
+    "Breaker",
     "ConfigError",
     "ConnectionLostError",
     "Delivery",
+    "Destination",
     "DispatchError",
     "DispatchNotFound",
     "DispatchSignal",
@@ -69,6 +79,7 @@ __all__ = [
     "SchemaError",
     "Signal",
     "StoreError",
+    "Throttled",
     "TransactionMisuse",
     "TransportResult",
     "WorkerError",
@@ -77,6 +88,7 @@ __all__ = [
     "asyncio_transport",
     "backoff_seconds",
     "deliver_due_dispatches",
+    "enable_destination",
     "enqueue_dispatch",
     "enqueue_many",
     "enqueue_revival_heartbeat",
@@ -84,9 +96,11 @@ __all__ = [
     "list_dispatches",
     "list_transitions",
     "open_store",
+    "pause_destination",
     "prune_dispatches",
     "purge_dispatch",
     "resolve_notify_template",
+    "resume_destination",
     "retry_dispatch",
 ]
 
@@ -99,6 +113,12 @@ _LAZY: dict[str, str] = {
     "ActionRefused": ".errors",
     "asyncio_transport": ".transports",
     "backoff_seconds": ".backoff",
+    "Breaker": ".destinations",
+    "Destination": ".destinations",
+    "enable_destination": ".destinations",
+    "pause_destination": ".destinations",
+    "resume_destination": ".destinations",
+    "Throttled": ".errors",
     "ConfigError": ".errors",
     "ConnectionLostError": ".errors",
     "DEFAULT_MAX_ATTEMPTS": ".outbox",

@@ -61,7 +61,12 @@ class TransportResult:
     never left this machine for want of a local resource (no file
     descriptor, no memory, no process slot when starting a command): the
     row is released, the attempt not counted, and the worker waits a little
-    before claiming again (:meth:`not_sent`)."""
+    before claiming again (:meth:`not_sent`). ``throttled`` means the
+    destination asked to be left alone (HTTP 429/503, a callable's
+    :class:`~trio_dispatch.errors.Throttled`, a command's exit 75) for
+    ``retry_after`` seconds (None: the row's next backoff step): the
+    destination waits, the row goes back to ``pending`` and the attempt
+    does not count toward ``max_attempts`` (:meth:`throttle`)."""
 
     ok: bool
     error: str | None = None
@@ -70,6 +75,7 @@ class TransportResult:
     retry_after: float | None = None
     output: str | None = field(default=None, compare=False)
     local: bool = False
+    throttled: bool = False
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -105,6 +111,21 @@ class TransportResult:
             permanent=permanent,
             gone=gone,
             retry_after=retry_after,
+        )
+
+    @classmethod
+    def throttle(
+        cls, message: str, *, retry_after: float | None = None, output: str | None = None
+    ) -> TransportResult:
+        """The destination asked to be left alone for ``retry_after``
+        seconds (None: the row's next backoff step)."""
+        text = clean_error(message.strip())
+        return cls(
+            ok=False,
+            error=text or "the destination asked to wait",
+            retry_after=retry_after,
+            output=output,
+            throttled=True,
         )
 
     @classmethod

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import yaml
 
+from .destinations.policy import Destination, parse_destinations
 from .errors import ConfigError as ConfigError
 from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .redact import mask_url
@@ -167,6 +168,9 @@ class Config:
     """The absolute path of the file this came from; None if built in memory."""
     schedules: tuple[Schedule, ...] = ()
     """The ``schedules:`` section (SPEC section 14)."""
+    destinations: Mapping[str, Destination] = dataclasses.field(default_factory=dict)
+    """The ``destinations:`` section (SPEC section 17): each ``deliver_to``
+    value's (or ``"*"``'s) shared limits, throttle cap and breaker."""
     network_timeout_seconds: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
     """PostgreSQL: how long past ``busy_timeout_seconds`` a round trip may go
     unanswered before its connection is dropped (a silent network)."""
@@ -203,6 +207,7 @@ class Config:
         return {
             "settings": self.worker_settings(),
             "schedules": self.schedules,
+            "destinations": self.destinations,
             **dispatch.plugin.worker_arguments(dispatch.options, self.context()),
         }
 
@@ -368,6 +373,7 @@ _SCHEMA: Final[_Schema] = {
     },
     "log_level": _Rule(_check_log_level, "INFO"),
     "schedules": _Rule(schedules_from_config, None),
+    "destinations": _Rule(lambda key, value: parse_destinations(value, key), None),
 }
 
 
@@ -492,6 +498,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],
         schedules=values["schedules"],
+        destinations=values["destinations"],
         path=path,
         schema=schema,
     )

@@ -120,3 +120,16 @@ class TransactionMisuse(DispatchError, RuntimeError):
 
 class WorkerError(DispatchError, RuntimeError):
     """A worker asked to do what it cannot: run twice at once."""
+
+
+class Throttled(Exception):
+    """Raised by a callable transport to say its destination asks to be left
+    alone for ``retry_after`` seconds (None: the row's next backoff step):
+    no worker starts another attempt to that destination before then (at
+    most its ``throttle_max_seconds``), the row goes back to ``pending``
+    with ``dispatch.pending.throttled``, and the attempt does not count
+    toward ``max_attempts`` (up to 20 per row)."""
+
+    def __init__(self, retry_after: float | None = None, message: str | None = None) -> None:
+        self.retry_after = retry_after
+        super().__init__(message or "the destination asked to wait")

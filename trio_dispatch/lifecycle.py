@@ -99,6 +99,11 @@ class Reason(enum.StrEnum):
     """The transport succeeded, an ack is required, attempts remain."""
     RETRY_BACKOFF = "dispatch.pending.retry_backoff"
     """The transport failed, attempts remain."""
+    THROTTLED = "dispatch.pending.throttled"
+    """The destination asked to be left alone for a while (HTTP 429/503 with
+    ``Retry-After``, a callable's ``Throttled``, a command's exit 75): the
+    row waits for the destination; the attempt does not count toward
+    ``max_attempts`` (up to 20 per row, SPEC section 17)."""
     MAX_ATTEMPTS = "dispatch.dead_letter.max_attempts"
     """The transport failed with no attempt left, or for good (E2BIG), or the
     last attempt's lease ran out."""

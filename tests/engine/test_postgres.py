@@ -50,6 +50,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "updated_at",
         "ordering_key",
         "key_seq",
+        "throttles",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
@@ -66,6 +67,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "ack_required",
         "created_at",
         "key_seq",
+        "throttles",
     }
     defaults = {c["column_name"]: c["column_default"] for c in columns if c["column_default"]}
     assert defaults == {
@@ -74,6 +76,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "max_attempts": "8",
         "ack_required": "0",
         "key_seq": "0",
+        "throttles": "0",
     }
     indexes = {
         r["indexname"]: r["indexdef"]

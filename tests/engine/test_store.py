@@ -44,6 +44,8 @@ ADR_COLUMNS = [
     ("ordering_key", "TEXT", 0, None),
     # Schema v8: a keyed row's place in its key by commit order.
     ("key_seq", "BIGINT", 1, "0"),
+    # Schema v10: a row's throttled attempts (SPEC section 17).
+    ("throttles", "INTEGER", 1, "0"),
 ]
 
 

@@ -46,6 +46,7 @@ SPEC_REASON_CODES = frozenset(
         "dispatch.delivered.transport_ok",
         "dispatch.pending.awaiting_ack",
         "dispatch.pending.retry_backoff",
+        "dispatch.pending.throttled",  # section 17
         "dispatch.dead_letter.max_attempts",
         "dispatch.dead_letter.ack_timeout",
         "dispatch.dead_letter.gone",

@@ -85,6 +85,11 @@ class Dialect:
     """Appended to a SELECT whose rows the transaction is about to claim:
     ``" FOR UPDATE SKIP LOCKED"`` where rows lock (PostgreSQL), empty where
     the write transaction already excludes other writers (SQLite)."""
+    row_lock: str = ""
+    """Appended to a SELECT of one row the transaction must hold until it
+    ends, waiting for it: ``" FOR UPDATE"`` where rows lock (PostgreSQL; a
+    destination's state row, say), empty where the write transaction
+    already excludes other writers (SQLite)."""
     row_key: str = "rowid"
     """The cheapest way to address a ``dispatch_outbox`` row selected earlier
     in the same write transaction: ``rowid`` on SQLite (the table's own
@@ -226,6 +231,7 @@ POSTGRES: Final = Dialect(
     ),
     _postgres_key_problem,
     lock_clause=" FOR UPDATE SKIP LOCKED",
+    row_lock=" FOR UPDATE",
     row_key="id",
     arrays=_POSTGRES_ARRAYS,
     schemas=True,

@@ -19,7 +19,9 @@ Version 8 orders a key's rows by commit order: the ``key_seq`` column, and
 the ordering index on (ordering_key, key_seq, id) in place of (ordering_key,
 id). Version 9 gives the schedules' state table its record of which
 definition of each schedule is in force (its fingerprint, the ones it
-replaced, when it was last confirmed).
+replaced, when it was last confirmed). Version 10 adds the destinations'
+shared state and its audit (SPEC section 17) and each row's count of
+throttled attempts.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -285,6 +287,58 @@ _V9: Final = (
     f"ALTER TABLE {SCHEDULES_TABLE} ADD COLUMN confirmed_at FLOAT NULL",
 )
 
+DESTINATIONS_TABLE: Final = "dispatch_destinations"
+DESTINATION_CHANGES_TABLE: Final = "dispatch_destination_changes"
+
+_V10: Final = (
+    # Destinations (SPEC section 17): each one's runtime state, shared by
+    # every worker (pause, throttle, the rate limit's GCRA state, the
+    # breaker), one row per destination that ever had state; what each
+    # column means is in trio_dispatch.destinations.state. The state
+    # values are checked here as the statuses are.
+    f"""
+    CREATE TABLE IF NOT EXISTS {DESTINATIONS_TABLE} (
+        name              TEXT PRIMARY KEY,
+        state             TEXT NOT NULL DEFAULT 'active'
+                          CHECK (state IN ('active', 'paused', 'open', 'half_open', 'disabled')),
+        state_until       FLOAT NULL,
+        reason            TEXT NULL,
+        throttled_until   FLOAT NULL,
+        rate_tat          FLOAT NULL,
+        failures          INTEGER NOT NULL DEFAULT 0,
+        first_failure_at  FLOAT NULL,
+        cool_down         FLOAT NULL,
+        opened_at         FLOAT NULL,
+        probe_id          TEXT NULL,
+        probe_until       FLOAT NULL,
+        last_success_at   FLOAT NULL,
+        last_failure_at   FLOAT NULL,
+        updated_at        FLOAT NULL
+    )
+    """,
+    # Every change of a destination's state: who, when, why.
+    f"""
+    CREATE TABLE IF NOT EXISTS {DESTINATION_CHANGES_TABLE} (
+        id               INTEGER PRIMARY KEY,
+        destination      TEXT NOT NULL,
+        previous_state   TEXT NULL,
+        state            TEXT NOT NULL,
+        reason           TEXT NULL,
+        source           TEXT NOT NULL,
+        actor            TEXT NOT NULL,
+        until_at         FLOAT NULL,
+        created_at       FLOAT NOT NULL
+    )
+    """,
+    f"""
+    CREATE INDEX IF NOT EXISTS ix_dispatch_destination_changes_destination
+        ON {DESTINATION_CHANGES_TABLE} (destination, id)
+    """,
+    # A row's throttled attempts: they keep their number (the fence) but
+    # do not count toward max_attempts, up to 20 of them.
+    "ALTER TABLE dispatch_outbox ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V1,
     _V2,
@@ -295,6 +349,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V7,
     _V8,
     _V9,
+    _V10,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
@@ -324,6 +379,8 @@ OWN_TABLES: Final = (
     "sessions",
     "schedule_runs",
     SCHEDULES_TABLE,
+    DESTINATIONS_TABLE,
+    DESTINATION_CHANGES_TABLE,
     SCHEMA_VERSION_TABLE,
 )
 """Every table the outbox creates."""

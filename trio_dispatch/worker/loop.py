@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, Protocol
@@ -44,6 +44,7 @@ import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
 from .. import tracing
+from ..destinations.policy import Destination, parse_destinations
 from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
@@ -120,7 +121,10 @@ class DispatchWorker:
     (None: the worker's own; :meth:`from_config` passes the configuration
     file's folder). ``schedules`` (:class:`~trio_dispatch.schedules.Schedule`)
     fire their ticks from a service beside the claim loop, one dispatch per
-    tick however many workers run them (SPEC section 14).
+    tick however many workers run them (SPEC section 14). ``destinations``
+    maps a ``deliver_to`` value (or ``"*"``) to its
+    :class:`~trio_dispatch.destinations.Destination` policy: limits, throttle
+    cap and breaker shared by every worker on the store (SPEC section 17).
 
     Trio::
 
@@ -144,10 +148,13 @@ class DispatchWorker:
         logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.time,
         schedules: Sequence[Schedule] = (),
+        destinations: Mapping[str, Destination | Mapping[str, Any]] | None = None,
         **setting_values: Any,
     ) -> None:
         require_store(db, "DispatchWorker")
         self.db = db
+        self.destinations: dict[str, Destination] = parse_destinations(destinations)
+        """Each destination's policy (SPEC section 17), checked."""
         self.settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         settings = self.settings
