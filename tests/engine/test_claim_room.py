@@ -24,6 +24,7 @@ from trio_dispatch.outbox.claim import (
     claim_rules,
     statements,
 )
+from trio_dispatch.outbox.claim.rules import Claiming
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn, Row
 from trio_dispatch.store.schema import DESTINATION_INDEX, DUE_INDEX
@@ -125,19 +126,20 @@ class _Recorder(ClaimRule):
     def bounds(self, conn: Conn, at: float) -> Bounds:
         return Bounds(frozenset({"paused"}), lambda destination: 1 if destination == "slow" else 9)
 
-    def take(self, conn: Conn, rows: list[Row], at: float) -> list[Row]:
+    def take(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         untaken = conn.query_one("SELECT id FROM dispatch_outbox WHERE kind = 'untaken'")
         assert untaken is not None  # read in the claim's own transaction
         return [row for row in rows if row["id"] != untaken["id"]]
 
-    def admit(self, conn: Conn, rows: list[Row], at: float) -> list[Row]:
+    def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         late = {r["id"] for r in conn.query("SELECT id FROM dispatch_outbox WHERE kind = 'late'")}
         return [row for row in rows if row["id"] not in late]
 
-    def claimed(self, conn: Conn, claims: Sequence[Claim], at: float) -> None:
+    def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
         for claim in claims:
             conn.execute(
-                "INSERT INTO sessions (id, created_at) VALUES (?, ?)", (claim.dispatch_id, at)
+                "INSERT INTO sessions (id, created_at) VALUES (?, ?)",
+                (claim.dispatch_id, claiming.at),
             )
 
     def ended(self, attempts: Iterable[tuple[str, float]]) -> None:
@@ -147,7 +149,7 @@ class _Recorder(ClaimRule):
 class _Refusing(ClaimRule):
     """A rule that fails once the claims are made."""
 
-    def claimed(self, conn: Conn, claims: Sequence[Claim], at: float) -> None:
+    def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
         raise RuntimeError("refused after the claim")
 
 

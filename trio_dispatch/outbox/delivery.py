@@ -10,11 +10,12 @@ and the worker alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
+from ..destinations.policy import Destination
 from ..lifecycle import ACTOR_DELIVERY
 from ..store.base import Database
 from ..validate import clock_from, require_int
@@ -60,6 +61,7 @@ async def claim_due(
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
     rules: ClaimRules | None = None,
+    destinations: Mapping[str, Destination] | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """Scan up to ``limit`` due rows (in claim order; or the rows ``ids``
     names, those still due) and, in one transaction, expire those past
@@ -70,11 +72,17 @@ async def claim_due(
     took first is skipped silently. ``rules`` decide what the claim may
     take (:mod:`.claim`); without them, the rules of ``ordering`` (the
     ordering keys' policy for a head that ended ``dead_letter`` or
-    ``expired``) and ``caps`` (no destination gets more attempts than its
-    cap allows: :class:`~.claim.caps.DestinationCaps`)."""
+    ``expired``), ``caps`` (no destination gets more attempts than its
+    cap allows: :class:`~.claim.caps.DestinationCaps`) and ``destinations``
+    (each destination's policy, SPEC 17; paused, throttled and open
+    destinations are kept out without one)."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
-    chosen = claim_rules(ordering=ordering, caps=caps) if rules is None else rules
+    chosen = (
+        claim_rules(ordering=ordering, caps=caps, destinations=destinations)
+        if rules is None
+        else rules
+    )
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
         return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids, rules=chosen)
@@ -86,7 +94,7 @@ def due_ids(conn: Any, now: float, limit: int, rules: ClaimRules | None = None) 
     """The ids of up to ``limit`` rows due at ``now`` that ``rules``
     (default: the ordering keys' rule, ``block``) allow, oldest due first: a
     row behind a blocked head never takes the place of one that can go."""
-    columns = "id, next_attempt_at, created_at"
+    columns = "id, status, deliver_to, next_attempt_at, created_at"
     chosen = claim_rules() if rules is None else rules
     return [row["id"] for row in select_due(conn, now, limit, columns, rules=chosen)]
 

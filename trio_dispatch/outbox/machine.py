@@ -34,6 +34,7 @@ from ..redact import scrubbed_logger, visible
 from ..store.base import Conn, Row, undecodable_columns
 from . import sql
 from .claim import ClaimRules, claim_rules
+from .claim.rules import Claiming
 from .claim.scan import select_due
 from .claim.statements import select_if_due
 from .ends import AttemptEnd as AttemptEnd
@@ -139,15 +140,20 @@ def claim_batch(
     rules = _DEFAULT_RULES if rules is None else rules
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
+    bounds = rules.bounds(conn, at)
     if ids is None:
         # Bounded whatever the left-out destinations hold (see .claim.scan).
-        rows = select_due(conn, at, limit, columns, lock=True, rules=rules)
+        rows = select_due(conn, at, limit, columns, lock=True, rules=rules, bounds=bounds)
     else:
         statement = select_if_due(columns, conn.dialect.lock_clause, rules.term)
         rows = [
-            row for dispatch_id in ids[:limit] for row in conn.query(statement, (dispatch_id, at))
+            row
+            for dispatch_id in ids[:limit]
+            for row in conn.query(statement, (dispatch_id, at))
+            if row["deliver_to"] not in bounds.skip
         ]
-    rows = rules.take(conn, rows, at)
+    claiming = Claiming(at, at + lease, actor, bounds, rules.term)
+    rows = rules.take(conn, rows, claiming)
     counts["attempted"] = len(rows)
     starting: list[Row] = []
     for row in rows:
@@ -161,10 +167,10 @@ def claim_batch(
         kept = {row["id"] for row in starting}
         promote(conn, [row["ordering_key"] for row in rows if row["id"] not in kept], at)
     fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
-    for row in rules.admit(conn, starting, at):
+    for row in rules.admit(conn, starting, claiming):
         fresh[Status(row["status"])].append(row)
     order = {row["id"]: index for index, row in enumerate(rows)}
-    lease_until = at + lease
+    lease_until = claiming.lease_until
     claims: list[Claim] = []
     spoiled: list[tuple[Claim, list[str]]] = []
     changes: list[Change] = []
@@ -245,7 +251,7 @@ def claim_batch(
     if spoiled:
         counts["dead_letter"] += _dead_letter_unreadable(conn, spoiled, at, actor)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
-    rules.claimed(conn, claims, at)
+    rules.claimed(conn, claims, claiming)
     return claims, counts
 
 

@@ -194,7 +194,9 @@ class DispatchWorker:
             if settings.per_destination_concurrency is None
             else DestinationCaps(settings.per_destination_concurrency)
         )
-        self._rules = claim_rules(ordering=self.ordering_on_dead_letter, caps=self._caps)
+        self._rules = claim_rules(
+            ordering=self.ordering_on_dead_letter, caps=self._caps, destinations=self.destinations
+        )
         """What the worker's claims may take (:mod:`trio_dispatch.outbox.claim`)."""
         self._closing = False  # shutdown began: claim nothing more
         self._interrupt: BaseException | None = None
@@ -548,7 +550,9 @@ class DispatchWorker:
 
     def _free_slot(self, claim: Claim) -> None:
         self._rules.ended([(claim.dispatch_id, claim.lease_until)])
-        if self._slots.release(claim) and (self._backlog or self._caps is not None):
+        # A destination's room may have been what held rows back: look again.
+        limited = self._caps is not None or bool(self.destinations)
+        if self._slots.release(claim) and (self._backlog or limited):
             self.wake()
 
     def _outcome_writer(self) -> OutcomeWriter:

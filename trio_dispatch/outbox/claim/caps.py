@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...store.base import Conn, Row
 from ...validate import require_int
-from .rules import Bounds, ClaimRule
+from .rules import Bounds, Claiming, ClaimRule
 
 if TYPE_CHECKING:
     from ..transitions import Claim
@@ -102,11 +102,11 @@ class DestinationCaps(ClaimRule):
         full = frozenset(name for name, n in counts.items() if n >= self.limit)
         return Bounds(full, lambda destination: max(0, self.limit - counts.get(destination, 0)))
 
-    def admit(self, conn: Conn, rows: list[Row], at: float) -> list[Row]:
+    def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         """:meth:`fit`."""
-        return self.fit(rows, at)
+        return self.fit(rows, claiming.at)
 
-    def claimed(self, conn: Conn, claims: Sequence[Claim], at: float) -> None:
+    def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
         """:meth:`hold` each claim until it ends or its lease does."""
         for claim in claims:
             self.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)

@@ -26,7 +26,7 @@ from ...lifecycle import DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ...store.base import Conn, Row
 from ...store.dialect import ArrayForms
 from ..ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
-from .rules import ClaimRule
+from .rules import Claiming, ClaimRule
 
 
 def _ahead(policy: OrderingPolicy) -> str:
@@ -110,5 +110,5 @@ class OrderingKeys(ClaimRule):
     def __post_init__(self) -> None:
         object.__setattr__(self, "term", CLAIMABLE[self.policy])
 
-    def take(self, conn: Conn, rows: list[Row], at: float) -> list[Row]:
+    def take(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         return take_keys(conn, rows, self.policy)

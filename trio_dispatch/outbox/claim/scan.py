@@ -1,11 +1,18 @@
 """The due scan: which rows a claim reads, in claim order
 (:data:`~.order.CLAIM_ORDER`, SPEC B5), under the claim's rules
 (:class:`~.rules.ClaimRules`: their term, the destinations they leave out
-and each one's room) -- at a cost that follows the claim, not the backlog
-of any destination.
+and each one's room), shared fairly between destinations (:mod:`.fair`)
+-- at a cost that follows the claim, not the backlog of any destination.
 
 With nothing to leave out, the scan is one ordered range read of the due
-index per live status that stops after ``limit`` rows. Leaving
+index per live status that stops after ``limit`` rows. When those reads
+hold every due row, the claim shares them round-robin by destination;
+when more lie beyond (a backlog), a loose scan of the destination index
+finds which destinations have due rows: with one, the rows read are the
+claim; with several, the claim reads an equal share of each destination's
+range (topped up once from those that hold more) and takes them
+round-robin, so no destination's backlog can hold back another's next row
+for more than one claim. Leaving
 destinations out inside that read would step over every row of theirs that
 comes first: one capped destination with 200,000 due rows made every scan
 read all of them inside the write transaction. So a scan that leaves
@@ -19,8 +26,9 @@ rows up to the last of those heads, at most their room each. Each of the
 first ``limit`` claimable rows lies at or before that point, so it belongs
 to one of those destinations: the result is the rows the plain filtered
 read would give, in the same order, with ties in claim order broken either
-way. The cost follows ``limit``, the window, the caps and the number of
-destinations with live rows -- never the rows any one of them holds.
+way (shared round-robin, as above, for a claim). The cost follows
+``limit``, the window, the rooms and the number of destinations with live
+rows -- never the rows any one of them holds.
 
 Reads run on a snapshot or inside the claim's write transaction; nothing
 here writes. Where rows lock (PostgreSQL), a scan that leaves destinations
@@ -31,6 +39,7 @@ another claimant holds, so it never locks rows it will not claim.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -39,8 +48,9 @@ from ...store.base import Conn, Row
 from ...store.schema import DESTINATION_INDEX
 from .. import sql
 from . import statements
+from .fair import by_destination, interleave, quotas, topped_up
 from .order import CLAIM_ORDER
-from .rules import NO_RULES, ClaimRules, Room
+from .rules import NO_RULES, Bounds, ClaimRules, Room
 
 WINDOW_EXTRA: Final = 32
 """Due-index entries a scan that leaves destinations out reads beyond its
@@ -62,49 +72,107 @@ def select_due(
     *,
     lock: bool = False,
     rules: ClaimRules = NO_RULES,
+    bounds: Bounds | None = None,
+    fair: bool = True,
 ) -> list[Row]:
-    """Up to ``limit`` rows due at ``now`` that ``rules`` allow, in claim
-    order (SPEC B5), locked where rows lock if ``lock``: rows their term
-    refuses and rows of the destinations their bounds leave out are never
-    read; where some are left out, each destination's rows past its room
-    are left out too, so the limit is spent on rows the claim can take.
-    ``columns`` must name the order's columns and, where destinations are
-    left out, ``deliver_to`` and ``status`` (and ``id`` to lock). The rows
-    read are bounded by ``limit``, the window and the number of
-    destinations, whatever the left-out destinations hold."""
+    """Up to ``limit`` rows due at ``now`` that ``rules`` allow, locked
+    where rows lock if ``lock``: rows their term refuses and rows of the
+    destinations their bounds (``bounds``, if the caller read them already)
+    leave out are never read, and where the read bounds each destination it
+    takes at most its room. With ``fair``, the rows are shared round-robin
+    by destination (:mod:`.fair`), each destination's oldest first; without,
+    they are the first ``limit`` in claim order. ``columns`` must name the
+    order's columns, ``deliver_to`` and ``status`` (and ``id`` to lock). The
+    rows read are bounded by ``limit``, the window and the number of
+    destinations, whatever any destination holds."""
     lock_clause = conn.dialect.lock_clause if lock else ""
     term = rules.term
-    bounds = rules.bounds(conn, now)
+    if bounds is None:
+        bounds = rules.bounds(conn, now)
+    room = bounds.room
     if not bounds.skip:  # the common claim: one ordered range read per live status
-        return _merged(conn, now, limit, columns, lock_clause, term)[:limit]
-    left_out = bounds.skip
-    room_of = bounds.room or (lambda destination: limit)
-    rows = _window(conn, now, limit, columns, left_out, room_of, term)
-    if rows is None:
-        rows = _by_destination(conn, now, limit, columns, left_out, room_of, term)
-    rows = rows[:limit]
-    if lock_clause and rows:
-        ids = [row["id"] for row in rows]
-        rows = conn.query(statements.lock_if_due(columns, len(ids), lock_clause, term), (*ids, now))
-        rows.sort(key=_order)
-    return rows
+        rows, complete = _merged(conn, now, limit, columns, lock_clause, term)
+        if not fair:
+            return rows[:limit]
+        if complete:  # every due row is here: share them
+            return interleave(by_destination(rows), limit, room)
+        heads = _heads(conn, now, frozenset(), room)
+        if len(heads) <= 1:  # one destination's backlog: the rows read are its oldest
+            return interleave(by_destination(rows), limit, room)
+        # Read locked where rows lock: a row another claimant holds is
+        # skipped, and the rows this read locked fill what that leaves.
+        shared = _fair(conn, now, limit, columns, heads, room, term, lock_clause)
+        return _filled(shared, rows, limit, room)
+    room_of = room or (lambda destination: limit)
+    wanted, complete = _window(conn, now, limit, columns, bounds.skip, room_of, term)
+    if complete:
+        chosen = interleave(by_destination(wanted), limit) if fair else wanted[:limit]
+    elif fair:
+        heads = _heads(conn, now, bounds.skip, room_of)
+        shared = _fair(conn, now, limit, columns, heads, room_of, term, lock_clause)
+        if len(shared) >= limit or not lock_clause:
+            return shared
+        # Others hold some of the rows chosen: the window's rows fill in.
+        held = {row["id"] for row in shared}
+        more = _locked(
+            conn, [r for r in wanted if r["id"] not in held], now, columns, term, lock_clause
+        )
+        return _filled(shared, more, limit, room_of)
+    elif len(wanted) >= limit:
+        chosen = wanted[:limit]
+    else:
+        chosen = _by_destination(conn, now, limit, columns, bounds.skip, room_of, term)
+    return _locked(conn, chosen, now, columns, term, lock_clause)
+
+
+def _locked(
+    conn: Conn, chosen: list[Row], now: float, columns: str, term: str, lock_clause: str
+) -> list[Row]:
+    """``chosen`` (read unlocked), those still due locked where rows lock --
+    one another claimant holds is left out -- in the order chosen."""
+    if not lock_clause or not chosen:
+        return chosen
+    place = {row["id"]: index for index, row in enumerate(chosen)}
+    ids = list(place)
+    locked = conn.query(statements.lock_if_due(columns, len(ids), lock_clause, term), (*ids, now))
+    locked.sort(key=lambda row: place[row["id"]])
+    return locked
+
+
+def _filled(chosen: list[Row], more: Sequence[Row], limit: int, room: Room | None) -> list[Row]:
+    """``chosen``, then the rows of ``more`` (in claim order) it lacks, each
+    destination within its room, up to ``limit``."""
+    if len(chosen) >= limit:
+        return chosen[:limit]
+    held = {row["id"] for row in chosen}
+    taken = Counter(row["deliver_to"] for row in chosen)
+    filled = list(chosen)
+    for row in more:
+        if len(filled) >= limit:
+            break
+        name = row["deliver_to"]
+        if row["id"] in held or (room is not None and taken[name] >= room(name)):
+            continue
+        taken[name] += 1
+        filled.append(row)
+    return filled
 
 
 def _merged(
     conn: Conn, now: float, limit: int, columns: str, lock_clause: str, term: str = ""
-) -> list[Row]:
+) -> tuple[list[Row], bool]:
     """Up to ``limit`` due rows of each live status, merged in claim order:
     one ordered range read of the due index per status (the index holds the
-    status first, so one read cannot give both in order)."""
-    rows = [
-        row
-        for status in (Status.PENDING, Status.DELIVERING)
-        for row in conn.query(
-            statements.select_due(status, columns, lock_clause, term), (now, limit)
-        )
-    ]
+    status first, so one read cannot give both in order); and whether they
+    are every due row (neither read reached its limit)."""
+    rows: list[Row] = []
+    complete = True
+    for status in (Status.PENDING, Status.DELIVERING):
+        found = conn.query(statements.select_due(status, columns, lock_clause, term), (now, limit))
+        complete = complete and len(found) < limit
+        rows += found
     rows.sort(key=_order)
-    return rows
+    return rows, complete
 
 
 def _window(
@@ -115,11 +183,11 @@ def _window(
     left_out: frozenset[str],
     room: Room,
     term: str = "",
-) -> list[Row] | None:
-    """The first ``limit`` rows not left out (nor past their destination's
-    room), read from a window of ``limit + WINDOW_EXTRA`` due-index entries
-    per status; None when the window holds fewer than ``limit`` of them and
-    more rows lie beyond it."""
+) -> tuple[list[Row], bool]:
+    """The rows not left out (nor past their destination's room), in claim
+    order, from a window of ``limit + WINDOW_EXTRA`` due-index entries per
+    status; and whether the window held every due row (else the rows are
+    those up to the point where it still held every one)."""
     size = limit + WINDOW_EXTRA
     rows = conn.query(statements.due_window(columns, term), (now, size, now, size))
     complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
@@ -138,23 +206,51 @@ def _window(
             continue
         taken[destination] = taken.get(destination, 0) + 1
         wanted.append(row)
-    if complete_to is not None and len(wanted) < limit:
-        return None
-    return wanted
+    return wanted, complete_to is None
 
 
-def _heads(conn: Conn, now: float, left_out: frozenset[str]) -> list[Row]:
+def _heads(conn: Conn, now: float, left_out: frozenset[str], room: Room | None = None) -> list[Row]:
     """The first row (``deliver_to`` and the order's columns) of each
-    destination not left out whose first row is due at ``now``, in claim
-    order: a loose scan of the destination index."""
+    destination not left out (and with room) whose first row is due at
+    ``now``, in claim order: a loose scan of the destination index."""
     indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
     heads = [
         head
         for head in conn.query(statements.destination_heads(conn.dialect.row_key, indexed_by))
-        if head["deliver_to"] not in left_out and head["next_attempt_at"] <= now
+        if head["deliver_to"] not in left_out
+        and head["next_attempt_at"] <= now
+        and (room is None or room(str(head["deliver_to"])) > 0)
     ]
     heads.sort(key=_order)
     return heads
+
+
+def _ranges(
+    conn: Conn,
+    names: Sequence[str],
+    most: Sequence[int],
+    up_to: Sequence[Any],
+    columns: str,
+    term: str,
+    lock_clause: str = "",
+) -> list[Row]:
+    """The first ``most`` rows of each of ``names`` up to the point
+    ``up_to`` in claim order, each a range of the destination index (locked
+    with ``lock_clause``: a row another claimant holds is passed over): one
+    statement where the engine says it (:meth:`ArrayForms.each`), one per
+    destination elsewhere."""
+    arrays = conn.dialect.arrays
+    if arrays is not None:  # every range in one statement
+        statement = statements.due_of_destinations(arrays, columns, term, lock_clause)
+        return conn.query(statement, (list(names), list(most), *up_to))
+    indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
+    statement = statements.due_of_destination(columns, indexed_by, term, lock_clause)
+    return [
+        row
+        for name, n in zip(names, most, strict=True)
+        if n > 0
+        for row in conn.query(statement, (name, *up_to, n))
+    ]
 
 
 def _by_destination(
@@ -166,12 +262,11 @@ def _by_destination(
     room: Room,
     term: str = "",
 ) -> list[Row]:
-    """The first ``limit`` due rows not left out, through the destination
-    index: the heads of all destinations, then ranges of the ``limit``
-    destinations with the earliest heads, each at most its room."""
-    heads = [head for head in _heads(conn, now, left_out) if room(str(head["deliver_to"])) > 0][
-        :limit
-    ]
+    """The first ``limit`` due rows not left out, in claim order, through
+    the destination index: the heads of all destinations, then ranges of
+    the ``limit`` destinations with the earliest heads, each at most its
+    room."""
+    heads = _heads(conn, now, left_out, room)[:limit]
     if not heads:
         return []
     # With ``limit`` heads, the first ``limit`` claimable rows lie at or
@@ -180,47 +275,80 @@ def _by_destination(
         CLAIM_ORDER.place(heads[-1]) if len(heads) == limit else CLAIM_ORDER.after_due(now)
     )
     names = [str(head["deliver_to"]) for head in heads]
-    most = [min(limit, room(name)) for name in names]
-    arrays = conn.dialect.arrays
-    if arrays is not None:  # every range in one statement
-        rows = conn.query(
-            statements.due_of_destinations(arrays, columns, term), (names, most, *up_to)
-        )
-    else:
-        indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
-        statement = statements.due_of_destination(columns, indexed_by, term)
-        rows = [
-            row
-            for name, n in zip(names, most, strict=True)
-            for row in conn.query(statement, (name, *up_to, n))
-        ]
+    rows = _ranges(conn, names, [min(limit, room(name)) for name in names], up_to, columns, term)
     rows.sort(key=_order)
     return rows[:limit]
 
 
+def _fair(
+    conn: Conn,
+    now: float,
+    limit: int,
+    columns: str,
+    heads: Sequence[Row],
+    room: Room | None,
+    term: str = "",
+    lock_clause: str = "",
+) -> list[Row]:
+    """``limit`` due rows shared round-robin among the destinations of
+    ``heads`` (in claim order; the first ``limit`` of them, since a round
+    takes one row of each): an equal share of each one's range first, then
+    once more from those that held all they were asked while the claim is
+    not full; locked as read with ``lock_clause``."""
+    names = [head["deliver_to"] for head in heads[:limit]]
+    if not names:
+        return []
+    up_to = CLAIM_ORDER.after_due(now)
+    wanted = quotas(names, limit, room)
+    first = _ranges(conn, names, [wanted[n] for n in names], up_to, columns, term, lock_clause)
+    groups = by_destination(first)
+    got = {name: 0 for name in names} | {name: len(rows) for name, rows in groups}
+    more = topped_up(names, got, wanted, limit, room) if sum(got.values()) < limit else {}
+    if more:
+        again = [name for name in names if name in more]
+        read = _ranges(conn, again, [more[n] for n in again], up_to, columns, term, lock_clause)
+        groups = [(n, rows) for n, rows in groups if n not in more] + by_destination(read)
+    found = dict(groups)
+    return interleave(((name, found.get(name, [])) for name in names), limit, room)
+
+
 def next_due(conn: Conn, rules: ClaimRules = NO_RULES, *, at: float) -> float | None:
     """When the earliest live row that ``rules`` allow falls due (None:
-    there is none), their bounds taken at ``at``. Bounded as
-    :func:`select_due` is: the earliest head of a destination not left out
-    is the answer when the window holds none of theirs. A row the rules'
-    term holds back does not count; a row waiting behind its key's head
-    never does."""
+    there is none), their bounds taken at ``at``: a row of a left-out
+    destination counts from when its destination is lifted, where the rules
+    know when (:attr:`~.rules.Bounds.lifts`). Bounded as :func:`select_due`
+    is: the earliest head of a destination not left out is the answer when
+    the window holds none of theirs. A row the rules' term holds back does
+    not count; a row waiting behind its key's head never does."""
     term = rules.term
-    skip = rules.bounds(conn, at).skip
+    bounds = rules.bounds(conn, at)
+    skip = bounds.skip
     if not skip and not term:
         row = conn.query_one(statements.NEXT_DUE)
         due = None if row is None or row["due"] is None else float(row["due"])
     else:
         columns = "id, status, next_attempt_at, created_at, deliver_to, ordering_key"
-        found = (
-            _merged(conn, NO_LIMIT, 1, columns, "", term)
-            if not skip
-            else _window(conn, NO_LIMIT, 1, columns, skip, lambda d: 1, term)
-        )
-        if found is None:
-            # As select_due: the destination index, with the term applied to
-            # the earliest destinations' rows (a head the term holds back
-            # must not read as due, or the worker would scan without pause).
-            found = _by_destination(conn, NO_LIMIT, WINDOW_EXTRA, columns, skip, lambda d: 1, term)
+        if not skip:
+            found, _ = _merged(conn, NO_LIMIT, 1, columns, "", term)
+        else:
+            found, complete = _window(conn, NO_LIMIT, 1, columns, skip, lambda d: 1, term)
+            if not found and not complete:
+                # As select_due: the destination index, with the term applied
+                # to the earliest destinations' rows (a head the term holds
+                # back must not read as due, or the worker would scan without
+                # pause).
+                found = _by_destination(
+                    conn, NO_LIMIT, WINDOW_EXTRA, columns, skip, lambda d: 1, term
+                )
         due = float(found[0]["next_attempt_at"]) if found else None
-    return None if due is None or due >= WAITING_AT else due
+    if due is not None and due >= WAITING_AT:
+        due = None
+    for name, lifted in bounds.lifts.items():
+        if name not in skip:
+            continue
+        indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
+        head = conn.query_one(statements.destination_head(indexed_by), (name,))
+        if head is not None and float(head["due"]) < WAITING_AT:
+            when = max(lifted, float(head["due"]))
+            due = when if due is None else min(due, when)
+    return due

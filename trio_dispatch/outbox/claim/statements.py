@@ -68,18 +68,42 @@ def destination_heads(row_key: str, indexed_by: str = "") -> str:
     )
 
 
-def due_of_destination(columns: str, indexed_by: str = "", term: str = "") -> str:
+def destination_head(indexed_by: str = "") -> str:
+    """When one ``deliver_to``'s first live row in claim order falls due
+    (column ``due``): one seek of the destination index."""
+    return (
+        f"SELECT next_attempt_at AS due FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} "
+        f"AND deliver_to = ? ORDER BY {_ORDER} LIMIT 1"
+    )
+
+
+def oldest_of_destination(indexed_by: str = "", term: str = "") -> str:
+    """The id of one ``deliver_to``'s first row in claim order that is due
+    at the parameter after it (and that ``term`` allows), or none: a range
+    of the destination index up to its first such row."""
+    return (
+        f"SELECT id FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
+        f"AND next_attempt_at <= ?{_and(term)} ORDER BY {_ORDER} LIMIT 1"
+    )
+
+
+def due_of_destination(
+    columns: str, indexed_by: str = "", term: str = "", lock_clause: str = ""
+) -> str:
     """The live rows of one ``deliver_to`` up to the point in claim order of
     the parameters after it (:attr:`~.order.ClaimOrder.up_to`), in claim
-    order, at most ``?`` of them: a range of the destination index."""
+    order, at most ``?`` of them (locked with ``lock_clause``): a range of
+    the destination index."""
     return (
         f"SELECT {columns} FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
-        f"AND {_UP_TO}{_and(term)} ORDER BY {_ORDER} LIMIT ?"
+        f"AND {_UP_TO}{_and(term)} ORDER BY {_ORDER} LIMIT ?{lock_clause}"
     )
 
 
 @functools.cache
-def due_of_destinations(arrays: ArrayForms, columns: str, term: str = "") -> str:
+def due_of_destinations(
+    arrays: ArrayForms, columns: str, term: str = "", lock_clause: str = ""
+) -> str:
     """:func:`due_of_destination` for many destinations at once, one range
     of the destination index each, in one statement (the engine's
     :meth:`~trio_dispatch.store.dialect.ArrayForms.each`). Parameters: the
@@ -90,7 +114,7 @@ def due_of_destinations(arrays: ArrayForms, columns: str, term: str = "") -> str
         (("destination", "text"), ("most", "int8")),
         f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
         f"AND deliver_to = wanted.destination AND {_UP_TO}{_and(term)} "
-        f"ORDER BY {_ORDER} LIMIT wanted.most",
+        f"ORDER BY {_ORDER} LIMIT wanted.most{lock_clause}",
         "chosen",
     )
     return f"SELECT chosen.* FROM {each}"
