@@ -9,6 +9,7 @@ reads are counted in what the engine does, never timed."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,10 +20,17 @@ import pytest
 from trio_dispatch import Destination, open_store, pause_destination, resume_destination
 from trio_dispatch.destinations.state import State
 from trio_dispatch.outbox import Claim, claim_due, finish_attempt, next_due_at
-from trio_dispatch.outbox.claim import claim_rules
+from trio_dispatch.outbox.claim import (
+    ClaimRule,
+    ClaimRules,
+    DestinationAdmission,
+    OrderingKeys,
+    claim_rules,
+)
+from trio_dispatch.outbox.claim.rules import Claiming
 from trio_dispatch.outbox.machine import claim_batch
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.store.base import Conn
+from trio_dispatch.store.base import Conn, Row
 from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
 from trio_dispatch.transports import TransportResult
 
@@ -345,3 +353,47 @@ async def test_resume_opens_a_paused_destination_at_once(store: SQLiteStore, raw
         State(raw.scalar("SELECT state FROM dispatch_destinations WHERE name = 'd'"))
         is State.ACTIVE
     )
+
+
+class _Held(ClaimRule):
+    """A rule of the test's own, before the admission: it holds the claim
+    between its read and its admission until released."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
+        self.reached.set()
+        assert self.release.wait(30)
+        return rows
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize(
+    "policy", [Destination(concurrency=3), Destination(rate="3/h", burst=3)], ids=["conc", "rate"]
+)
+async def test_a_claim_decides_after_the_lock_from_what_others_committed_meanwhile(
+    store: SQLiteStore, raw: RawDB, db_target: str, policy: Destination
+) -> None:
+    fill(raw, "api", 10, T0, step=1.0)
+    held = _Held()
+    first = ClaimRules((OrderingKeys(), held, DestinationAdmission({"api": policy})))
+    found: list[Claim] = []
+    async with open_store(db_target) as other, anyio.create_task_group() as group:
+
+        async def slow() -> None:
+            claims, _ = await claim_due(store, now=NOW, limit=3, lease_seconds=LEASE, rules=first)
+            found.extend(claims)
+
+        group.start_soon(slow)
+        # The first claim has read (and locked) three candidates and its
+        # bounds (room for 3) and waits; another claims 3 more and commits.
+        await anyio.to_thread.run_sync(held.reached.wait, 30)
+        claims, _ = await claim_due(
+            other, now=NOW, limit=10, lease_seconds=LEASE, destinations={"api": policy}
+        )
+        assert len(claims) == 3
+        held.release.set()
+    assert found == []  # counted again under the lock: no room left
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == 3
