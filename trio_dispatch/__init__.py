@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
     from .outbox import (
         DEFAULT_MAX_ATTEMPTS,
         EnqueueResult,
+        RetryResult,
         ack_dispatch,
         enqueue_dispatch,
         enqueue_many,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
         prune_dispatches,
         purge_dispatch,
         retry_dispatch,
+        retry_dispatches,
     )
     from .outbox.enqueue import EnqueueArgs
     from .revival import enqueue_revival_heartbeat
@@ -65,6 +67,7 @@ __all__ = [
     "EnqueueArgs",
     "EnqueueResult",
     "InvalidTransition",
+    "RetryResult",
     "Schedule",
     "SchemaError",
     "Signal",
@@ -88,6 +91,7 @@ __all__ = [
     "purge_dispatch",
     "resolve_notify_template",
     "retry_dispatch",
+    "retry_dispatches",
 ]
 
 # Where each public name lives. Importing ``trio_dispatch`` (or one of its
@@ -123,6 +127,8 @@ _LAZY: dict[str, str] = {
     "purge_dispatch": ".outbox",
     "resolve_notify_template": ".config",
     "retry_dispatch": ".outbox",
+    "retry_dispatches": ".outbox",
+    "RetryResult": ".outbox",
     "Schedule": ".schedules",
     "SchemaError": ".errors",
     "Signal": ".signal",
