@@ -64,9 +64,9 @@ def read_time(name: str, text: str, now: float) -> float:
     try:
         stamp = datetime.datetime.fromisoformat(given)
     except ValueError:
-        raise ValueError(f"{name} {text!r} is not a time: use {TIME_HELP}") from None
+        raise ValueError(f"invalid {name} {text!r}: use {TIME_HELP}") from None
     if stamp.tzinfo is None:
-        raise ValueError(f"{name} {text!r} has no UTC offset: add Z, or one such as +01:00")
+        raise ValueError(f"invalid {name} {text!r}: no UTC offset; add Z, or one such as +01:00")
     return stamp.timestamp()
 
 

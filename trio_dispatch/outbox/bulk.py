@@ -364,7 +364,9 @@ async def apply_bulk(
     return BulkResult(action, matched, applied)
 
 
-def _reason(value: object) -> str | None:
+def require_reason(value: object) -> str | None:
+    """None, or an operator's reason: non-empty, one line, at most
+    :data:`MAX_REASON_LENGTH` characters; else a ``ValueError`` naming it."""
     if value is None:
         return None
     text = require_non_empty("reason", value)
@@ -422,7 +424,7 @@ async def retry_dispatches(
         "retry", status, kind, ordering_key, deliver_to=deliver_to, since=since, until=until
     )
     require_bool("dry_run", dry_run)
-    why = _reason(reason)
+    why = require_reason(reason)
     if limit is not None:
         limit = require_int("limit", limit, minimum=1)
     if expires_at is not _Keep.KEEP and expires_at is not None:
@@ -452,5 +454,6 @@ __all__ = [
     "apply_bulk",
     "bulk_filter",
     "count_matching",
+    "require_reason",
     "retry_dispatches",
 ]
