@@ -97,7 +97,11 @@ def check_retry_args(args: argparse.Namespace) -> None:
     at least one; ``args.replay`` is the checked filter (None for one id).
     A bad value is a :class:`UsageError` (exit 2); a status that retry does
     not apply to, :class:`NotApplied` (exit 1)."""
-    given = [name for name in REPLAY_OPTIONS if getattr(args, name) not in (None, False)]
+    given = [
+        name
+        for name in REPLAY_OPTIONS
+        if getattr(args, name) is not None and getattr(args, name) is not False
+    ]
     args.replay = None
     if args.id is not None:
         if given:

@@ -248,7 +248,7 @@ RETRY_EPILOG: Final = (
     "are pending and match no more, so none is retried twice. An expired row keeps its "
     "expires_at unless --expires-in is given (one whose deadline has passed expires again "
     "at the next scan). Exit codes: 0 it ran (whatever it matched), 1 a status retry "
-    "is not for (--status pending), 2 bad usage."
+    "does not apply to (--status pending), 2 bad usage."
 )
 
 
