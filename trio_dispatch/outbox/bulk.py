@@ -80,11 +80,6 @@ class Filter:
     def statuses(self) -> tuple[Status, ...]:
         return RETRYABLE if self.status is None else (self.status,)
 
-    @property
-    def empty(self) -> bool:
-        """Whether nothing narrows it (every row of the action's statuses)."""
-        return all(getattr(self, field.name) is None for field in dataclasses.fields(self))
-
     def where(self) -> tuple[str, list[Any]]:
         """The ``WHERE`` clause and its parameters. The status and the
         last-change terms are the finished-age index's."""
