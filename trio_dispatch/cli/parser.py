@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from typing import Any, Final, NoReturn
 
 from .._version import __version__
 from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
 from ..lifecycle import STATUSES
-from ..outbox import DEFAULT_LIST_LIMIT
+from ..outbox import DEFAULT_LIST_LIMIT, PRUNE_CHUNK
 from ..outbox.ordering import require_ordering_key
 from ..outbox.reads import MIN_ID_PREFIX
 from ..redact import mask_url, visible
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
-from ..validate import INT_MAX
+from ..times import TIME_HELP, read_time
+from ..validate import INT_MAX, require_route
 from .checkconfig import cmd_check_config
 from .output import EXIT_USAGE
 from .run import cmd_web, cmd_worker
@@ -184,9 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the token from the first line of standard input instead",
     )
-    command("retry", "operator retry of a dead_letter or expired dispatch").add_argument(
-        "id", help=ID_HELP
-    )
+    _retry(command("retry", RETRY_HELP))
     command("purge", "delete one dispatch (recorded in its history)").add_argument(
         "id", help=ID_HELP
     )
@@ -234,6 +234,77 @@ def build_parser() -> argparse.ArgumentParser:
     )
     web.set_defaults(handler=cmd_web)
     return parser
+
+
+RETRY_HELP: Final = (
+    "operator retry of a dead_letter or expired dispatch; or, with filters instead of "
+    "an id, of every one they match (replay)"
+)
+RETRY_EPILOG: Final = (
+    f"TIME is {TIME_HELP}. --since and --until compare when each row last changed "
+    "(updated_at: for a failed row, when it failed): since <= updated_at < until. "
+    f"Rows go back to pending in id order (ordering keys keep their order), "
+    f"{PRUNE_CHUNK} a transaction; interrupted, run it again: the rows already retried "
+    "are pending and match no more, so none is retried twice. An expired row keeps its "
+    "expires_at unless --expires-in is given (one whose deadline has passed expires again "
+    "at the next scan). Exit codes: 0 it ran (whatever it matched), 1 a status retry "
+    "does not apply to (--status pending), 2 bad usage."
+)
+
+
+def _retry(retry: argparse.ArgumentParser) -> None:
+    """``retry ID``, or ``retry`` with filters: the replay."""
+    retry.epilog = RETRY_EPILOG
+    retry.add_argument(
+        "id", nargs="?", help=ID_HELP + " (required unless filters are given instead)"
+    )
+    replay = retry.add_argument_group(
+        "replay: every dead_letter and expired dispatch matching these filters (at least one)"
+    )
+    replay.add_argument(
+        "--deliver-to",
+        type=_route_arg,
+        metavar="NAME",
+        help="only rows for this destination (default: every destination)",
+    )
+    replay.add_argument(
+        "--status",
+        type=_status_arg,
+        metavar="STATUS",
+        help="only dead_letter or only expired rows (default: both)",
+    )
+    replay.add_argument(
+        "--since",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed at or after TIME (default: no lower bound)",
+    )
+    replay.add_argument(
+        "--until",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed before TIME (default: no upper bound)",
+    )
+    replay.add_argument("--kind", help="only rows of this kind (default: every kind)")
+    replay.add_argument(
+        "--ordering-key",
+        type=_ordering_key_arg,
+        metavar="KEY",
+        help="only rows of this ordering key (default: every row, keyed or not)",
+    )
+    replay.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    replay.add_argument(
+        "--expires-in",
+        type=parse_duration,
+        metavar="DURATION",
+        help="give each retried row a new deadline this long from now (e.g. 1d; default: "
+        "each keeps its own)",
+    )
+    replay.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why, recorded in each row's transition (default: no reason)",
+    )
 
 
 SCHEDULES_HELP: Final = (
@@ -288,6 +359,20 @@ def _ordering_key_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(visible(str(exc))) from None
     assert key is not None
     return key
+
+
+def _route_arg(text: str) -> str:
+    try:
+        return require_route(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
+def _time_arg(text: str) -> float:
+    try:
+        return read_time("time", text, time.time())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
 
 
 def _busy_timeout(text: str) -> float:

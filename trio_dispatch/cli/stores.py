@@ -14,7 +14,7 @@ from ..outbox.reads import ID_PREFIX_CAP, MIN_ID_PREFIX, ids_with_prefix, is_id_
 from ..redact import visible
 from ..store import open_store
 from ..store.base import Store
-from .operate import cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
+from .operate import check_retry_args, cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
 from .output import UsageError
 from .read import cmd_history, cmd_ls, cmd_show, cmd_stats
 from .schedules import check_schedules_args, cmd_schedules, is_read
@@ -63,6 +63,8 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    if args.command == "retry":
+        check_retry_args(args)  # bad usage says so before any store is looked for
     migrating = args.command == "migrate"
     choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = STORE_COMMANDS[args.command]
@@ -71,6 +73,8 @@ def cmd_store(args: argparse.Namespace) -> int:
     if args.command == "schedules":
         check_schedules_args(args, choice)
         reading = is_read(args)
+    if args.command == "retry":
+        reading = args.dry_run  # a dry run only counts: the store opens read-only
 
     async def run() -> int:
         async with open_store(
@@ -82,7 +86,7 @@ def cmd_store(args: argparse.Namespace) -> int:
             snapshot=reading,
             schema=choice.schema,
         ) as db:
-            if args.command in ID_COMMANDS:
+            if args.command in ID_COMMANDS and args.id is not None:
                 args.id = await _resolve_id(db, args.id, in_history=args.command == "history")
             return await command(db, args)
 

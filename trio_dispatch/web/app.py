@@ -538,8 +538,9 @@ class WebApp:
     async def _toolbar(
         self, identity: Identity, status: str | None, kind: str | None, ordering_key: str | None
     ) -> str:
-        """For an operator: the bulk actions of the listed filter, a blocked
-        key's head with its retry and purge, and the session's logout."""
+        """For an operator: the bulk actions of the listed filter, the
+        replay's form, a blocked key's head with its retry and purge, and the
+        session's logout."""
         if self.actions is None:
             return ""
         parts = [action_form("/logout", "Log out", identity)]
@@ -556,6 +557,7 @@ class WebApp:
                     f"{pages.text(head_id)}</a> ({pages.text(head['status'])}).</p>"
                     + self._row_actions(head_id, str(head["status"]), identity)
                 )
+        links = []
         if status is not None:
             fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
             query = urlencode({k: v for k, v in fields.items() if v})
@@ -565,7 +567,11 @@ class WebApp:
                 for action, label in (("retry", "Retry"), ("purge", "Purge"))
                 if action == "purge" or status in RETRYABLE
             ]
-            parts.append(f"<p class=actions>{' · '.join(links)}</p>")
+        links.append(
+            '<a id=replay-link href="/actions/retry">'
+            "Retry failed rows by destination and time...</a>"
+        )
+        parts.append(f"<p class=actions>{' · '.join(links)}</p>")
         joined = "".join(parts)
         return f"<section class=operator>{joined}</section>" if joined else ""
 

@@ -278,6 +278,44 @@ def overview(
     return body
 
 
+REPLAY_STATUSES: Final = (
+    ("", "dead_letter or expired"),
+    ("dead_letter", "dead_letter"),
+    ("expired", "expired"),
+)
+
+
+def replay_form(fields: Mapping[str, str]) -> str:
+    """The bulk retry's filters (SPEC 17, replay) as a GET form that counts
+    what they match: status, destination, kind, ordering key, and the
+    window of each row's last change (when it failed)."""
+    chosen = fields.get("status", "")
+    options = "".join(
+        f'<option value="{value}"{" selected" if value == chosen else ""}>{label}</option>'
+        for value, label in REPLAY_STATUSES
+    )
+    inputs = "".join(
+        f'<label>{label} <input name={name} value="{text(fields.get(name, ""))}" '
+        f'placeholder="{placeholder}"></label>'
+        for name, label, placeholder in (
+            ("deliver_to", "destination", "any destination"),
+            ("kind", "kind", "any kind"),
+            ("ordering_key", "ordering key", "any key"),
+            ("since", "failed since", "2h or 2026-12-02T09:00Z"),
+            ("until", "before", "now"),
+        )
+    )
+    return (
+        '<form class=filter id=replay method=get action="/actions/retry">'
+        f"<label>status <select name=status>{options}</select></label>{inputs}"
+        "<button type=submit>Count</button></form>"
+        "<p class=muted>Times: ISO 8601 with an offset or Z, or a duration before now "
+        "(30m, 2h, 7d); they compare when each row last changed (when it failed), "
+        "since &le; changed &lt; before. Rows go back in id order, so ordering keys "
+        "keep their order.</p>"
+    )
+
+
 def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
     """Auto-refresh on (each of :data:`REFRESH_CHOICES`) or off: links to
     this page with or without ``refresh``."""
