@@ -26,7 +26,6 @@ mistyped name must not pause nothing in silence.
 from __future__ import annotations
 
 import argparse
-import datetime
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -38,6 +37,7 @@ from ..destinations import (
     pause_destination,
     resume_destination,
 )
+from ..destinations.inputs import TIME_HELP, parse_until
 from ..destinations.listing import (
     Entry,
     known,
@@ -60,8 +60,6 @@ ACTIONS: Final = ("show", "pause", "resume", "enable")
 """What ``destinations ACTION NAME`` may do; without an action it lists."""
 WRITES: Final = frozenset({"pause", "resume", "enable"})
 
-TIME_HELP: Final = "ISO 8601 with an offset or Z (2026-12-02T18:00:00Z, 2026-12-02T19:00+01:00)"
-
 
 def destination_arg(text: str) -> str:
     """A destination's name as ``NAME`` (a ``deliver_to`` value, not
@@ -74,24 +72,6 @@ def destination_arg(text: str) -> str:
         return require_route(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(visible(str(exc))) from None
-
-
-def parse_until(text: str, now: float | None = None) -> float:
-    """``--until TIME``: ISO 8601 with a UTC offset or ``Z``, in the future;
-    Unix seconds. Anything else is a ``ValueError`` naming the text."""
-    given = text.strip()
-    if given[-1:] in ("z", "Z"):
-        given = given[:-1] + "+00:00"
-    try:
-        stamp = datetime.datetime.fromisoformat(given)
-    except ValueError:
-        raise ValueError(f"invalid time {text!r}: use {TIME_HELP}") from None
-    if stamp.tzinfo is None:
-        raise ValueError(f"invalid time {text!r}: no UTC offset; add Z, or one such as +01:00")
-    until = stamp.timestamp()
-    if until <= (time.time() if now is None else now):
-        raise ValueError(f"invalid time {text!r}: it is not in the future")
-    return until
 
 
 def until_arg(text: str) -> float:
@@ -334,10 +314,10 @@ def _changes(entry: Entry) -> list[dict[str, Any]]:
 
 __all__ = [
     "ACTIONS",
+    "TIME_HELP",
     "check_destinations_args",
     "cmd_destinations",
     "destination_arg",
     "is_read",
-    "parse_until",
     "until_arg",
 ]
