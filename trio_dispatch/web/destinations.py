@@ -186,7 +186,7 @@ class DestinationsView:
             f"{csrf}{name}"
             '<label>for <input name=for size=6 placeholder="30m" '
             f'title="{pages.text(DURATION_HELP)}"></label> '
-            f'<label>or until <input name=until size=22 placeholder="2026-12-02T18:00:00Z" '
+            f'<label>or until <input name=until size=22 placeholder="YYYY-MM-DDTHH:MM:SSZ" '
             f'title="{pages.text(TIME_HELP)}"></label> '
             "<label>reason <input name=reason size=28 maxlength=500></label> "
             "<button type=submit>Pause</button></form>"
@@ -315,11 +315,11 @@ def labelled(entries: tuple[Entry, ...]) -> list[Entry]:
 # -- HTML ---------------------------------------------------------------------------
 
 
-def _back() -> str:
-    return (
-        f'<p><a href="{LIST_PATH}">&larr; all destinations</a> &middot; '
-        '<a href="/">dashboard</a></p>'
-    )
+def _back(*, listing: bool = False) -> str:
+    dashboard = '<a href="/">&larr; all dispatches</a>'
+    if listing:
+        return f"<p>{dashboard}</p>"
+    return f'<p><a href="{LIST_PATH}">&larr; all destinations</a> &middot; {dashboard}</p>'
 
 
 def _state_cell(entry: Entry, now: float, *, whole: bool = False) -> str:
@@ -340,7 +340,7 @@ def _rate(entry: Entry) -> str:
     rate = entry.policy.gcra_rate
     if rate is None:
         return "-"
-    return f"{rate} &middot; {entry.starts_available}/{entry.policy.burst} free"
+    return f"{rate} &middot; {entry.starts_available}/{entry.policy.burst}"
 
 
 def _running(entry: Entry) -> str:
@@ -358,7 +358,7 @@ def listing_body(found: Listing) -> str:
             "<p class=muted>No destinations: none configured (the configuration's "
             "<span class=mono>destinations:</span> section) and none with live rows.</p>"
         )
-        parts.append(_back())
+        parts.append(_back(listing=True))
         return "".join(parts)
     now = found.now
     lines = []
@@ -381,14 +381,15 @@ def listing_body(found: Listing) -> str:
         )
     parts.append(
         "<table id=destinations>"
-        + pages.columns("12%", "11.5em", "10%", "6em", "6em", "5.5em", "5.5em", "7em", "7em", "")
-        + "<tr><th>name</th><th>state</th><th>rate</th><th>running</th><th>pending</th>"
+        + pages.columns("10%", "16%", "10%", "6em", "6em", "7em", "6em", "7em", "7em", "")
+        + "<tr><th>name</th><th>state</th><th title='the rate, and the starts it admits now "
+        "of its burst'>rate &middot; free</th><th>running</th><th>pending</th>"
         "<th>oldest due</th><th>failures</th><th>last success</th><th>last failure</th>"
         "<th>why</th></tr>" + "".join(lines) + "</table>"
     )
     if found.truncated:
         parts.append(f"<p class=muted>The first {len(found.entries):,} by name: more exist.</p>")
-    parts.append(_back())
+    parts.append(_back(listing=True))
     return "".join(parts)
 
 
