@@ -129,6 +129,7 @@ def test_starts_available_is_none_without_a_rate() -> None:
         (["destinations", "pause", "*"], ["'*' names the defaults"]),
         (["destinations", "pause", "a\x1bb"], ["deliver_to must not contain control", "\\x1b"]),
         (["destinations", "pause", "b", "--for", "soon"], ["invalid duration 'soon'"]),
+        (["destinations", "pause", "b", "--for", "0"], ["invalid duration '0'", "at least 1ms"]),
         (["destinations", "pause", "b", "--until", "tomorrow"], ["invalid time 'tomorrow'"]),
         (
             ["destinations", "pause", "b", "--until", "2030-01-01T10:00"],

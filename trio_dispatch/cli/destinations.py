@@ -37,7 +37,7 @@ from ..destinations import (
     pause_destination,
     resume_destination,
 )
-from ..destinations.inputs import TIME_HELP, parse_until
+from ..destinations.inputs import TIME_HELP, parse_for, parse_until
 from ..destinations.listing import (
     Entry,
     known,
@@ -70,6 +70,14 @@ def destination_arg(text: str) -> str:
         )
     try:
         return require_route(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
+def for_arg(text: str) -> float:
+    """``--for DURATION``: ``parse_duration``'s grammar, more than nothing."""
+    try:
+        return parse_for(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(visible(str(exc))) from None
 
@@ -318,6 +326,7 @@ __all__ = [
     "check_destinations_args",
     "cmd_destinations",
     "destination_arg",
+    "for_arg",
     "is_read",
     "until_arg",
 ]

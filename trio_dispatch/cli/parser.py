@@ -19,7 +19,7 @@ from ..redact import mask_url, visible
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
 from ..validate import INT_MAX
 from .checkconfig import cmd_check_config
-from .destinations import TIME_HELP, destination_arg, until_arg
+from .destinations import TIME_HELP, destination_arg, for_arg, until_arg
 from .output import EXIT_USAGE
 from .run import cmd_web, cmd_worker
 from .stores import cmd_store
@@ -355,7 +355,7 @@ def _destinations(destinations: argparse.ArgumentParser) -> None:
             end.add_argument(
                 "--for",
                 dest="for_seconds",
-                type=parse_duration,
+                type=for_arg,
                 metavar="DURATION",
                 help="lift the pause by itself after this long (e.g. 30m, 2h; default: "
                 "paused until resumed)",

@@ -16,16 +16,21 @@ from ..values import show
 TIME_HELP: Final = "ISO 8601 with an offset or Z (2026-12-02T18:00:00Z, 2026-12-02T19:00+01:00)"
 DURATION_HELP: Final = "a number with s, m, h, d or w (e.g. 30m, 2h)"
 
+MIN_PAUSE_SECONDS: Final = 0.001
+"""The shortest pause with an end (``pause_destination``'s ``for_seconds``)."""
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_for(text: str) -> float:
-    """``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds (more than 0)."""
+    """``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds (the
+    grammar of the CLI's ``parse_duration``), at least :data:`MIN_PAUSE_SECONDS`."""
     match = _DURATION.match(text)
-    seconds = float(match.group(1)) * _UNITS[match.group(2)] if match else 0.0
-    if seconds <= 0:
+    if match is None:
         raise ValueError(f"invalid duration {show(text)}: use {DURATION_HELP}")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < MIN_PAUSE_SECONDS:
+        raise ValueError(f"invalid duration {show(text)}: a pause lasts at least 1ms")
     return seconds
 
 
