@@ -21,6 +21,8 @@ from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
 from ..times import TIME_HELP, read_time
 from ..validate import INT_MAX, require_route
 from .checkconfig import cmd_check_config
+from .destinations import TIME_HELP as UNTIL_HELP
+from .destinations import destination_arg, for_arg, until_arg
 from .output import EXIT_USAGE
 from .run import cmd_web, cmd_worker
 from .stores import cmd_store
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("stats", "counts per status, oldest due pending, recent dead letters")
     command("migrate", "create the outbox schema, or bring it forward to this version")
     _schedules(command("schedules", SCHEDULES_HELP))
+    _destinations(command("destinations", DESTINATIONS_HELP))
     check = command("check-config", "validate a configuration file, reporting every problem")
     check.add_argument(
         "file",
@@ -389,3 +392,71 @@ def _status_list(text: str) -> list[str]:
             f"invalid status list {visible(repr(text))}: name at least one status"
         )
     return statuses
+
+
+DESTINATIONS_HELP: Final = (
+    "each destination (deliver_to) configured, with live rows or with state: its state, "
+    "until when and why, rate and starts available, concurrency used/limit, pending, "
+    "oldest due, last success and failure (read-only); or show, pause, resume or enable one"
+)
+
+
+def _destinations(destinations: argparse.ArgumentParser) -> None:
+    """``destinations`` lists; ``destinations show|pause|resume|enable NAME``
+    acts on one. As for ``schedules``, the listing's options are taken after
+    an action too."""
+    destinations.add_argument(
+        "--wide",
+        action="store_true",
+        help="never cut a column to the terminal's width (output that is not a "
+        "terminal is never cut)",
+    )
+    destinations.set_defaults(action=None)
+    actions = destinations.add_subparsers(
+        dest="action", metavar="ACTION", required=False, parser_class=_Parser
+    )
+    for name, help in (
+        ("show", "one destination whole: state, policy, counters and its newest audit rows"),
+        (
+            "pause",
+            "pause a destination for every worker: its rows stay pending and consume no "
+            "attempt; attempts already running finish",
+        ),
+        ("resume", "lift a destination's pause for every worker"),
+        (
+            "enable",
+            "close a destination's circuit breaker (disabled, open or half-open) so claims "
+            "take its rows again, its failures counted afresh",
+        ),
+    ):
+        action = actions.add_parser(name, help=help, description=help)
+        action.add_argument(
+            "name", metavar="NAME", type=destination_arg, help="the destination (deliver_to)"
+        )
+        action.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+        )
+        if name == "pause":
+            end = action.add_mutually_exclusive_group()
+            end.add_argument(
+                "--for",
+                dest="for_seconds",
+                type=for_arg,
+                metavar="DURATION",
+                help="lift the pause by itself after this long (e.g. 30m, 2h; default: "
+                "paused until resumed)",
+            )
+            end.add_argument(
+                "--until",
+                type=until_arg,
+                metavar="TIME",
+                help=f"lift the pause by itself at TIME, {UNTIL_HELP}",
+            )
+            action.set_defaults(for_seconds=None, until=None)
+        if name != "show":
+            action.add_argument(
+                "--reason",
+                metavar="TEXT",
+                help="why, kept in the destination's audit and shown in its listing",
+            )
+        _global_options(action, after_command=True)

@@ -14,6 +14,8 @@ from ..outbox.reads import ID_PREFIX_CAP, MIN_ID_PREFIX, ids_with_prefix, is_id_
 from ..redact import visible
 from ..store import open_store
 from ..store.base import Store
+from .destinations import check_destinations_args, cmd_destinations
+from .destinations import is_read as destinations_read
 from .operate import check_retry_args, cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
 from .output import UsageError
 from .read import cmd_history, cmd_ls, cmd_show, cmd_stats
@@ -21,7 +23,8 @@ from .schedules import check_schedules_args, cmd_schedules, is_read
 from .target import resolve_store
 
 READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
-"""Commands that open the store read-only (and ``schedules`` with no action)."""
+"""Commands that open the store read-only (and ``schedules`` with no action,
+``destinations`` with none or ``show``)."""
 ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "purge"})
 """Commands that name one dispatch (its id, or a unique prefix of it)."""
 
@@ -59,6 +62,7 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
     "stats": cmd_stats,
     "migrate": cmd_migrate,
     "schedules": cmd_schedules,
+    "destinations": cmd_destinations,
 }
 
 
@@ -75,6 +79,9 @@ def cmd_store(args: argparse.Namespace) -> int:
         reading = is_read(args)
     if args.command == "retry":
         reading = args.dry_run  # a dry run only counts: the store opens read-only
+    if args.command == "destinations":
+        check_destinations_args(args, choice)
+        reading = destinations_read(args)
 
     async def run() -> int:
         async with open_store(

@@ -75,6 +75,10 @@ _BASE_STYLE: Final = (
     ".badge.retry{background:#fef0c7;color:#b54708}"
     ".badge.paused{background:#fef0c7;color:#b54708}"
     ".badge.active{background:#dcfae6;color:#067647}"
+    ".badge.throttled,.badge.half_open{background:#fef0c7;color:#b54708}"
+    ".badge.open,.badge.disabled{background:#fee4e2;color:#b42318}"
+    ".notice{background:#dcfae6;border:1px solid #abefc6;padding:6px 10px;border-radius:4px}"
+    "form.pause input{font:inherit}"
     "form.filter{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:8px 0}"
     ".refresh{float:right;font-size:12px;margin-top:10px}"
     "pre{background:#fff;border:1px solid #dde1e8;padding:10px;overflow:auto;font-size:12px}"
@@ -199,13 +203,15 @@ def overview(
     refresh: int | None = None,
     here: Mapping[str, str] | None = None,
     schedules: Mapping[str, int] | None = None,
+    destinations: Mapping[str, int] | None = None,
 ) -> str:
     """Counts per status, oldest due age, dead letters of the last 24 h,
     blocked ordering keys, the recent failures, and one page of the list
     filtered by status, kind and ordering key (``labels``: each row's status
     label, "awaiting ack" included). With ``here`` (the page's query), a
     link that turns auto-refresh on or off; with ``schedules`` (``count``
-    and ``paused``), a card linking to the schedules' page."""
+    and ``paused``), a card linking to the schedules' page; with
+    ``destinations`` (``count`` and ``not_active``), one linking to theirs."""
     capped = set(stats["capped"])
     cards = []
     for name in STATUS_ORDER:
@@ -237,6 +243,13 @@ def overview(
             '<div class="card schedules" id=schedules-card><a href="/schedules">'
             f"<div class=n>{int(schedules['count']):,}</div>"
             f"<div class=l>schedules, {int(schedules['paused']):,} paused</div></a></div>"
+        )
+    if destinations is not None:
+        cards.append(
+            '<div class="card destinations" id=destinations-card><a href="/destinations">'
+            f"<div class=n>{int(destinations['count']):,}</div>"
+            f"<div class=l>destinations, {int(destinations['not_active']):,} not active</div>"
+            "</a></div>"
         )
     worker_line = ""
     if worker is not None:
