@@ -106,7 +106,8 @@ async def retry_dispatch(
     metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Operator retry of a ``dead_letter`` or ``expired`` dispatch: back to
-    ``pending`` with ``attempt = 0``, due now, ``last_error`` cleared.
+    ``pending`` with ``attempt = 0`` (and no throttled attempts), due now,
+    ``last_error`` cleared.
 
     Returns False if the row does not exist or its status changed
     concurrently; raises :class:`InvalidTransition` for any other status.
@@ -149,7 +150,8 @@ def retry_row(
     """Operator retry of one ``dead_letter``/``expired`` row read with
     ``status``, ``attempt`` and ``ordering_key``: back to ``pending``, due
     now, inside the caller's transaction. False if it changed meanwhile."""
-    assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
+    # The throttled attempts go with the attempts they were part of.
+    assignments = ", attempt = 0, throttles = 0, next_attempt_at = ?, last_error = NULL"
     params: list[float | None] = [now]
     if expires_at is not _Keep.KEEP:
         assignments += ", expires_at = ?"
