@@ -33,10 +33,9 @@ per row.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ..attempt import TransportResult
 from ..store.base import Conn, Row
@@ -139,9 +138,9 @@ class Effects:
         self.transitions.clear()
 
 
-@dataclasses.dataclass(frozen=True)
-class Ended:
-    """One applied attempt end, as its destination sees it."""
+class Ended(NamedTuple):
+    """One applied attempt end, as its destination sees it (a tuple: one
+    is made per delivery)."""
 
     destination: str
     dispatch_id: str
@@ -220,12 +219,15 @@ def record_ends(conn: Conn, ended: Sequence[Ended]) -> None:
     by_name: dict[str, list[Ended]] = {}
     for end in ended:
         by_name.setdefault(end.destination, []).append(end)
-    for name in sorted(by_name):
+    for name in sorted(by_name) if len(by_name) > 1 else by_name:
         events = by_name[name]
         book = events[0].book
         breaker = book.policy(name).gcra_breaker
-        signals = {event.signal for event in events}
-        if Signal.THROTTLE in signals or (breaker is not None and Signal.FAILURE in signals):
+        throttled = failed = False
+        for event in events:
+            throttled = throttled or event.signal is Signal.THROTTLE
+            failed = failed or event.signal is Signal.FAILURE
+        if throttled or (breaker is not None and failed):
             _settle_locked(conn, name, events, breaker)
         elif breaker is not None:
             _successes(conn, name, events, book)
@@ -236,13 +238,17 @@ def record_ends(conn: Conn, ended: Sequence[Ended]) -> None:
 def _note_health(conn: Conn, name: str, events: Iterable[Ended], book: DestinationBook) -> None:
     """A destination without a breaker: its last success and last failure,
     on its row if it has one, once a second at most."""
-    for signal, statement, column in (
-        (Signal.SUCCESS, _NOTE_SUCCESS, "last_success_at"),
-        (Signal.FAILURE, _NOTE_FAILURE, "last_failure_at"),
+    succeeded = failed = None
+    for event in events:
+        if event.signal is Signal.SUCCESS:
+            succeeded = event.now if succeeded is None else max(succeeded, event.now)
+        elif event.signal is Signal.FAILURE:
+            failed = event.now if failed is None else max(failed, event.now)
+    for at, statement, column in (
+        (succeeded, _NOTE_SUCCESS, "last_success_at"),
+        (failed, _NOTE_FAILURE, "last_failure_at"),
     ):
-        times = [event.now for event in events if event.signal is signal]
-        if times and book.due(name, column, max(times)):
-            at = max(times)
+        if at is not None and book.due(name, column, at):
             conn.execute(statement, (at, name, at - HEALTH_WRITE_SECONDS))
 
 

@@ -117,18 +117,18 @@ class AttemptEnd:
 
     def ended(self) -> Ended:
         """The end as its destination sees it (once it applied)."""
-        result = self.result
+        result, claim = self.result, self.claim
         return Ended(
-            destination=self.claim.deliver_to,
-            dispatch_id=self.claim.dispatch_id,
-            lease_until=self.claim.lease_until,
-            signal=signal_of(result),
-            now=self.now,
-            actor=self.actor,
-            book=self.book,
-            until=self.now + self.throttle_wait if result.throttled else None,
-            detail=result.error,
-            effects=self.effects,
+            claim.deliver_to,
+            claim.dispatch_id,
+            claim.lease_until,
+            signal_of(result),
+            self.now,
+            self.actor,
+            DEFAULT_BOOK if self.destinations is None else self.destinations,
+            self.now + self.throttle_wait if result.throttled else None,
+            result.error,
+            self.effects,
         )
 
 

@@ -483,7 +483,6 @@ class DispatchWorker:
                 result = lease_timeout_result(self.lease_seconds)
         trace.record(result)
         next_claim: Claim | None = None
-        effects = Effects()
         if isinstance(result, Interrupted):
             outcome = await self._outcome_writer().settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
@@ -499,6 +498,7 @@ class DispatchWorker:
                 self.clock,
             )
         else:
+            effects = Effects()  # the breaker's changes this end makes, for the metrics
             outcome, next_claim = await self._settle_and_claim(claim, result, effects)
             if outcome is not None:
                 tally(self.counts, result, outcome)

@@ -1,6 +1,8 @@
 """What a worker counts about its deliveries, for ``/metrics`` (SPEC
-section 11): attempts by outcome and kind, and their durations; and how its
-schedules' runs are named there (SPEC section 14).
+section 11): attempts by outcome and kind, and their durations; how its
+schedules' runs are named there (SPEC section 14); its throttled attempts
+and the breaker changes its finishes made, by destination (SPEC section
+17, :class:`DestinationMetrics`).
 
 Kinds are outside input, so the label set is bounded: at most
 :data:`MAX_KINDS` kinds get a label of their own and every other kind is
