@@ -156,6 +156,22 @@ async def test_a_callable_raising_throttled_throttles(store: SQLiteStore, raw: R
     assert raw.row(timed)["last_error"] == "Throttled: the destination asked to wait"
 
 
+async def test_a_throttle_asking_no_wait_spends_nothing_and_holds_nothing(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", max_attempts=1, now=T0)
+
+    async def busy(delivery: Delivery) -> None:
+        raise Throttled(retry_after=0)
+
+    await deliver_due_dispatches(store, now=T0, transport=busy)
+    row = raw.row(dispatch_id)
+    assert (row["status"], row["throttles"], row["next_attempt_at"]) == ("pending", 1, T0)
+    state = destination(raw, "d")
+    assert state is None or state["throttled_until"] is None
+    assert audit(raw, "d") == []
+
+
 async def test_a_throttled_with_a_bad_delay_is_an_ordinary_failure(
     store: SQLiteStore, raw: RawDB
 ) -> None:

@@ -380,6 +380,8 @@ def _throttle(conn: Conn, name: str, work: _Working, event: Ended) -> None:
     429 after the wait -- write none, so the audit stays readable under a
     429 storm."""
     assert event.until is not None
+    if event.until <= event.now:  # "Retry-After: 0": the row waits nothing, nor does it
+        return
     before = effective(work.row, event.now)
     current = work.row["throttled_until"]
     if current is None or event.until > float(current):

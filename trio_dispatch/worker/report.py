@@ -75,7 +75,8 @@ def log_outcome(
         if error:
             detail += f" answer={visible(repr(error[:200]))}"
     elif outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and transported is not None:
-        detail += f" next_attempt={next_attempt_text(claim, transported, settings, clock)}"
+        book = DEFAULT_BOOK if destinations is None else destinations
+        detail += f" next_attempt={next_attempt_text(claim, transported, settings, clock, book)}"
     if error and outcome not in (Outcome.DELIVERED, Outcome.THROTTLED):
         detail += f" error={visible(repr(error[:200]))}"
     if transported is not None and transported.output:
@@ -116,13 +117,21 @@ def throttled_text(
 
 
 def next_attempt_text(
-    claim: Claim, result: TransportResult, settings: WorkerSettings, clock: Callable[[], float]
+    claim: Claim,
+    result: TransportResult,
+    settings: WorkerSettings,
+    clock: Callable[[], float],
+    destinations: DestinationBook = DEFAULT_BOOK,
 ) -> str:
     """When the row is due again, as the finish computed it: the schedule's
-    delay or the destination's ``Retry-After`` if later ("~" when
-    ``retry_jitter`` spreads it)."""
+    delay or the destination's ``Retry-After`` if later -- capped at 24 h,
+    or for a throttle past the row's uncounted ones at the destination's
+    ``throttle_max_seconds`` ("~" when ``retry_jitter`` spreads it)."""
     delay = jittered_backoff(claim.attempt, 0.0, schedule=settings.retry_schedule)
     if result.retry_after is not None and not result.ok:
-        delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+        cap = MAX_RETRY_AFTER_SECONDS
+        if result.throttled:
+            cap = float(destinations.policy(claim.deliver_to).throttle_max_seconds)
+        delay = max(delay, min(result.retry_after, cap))
     approx = "~" if settings.retry_jitter else ""
     return f"{approx}{_when(clock() + delay)} next_in={approx}{delay:g}s"
