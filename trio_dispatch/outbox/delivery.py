@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
+from ..destinations.outcomes import DestinationBook, Effects
 from ..lifecycle import ACTOR_DELIVERY
 from ..store.base import Database
 from ..validate import clock_from, require_int
@@ -101,16 +102,25 @@ async def finish_attempt(
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
     retry_schedule: Sequence[float] | None = None,
+    destinations: DestinationBook | None = None,
+    effects: Effects | None = None,
 ) -> Outcome:
     """Record the end of ``claim``'s attempt (status, ``last_error``, due time
     and transition) in one transaction, fenced on ``(delivering,
     claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
     the row moved on (acked, purged, or recovered by another claimant). A
     retry waits ``retry_schedule``'s delay (the ADR backoff without one),
-    or the destination's ``Retry-After`` if that is later."""
+    or the destination's ``Retry-After`` if that is later. A throttle
+    (:attr:`TransportResult.throttled`) returns the row to ``pending``,
+    due when the destination allows (capped by its policy in
+    ``destinations``), and throttles the destination in the same
+    transaction; with a breaker in its policy, the end counts for it
+    (``effects`` is told of a change of the breaker's state)."""
     read_clock = clock or clock_from(now)
     delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
-    end = AttemptEnd(claim, result, read_clock(), delay, actor)
+    end = AttemptEnd(
+        claim, result, read_clock(), delay, actor, destinations=destinations, effects=effects
+    )
     return await db.write_many(finish_many, end)
 
 
@@ -126,6 +136,8 @@ async def finish_and_claim_next(
     retry_schedule: Sequence[float] | None = None,
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+    destinations: DestinationBook | None = None,
+    effects: Effects | None = None,
 ) -> tuple[Outcome, Claim | None, dict[str, int]]:
     """:func:`finish_attempt`, and in the same transaction claim the next due
     row (if any) for the delivery slot this attempt frees: a busy worker pays
@@ -142,6 +154,8 @@ async def finish_and_claim_next(
         clock=clock,
         caps=caps,
         ordering=ordering,
+        destinations=destinations,
+        effects=effects,
     )
     return await db.write_many(finish_and_claim, end)
 

@@ -122,7 +122,8 @@ async def retry_dispatch(
     metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Operator retry of a ``dead_letter`` or ``expired`` dispatch: back to
-    ``pending`` with ``attempt = 0``, due now, ``last_error`` cleared.
+    ``pending`` with ``attempt = 0`` (and no throttled attempts), due now,
+    ``last_error`` cleared.
 
     Returns False if the row does not exist or its status changed
     concurrently; raises :class:`InvalidTransition` for any other status.
@@ -168,7 +169,10 @@ def retry_row(
     A keyed row behind a live row of its key waits for it (its
     ``next_attempt_at`` the waiting mark) and is made due when that row
     leaves, as an enqueued row would."""
-    assignments = f", attempt = 0, next_attempt_at = {_DUE_OR_WAITING}, last_error = NULL"
+    # The throttled attempts go with the attempts they were part of.
+    assignments = (
+        f", attempt = 0, throttles = 0, next_attempt_at = {_DUE_OR_WAITING}, last_error = NULL"
+    )
     params: list[float | None] = [WAITING_AT, now]
     if expires_at is not _Keep.KEEP:
         assignments += ", expires_at = ?"

@@ -359,6 +359,26 @@ def next_attempt(row: Mapping[str, Any], now: float) -> str:
     return when(row["next_attempt_at"], now) if live else "-"
 
 
+def attempts_cell(row: Mapping[str, Any]) -> str:
+    """A row's attempts in a list: counted of allowed, and the throttled
+    ones (not counted, SPEC section 17) after a "+"."""
+    throttles = int(row.get("throttles") or 0)
+    counted = f"{int(row['attempt']) - throttles}/{int(row['max_attempts'])}"
+    if not throttles:
+        return f"<td>{counted}</td>"
+    return f'<td title="{throttles} throttled, not counted">{counted} +{throttles}</td>'
+
+
+def attempts_text(row: Mapping[str, Any]) -> str:
+    """A row's attempts on its page: counted of allowed, and the throttled
+    ones."""
+    throttles = int(row.get("throttles") or 0)
+    shown = f"{int(row['attempt']) - throttles} of {int(row['max_attempts'])}"
+    if throttles:
+        shown += f" <span class=muted>(and {throttles} throttled, not counted)</span>"
+    return shown
+
+
 def dispatch_table(
     rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
 ) -> str:
@@ -387,7 +407,7 @@ def dispatch_table(
             f"<td class=when>{when(row['created_at'], now)}</td>"
             f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
-            f"<td>{int(row['attempt'])}/{int(row['max_attempts'])}</td>"
+            f"{attempts_cell(row)}"
             f"<td class=when>{next_attempt(row, now)}</td>"
             f"{key_cell}"
             f"{cut(row.get('last_error') or '', classes='err')}"
@@ -536,7 +556,7 @@ def detail(
             ("status", status),
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
-            ("attempt", f"{int(row['attempt'])} of {int(row['max_attempts'])}"),
+            ("attempt", attempts_text(row)),
             ("next attempt", next_attempt(row, now)),
             ("created", when(row["created_at"], now)),
             ("updated", when(row["updated_at"], now)),

@@ -14,6 +14,7 @@ from typing import Final
 
 import anyio
 
+from ..destinations.outcomes import DestinationBook, Effects
 from ..outbox import (
     Claim,
     Outcome,
@@ -52,16 +53,20 @@ class OutcomeWriter:
     caps: DestinationCaps | None
     log: logging.Logger
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
+    destinations: DestinationBook | None = None
+    """The destinations' policies (throttle cap, breaker)."""
     stopping: bool = False
     """The worker is stopping: a write that lost its connection is not
     tried again (the lease brings the row back), so a worker cut off from
     its store stops within its grace and one store deadline."""
 
-    async def settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
+    async def settle(
+        self, claim: Claim, result: AttemptResult, effects: Effects | None = None
+    ) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
         the store fails (unless :attr:`stopping` and the connection was
         lost); None if every try failed (the lease will bring the row
-        back)."""
+        back). ``effects`` hears of the breaker's changes the finish made."""
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
@@ -76,6 +81,8 @@ class OutcomeWriter:
                     actor=self.actor,
                     clock=self.clock,
                     retry_schedule=self.retry_schedule,
+                    destinations=self.destinations,
+                    effects=effects,
                 )
             except Exception as exc:
                 self.log.exception(
@@ -91,7 +98,7 @@ class OutcomeWriter:
         return None
 
     async def finish_and_claim(
-        self, claim: Claim, result: TransportResult
+        self, claim: Claim, result: TransportResult, effects: Effects | None = None
     ) -> tuple[Outcome, Claim | None, dict[str, int]] | None:
         """Finish the attempt and take the slot's next due row in the same
         transaction: the outcome, that claim (None when nothing is due) and
@@ -109,6 +116,8 @@ class OutcomeWriter:
                 retry_schedule=self.retry_schedule,
                 caps=self.caps,
                 ordering=self.ordering,
+                destinations=self.destinations,
+                effects=effects,
             )
         except Exception:
             self.log.exception(
