@@ -1,9 +1,11 @@
-"""Make docs/dashboard.png and docs/dashboard-actions.png: a store with a
-realistic mix of dispatches (failures with long errors, rows awaiting their
-ack among them), served by `trio-dispatch web` with an operator token,
+"""Make docs/dashboard.png, docs/dashboard-actions.png and
+docs/dashboard-destinations.png: a store with a realistic mix of dispatches
+(failures with long errors, rows awaiting their ack among them) and of
+destination states, served by `trio-dispatch web` with an operator token,
 photographed in headless Chromium (Debian's chromium and chromium-driver)
 at 1280 px wide: the overview as anyone on loopback sees it, then a dead
-letter's page after an operator's login, with its Retry and Purge buttons.
+letter's page after an operator's login, with its Retry and Purge buttons,
+then the destinations' page.
 
     .venv/bin/python scripts/dashboard_screenshot.py [OUT_DIR]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -21,7 +24,13 @@ from pathlib import Path
 
 import anyio
 
-from trio_dispatch import Delivery, ack_dispatch, deliver_due_dispatches, enqueue_many
+from trio_dispatch import (
+    Delivery,
+    ack_dispatch,
+    deliver_due_dispatches,
+    enqueue_many,
+    pause_destination,
+)
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.store import open_store
 
@@ -84,6 +93,25 @@ async def fill(db_path: Path) -> None:
             ],
         )
         await claim_due(db, limit=3, lease_seconds=600)
+        await pause_destination(
+            db, "warehouse", for_seconds=5400, reason="WMS migration window", actor="ops"
+        )
+    # What the delivery loop records of the other destinations (a 429 with
+    # Retry-After, a breaker opened by refused connections, a rate in use).
+    now = time.time()
+    with sqlite3.connect(db_path) as conn:
+        conn.executemany(
+            "INSERT INTO dispatch_destinations (name, state, state_until, reason, "
+            "throttled_until, rate_tat, failures, last_success_at, last_failure_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                ("analytics", "active", None, "HTTP 429 Retry-After: 90", now + 80, None, 0,
+                 now - 40, now - 10),
+                ("seat-7", "open", now + 45, "10 failures in a row: connection refused", None,
+                 None, 10, now - 3600, now - 15),
+                ("billing", "active", None, None, None, None, 0, now - 2, None),
+            ],
+        )  # fmt: skip
 
 
 async def _awaiting(db: object) -> list[dict[str, str]]:
@@ -94,11 +122,18 @@ async def _awaiting(db: object) -> list[dict[str, str]]:
 
 
 OPERATOR = "screenshot-operator-token-0123"
+DESTINATIONS = {
+    "*": {"concurrency": 8},
+    "billing": {"rate": "50/s", "burst": 10, "concurrency": 4},
+    "seat-7": {"breaker": {"failures": 10, "cool_down_seconds": 60}},
+    "analytics": {"rate": "600/m", "burst": 20, "throttle_max_seconds": 600},
+}
 
 
 def main() -> None:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs"
     out, actions = folder / "dashboard.png", folder / "dashboard-actions.png"
+    destinations = folder / "dashboard-destinations.png"
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -108,7 +143,15 @@ def main() -> None:
         db = Path(tmp) / "shop.db"
         anyio.run(fill, db, backend="trio")
         config = Path(tmp) / "c.yaml"
-        config.write_text(json.dumps({"store": str(db), "http": {"operator_token": OPERATOR}}))
+        config.write_text(
+            json.dumps(
+                {
+                    "store": str(db),
+                    "http": {"operator_token": OPERATOR},
+                    "destinations": DESTINATIONS,
+                }
+            )
+        )
         server = subprocess.Popen(
             [
                 sys.executable,
@@ -167,12 +210,16 @@ def main() -> None:
                 driver.get(str(row_page))
                 time.sleep(0.3)
                 driver.save_screenshot(str(actions))
+                driver.set_window_size(1280, 600)
+                driver.get(url + "/destinations")
+                time.sleep(0.3)
+                driver.save_screenshot(str(destinations))
             finally:
                 driver.quit()
         finally:
             server.terminate()
             server.wait(timeout=20)
-    print(f"wrote {out} and {actions}")
+    print(f"wrote {out}, {actions} and {destinations}")
 
 
 if __name__ == "__main__":

@@ -199,9 +199,14 @@ class RawDB:
         finally:
             conn.close()
 
-    def refuse_transitions(self, message: str, reason_code: str | None = None) -> None:
-        """Make inserting a transition (of one reason) fail, as a crash there would."""
-        when = f"WHEN NEW.reason_code = '{reason_code}' " if reason_code else ""
+    def refuse_transitions(
+        self, message: str, reason_code: str | None = None, entity_id: str | None = None
+    ) -> None:
+        """Make inserting a transition (of one reason, of one dispatch) fail,
+        as a crash there would."""
+        terms = [f"NEW.reason_code = '{reason_code}'"] if reason_code else []
+        terms += [f"NEW.entity_id = '{entity_id}'"] if entity_id else []
+        when = f"WHEN {' AND '.join(terms)} " if terms else ""
         self.execute(
             f"CREATE TRIGGER refuse BEFORE INSERT ON status_transitions {when}"
             f"BEGIN SELECT RAISE(ABORT, '{message}'); END"
@@ -280,8 +285,12 @@ class PostgresRaw(RawDB):
         with self._connect() as conn:
             conn.execute(self._sql(sql), params)
 
-    def refuse_transitions(self, message: str, reason_code: str | None = None) -> None:
-        when = f"WHEN (NEW.reason_code = '{reason_code}') " if reason_code else ""
+    def refuse_transitions(
+        self, message: str, reason_code: str | None = None, entity_id: str | None = None
+    ) -> None:
+        terms = [f"NEW.reason_code = '{reason_code}'"] if reason_code else []
+        terms += [f"NEW.entity_id = '{entity_id}'"] if entity_id else []
+        when = f"WHEN ({' AND '.join(terms)}) " if terms else ""
         self.execute(
             "CREATE OR REPLACE FUNCTION refuse() RETURNS trigger AS $$ BEGIN "
             f"RAISE EXCEPTION '{message}'; END $$ LANGUAGE plpgsql"

@@ -84,6 +84,17 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                 self._answer(429, b"slow down", {"Retry-After": when})
             elif path == "/busy-plain":
                 self._answer(502, b"bad gateway")
+            elif path == "/gateway-later":
+                self._answer(502, b"bad gateway", {"Retry-After": "120"})
+            elif path == "/gateway-timeout-date":
+                when = email.utils.formatdate(time.time() + 300, usegmt=True)
+                self._answer(504, b"gateway timeout", {"Retry-After": when})
+            elif path == "/unavailable":  # 503 with no word on when to come back
+                self._answer(503, b"down for maintenance")
+            elif path == "/slow-down":  # 429 with no Retry-After
+                self._answer(429, b"slow down")
+            elif path == "/slow-down-seconds":
+                self._answer(429, b"slow down", {"Retry-After": "30"})
             elif path == "/redirect":
                 self._answer(302, b"", {"Location": "/ok"})
             elif path == "/big":

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
     from .outbox import (
         DEFAULT_MAX_ATTEMPTS,
         EnqueueResult,
+        RetryResult,
         ack_dispatch,
         enqueue_dispatch,
         enqueue_many,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # the names, for type checkers; at run time each loads on fir
         prune_dispatches,
         purge_dispatch,
         retry_dispatch,
+        retry_dispatches,
     )
     from .outbox.enqueue import EnqueueArgs
     from .revival import enqueue_revival_heartbeat
@@ -75,6 +77,7 @@ __all__ = [
     "EnqueueArgs",
     "EnqueueResult",
     "InvalidTransition",
+    "RetryResult",
     "Schedule",
     "SchemaError",
     "Signal",
@@ -102,6 +105,7 @@ __all__ = [
     "resolve_notify_template",
     "resume_destination",
     "retry_dispatch",
+    "retry_dispatches",
 ]
 
 # Where each public name lives. Importing ``trio_dispatch`` (or one of its
@@ -143,6 +147,8 @@ _LAZY: dict[str, str] = {
     "purge_dispatch": ".outbox",
     "resolve_notify_template": ".config",
     "retry_dispatch": ".outbox",
+    "retry_dispatches": ".outbox",
+    "RetryResult": ".outbox",
     "Schedule": ".schedules",
     "SchemaError": ".errors",
     "Signal": ".signal",

@@ -17,7 +17,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trio_dispatch import Destination, open_store, pause_destination, resume_destination
+from trio_dispatch import (
+    Breaker,
+    Destination,
+    open_store,
+    pause_destination,
+    resume_destination,
+)
+from trio_dispatch.destinations.outcomes import DestinationBook
 from trio_dispatch.destinations.state import State
 from trio_dispatch.outbox import Claim, claim_due, finish_attempt, next_due_at
 from trio_dispatch.outbox.claim import (
@@ -397,3 +404,40 @@ async def test_a_claim_decides_after_the_lock_from_what_others_committed_meanwhi
         held.release.set()
     assert found == []  # counted again under the lock: no room left
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == 3
+
+
+async def test_a_breaker_opened_by_failures_probes_once_and_closes_on_its_success(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    book = DestinationBook(
+        {"api": Destination(breaker=Breaker(failures=2, min_span_seconds=0, cool_down_seconds=60))}
+    )
+    fill(raw, "api", 6, T0, step=1.0)
+
+    async def claimed(at: float) -> list[Claim]:
+        claims, _ = await claim_due(store, now=at, limit=10, lease_seconds=LEASE, destinations=book)
+        return claims
+
+    failing = await claimed(NOW)
+    assert len(failing) == 6
+    for claim in failing[:2]:  # two failures in a row open it
+        await finish_attempt(
+            store, claim, TransportResult.failure("HTTP 500"), now=NOW + 1, destinations=book
+        )
+    assert (
+        State(raw.scalar("SELECT state FROM dispatch_destinations WHERE name = 'api'"))
+        is State.OPEN
+    )
+    assert await claimed(NOW + 40) == []  # open: the failed rows wait, unread
+    # Cool-down over: one probe, the oldest due row, among every claim.
+    [probe] = await claimed(NOW + 62)
+    assert await claimed(NOW + 63) == []
+    row = raw.rows("SELECT * FROM dispatch_destinations WHERE name = 'api'")[0]
+    assert (row["state"], row["probe_id"]) == ("half_open", probe.dispatch_id)
+    # Its success closes the breaker (the finish's side): claims flow again.
+    await finish_attempt(store, probe, TransportResult(ok=True), now=NOW + 64, destinations=book)
+    assert (
+        State(raw.scalar("SELECT state FROM dispatch_destinations WHERE name = 'api'"))
+        is State.ACTIVE
+    )
+    assert len(await claimed(NOW + 200)) == 5

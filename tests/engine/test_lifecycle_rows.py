@@ -10,6 +10,7 @@ import re
 import pytest
 
 from trio_dispatch import (
+    Throttled,
     ack_dispatch,
     deliver_due_dispatches,
     enqueue_dispatch,
@@ -38,6 +39,7 @@ DELIVERY_CODES = frozenset(
         "dispatch.dead_letter.gone",
         "dispatch.expired.deadline",
         "dispatch.pending.released",
+        "dispatch.pending.throttled",
     }
 )
 
@@ -106,12 +108,15 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     expired = await add("ok", expires_at=T0)
     fast_acked = await add("fast-ack", ack_required=True, max_attempts=3)
     gone = await add("gone", max_attempts=5)
+    throttled = await add("busy", max_attempts=1)
 
     sent: list[str] = []
     fast_ack_results: list[bool] = []
 
     async def transport(delivery: Delivery) -> bool | TransportResult:
         sent.append(delivery.dispatch_id)
+        if delivery.deliver_to == "busy":
+            raise Throttled(retry_after=30)
         if delivery.deliver_to == "gone":
             return TransportResult.failure("HTTP 410: no such hook", gone=True)
         if delivery.deliver_to == "fail":
@@ -126,7 +131,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     counts = await deliver_due_dispatches(store, now=T0, transport=transport)
 
     assert counts == {
-        "attempted": 10,
+        "attempted": 11,
         "delivered": 4,  # delivered, awaiting, ack_timeout, recovered (fast ack conflicts)
         "dead_letter": 4,  # dead, ack_timeout, spent, gone
         "expired": 1,
@@ -135,7 +140,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert fast_ack_results == [True]
     assert spent not in sent and expired not in sent
     assert sorted(sent) == sorted(
-        [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked, gone]
+        [recovered, delivered, awaiting, retried, dead, ack_timeout, fast_acked, gone, throttled]
     )
 
     # Worker shutdown interrupting an attempt: released, due at once.
@@ -164,6 +169,9 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert final[fast_acked]["status"] == "acked"
     assert final[spent]["status"] == "dead_letter"
     assert (final[gone]["status"], final[gone]["attempt"]) == ("dead_letter", 1)
+    # Its one allowed attempt was throttled: not spent, due when the destination allows.
+    assert (final[throttled]["status"], final[throttled]["attempt"]) == ("pending", 1)
+    assert (final[throttled]["throttles"], final[throttled]["next_attempt_at"]) == (1, T0 + 30)
     assert final[spent]["attempt"] == 1  # no second send on the spent lease
     assert (final[released]["status"], final[released]["attempt"]) == ("pending", 1)
     assert final[released]["next_attempt_at"] == T0 + 6
@@ -208,6 +216,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         ("expired", "pending", "dispatch.pending.operator_retry"),
     ]
     assert reasons(gone)[-1] == ("delivering", "dead_letter", "dispatch.dead_letter.gone")
+    assert reasons(throttled)[-1] == ("delivering", "pending", "dispatch.pending.throttled")
     assert reasons(fast_acked) == [
         (None, "pending", "dispatch.pending.enqueued"),
         ("pending", "delivering", "dispatch.delivering.attempt"),
@@ -256,6 +265,4 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         assert last_status[dispatch_id] == row["status"]
 
     assert reasons(released)[-1] == ("delivering", "pending", "dispatch.pending.released")
-    # A throttle's own paths (429, Throttled, exit 75) are
-    # tests/engine/test_throttle.py's.
-    assert seen == SPEC_REASON_CODES - {"dispatch.pending.throttled"}
+    assert seen == SPEC_REASON_CODES

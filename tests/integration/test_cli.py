@@ -171,6 +171,7 @@ def test_ls_json_has_stable_keys_and_never_the_token(
                 "status",
                 "attempt",
                 "max_attempts",
+                "throttles",
                 "next_attempt_at",
                 "created_at",
                 "updated_at",

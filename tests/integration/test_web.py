@@ -151,6 +151,8 @@ async def test_metrics_have_the_specified_names_types_and_labels(
             "trio_dispatch_in_flight",
             "trio_dispatch_scan_errors",
             "trio_dispatch_lease_recoveries",
+            "trio_dispatch_throttled",
+            "trio_dispatch_breaker_transitions",
         )
     }
     assert kinds == {
@@ -161,6 +163,8 @@ async def test_metrics_have_the_specified_names_types_and_labels(
         "trio_dispatch_in_flight": "gauge",
         "trio_dispatch_scan_errors": "counter",
         "trio_dispatch_lease_recoveries": "counter",
+        "trio_dispatch_throttled": "counter",
+        "trio_dispatch_breaker_transitions": "counter",
     }
     by_status = {
         sample.labels["status"]: sample.value

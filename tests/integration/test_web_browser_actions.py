@@ -1,6 +1,7 @@
 """An operator acts from the dashboard in a real browser (Debian's Chromium,
 JavaScript off): logs in, retries a dead letter from its page, bulk-purges
-the delivered rows after confirming their count, and reads the history."""
+the delivered rows after confirming their count, replays an expired row by
+its destination and failure time, and reads the history."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ OPERATOR = "operator-token-0123456789"
 
 
 @pytest.mark.slow
-def test_an_operator_logs_in_retries_a_dead_letter_and_bulk_purges_in_a_real_browser(
+def test_an_operator_logs_in_retries_bulk_purges_and_replays_in_a_real_browser(
     tmp_path: Path,
 ) -> None:
     from selenium.webdriver.common.by import By
@@ -85,6 +86,19 @@ def test_an_operator_logs_in_retries_a_dead_letter_and_bulk_purges_in_a_real_bro
             wait_until(lambda: "1 of 1 rows purged" in driver.page_source)
             assert status(ids["delivered"]) is None
             assert status(ids["acked"]) == "acked"  # only the filtered rows
+            # Replay: the expired row by its destination and when it failed.
+            driver.get(url + "/")
+            driver.find_element(By.ID, "replay-link").click()
+            wait_until(lambda: "Choose at least one filter" in driver.page_source)
+            driver.find_element(By.CSS_SELECTOR, "#replay input[name=deliver_to]").send_keys("ok")
+            driver.find_element(By.CSS_SELECTOR, "#replay input[name=since]").send_keys("1h")
+            driver.find_element(By.CSS_SELECTOR, "#replay button").click()
+            wait_until(lambda: "Retry 1 rows?" in driver.page_source)
+            assert status(ids["expired"]) == "expired"  # nothing before confirming
+            driver.find_element(By.CSS_SELECTOR, "form[action='/actions/retry'] button").click()
+            wait_until(lambda: "1 of 1 rows retried" in driver.page_source)
+            assert status(ids["expired"]) == "pending"
+            assert status(ids["dead_letter"]) == "pending"
             # The history keeps who did what.
             driver.get(url + f"/dispatch/{ids['delivered']}")
             text = driver.find_element(By.TAG_NAME, "main").text

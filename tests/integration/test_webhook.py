@@ -184,12 +184,14 @@ async def test_gone_dead_letters_at_once(store: SQLiteStore, raw: RawDB, server:
 
 @pytest.mark.parametrize(
     ("path", "status", "wait"),
-    [("/busy-seconds", 503, 120.0), ("/busy-date", 429, 300.0)],
+    [("/gateway-later", 502, 120.0), ("/gateway-timeout-date", 504, 300.0)],
     ids=["seconds", "http-date"],
 )
-async def test_retry_after_sets_the_earliest_next_attempt(
+async def test_retry_after_of_a_failure_sets_the_earliest_next_attempt(
     store: SQLiteStore, raw: RawDB, server: Server, path: str, status: int, wait: float
 ) -> None:
+    # 502 and 504 are failures that count; 429 and 503 with Retry-After
+    # throttle instead (tests/engine/test_throttle.py).
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
     before = time.time()
     counts = await deliver_due_dispatches(
@@ -203,14 +205,18 @@ async def test_retry_after_sets_the_earliest_next_attempt(
     assert float(row["next_attempt_at"]) >= before + wait - 3  # not the 60 s backoff
 
 
+@pytest.mark.parametrize("path", ["/busy-plain", "/unavailable"])
 async def test_a_retryable_status_without_retry_after_keeps_the_schedule(
-    store: SQLiteStore, raw: RawDB, server: Server
+    store: SQLiteStore, raw: RawDB, server: Server, path: str
 ) -> None:
+    # 503 without Retry-After included: an ordinary failure, not a throttle.
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="d", now=T0)
-    await deliver(store, WebhookTransport(endpoints({"d": server.url + "/busy-plain"})))
+    await deliver(store, WebhookTransport(endpoints({"d": server.url + path})))
     row = raw.row(dispatch_id)
-    assert row["next_attempt_at"] == T0 + 60
-    assert "retry_after_seconds" not in last(raw, dispatch_id)["metadata"]
+    assert (row["next_attempt_at"], row["throttles"]) == (T0 + 60, 0)
+    found = last(raw, dispatch_id)
+    assert found["reason_code"] == "dispatch.pending.retry_backoff"
+    assert "retry_after_seconds" not in found["metadata"]
 
 
 @pytest.mark.parametrize(
@@ -300,14 +306,16 @@ async def test_the_status_line_decides_and_a_slow_or_endless_body_is_cut_at_the_
     counts = await deliver(store, transport)
     elapsed = time.monotonic() - started
     assert elapsed < 5  # four attempts, none read past its 1 s deadline
-    assert (counts["delivered"], counts["retried"]) == (3, 1)
+    assert (counts["delivered"], counts["retried"]) == (3, 0)  # the 503 throttles
     for route in ("drip", "stall", "endless"):
         row = raw.row(ids[route])
         assert (row["status"], row["attempt"]) == ("delivered", 1), route
     busy = raw.row(ids["busy"])
     assert busy["status"] == "pending"
     assert str(busy["last_error"]).startswith("HTTP 503: overloaded")  # judged by its status
-    assert last(raw, ids["busy"])["metadata"]["retry_after_seconds"] == 120  # it counts
+    busy_end = last(raw, ids["busy"])
+    assert busy_end["reason_code"] == "dispatch.pending.throttled"
+    assert busy_end["metadata"]["retry_after_seconds"] == 120  # it counts
     # Each posted once: a 2xx with a slow body is never sent again.
     assert sorted(r.path for r in server.requests) == sorted(routes.values())
 

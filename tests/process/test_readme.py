@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -13,6 +15,8 @@ import pytest
 
 from trio_dispatch.transports import Delivery
 from trio_dispatch.transports.webhook import WebhookTransport, parse_endpoints
+
+from ..helpers import cli_process
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -139,3 +143,32 @@ def test_readme_signature_check_accepts_a_real_request_and_refuses_a_forged_one(
     assert verified(secret, headers, body + b" ") is False  # type: ignore[operator]
     other = "whsec_" + base64.b64encode(b"o" * 32).decode()
     assert verified(other, headers, body) is False  # type: ignore[operator]
+
+
+def _section(heading: str) -> str:
+    text = README.read_text()
+    start = text.index(f"\n## {heading}")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_readme_destinations_example_configures_and_its_commands_run(tmp_path: Path) -> None:
+    """The Destinations section's YAML is a configuration the worker takes,
+    and its commands run as pasted in the folder of that configuration."""
+    section = _section("Destinations")
+    (yaml_block,) = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    (sh_block,) = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    (tmp_path / "trio-dispatch.yaml").write_text(f"store: outbox.db\n{yaml_block}")
+    checked = cli_process("check-config", "--json", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert set(json.loads(checked.stdout)["destinations"]) == {"*", "billing"}
+    assert cli_process("migrate", cwd=tmp_path).returncode == 0
+    printed = []
+    for line in sh_block.strip().splitlines():
+        program, *argv = shlex.split(line, comments=True)
+        assert program == "trio-dispatch"
+        done = cli_process(*argv, cwd=tmp_path)
+        assert done.returncode == 0, (line, done.stderr)
+        printed.append(done.stdout)
+    assert printed[0].split()[:2] == ["NAME", "STATE"] and "billing" in printed[0]
+    assert printed[1].startswith("paused destination billing: active -> paused until ")
+    assert printed[2].strip() == "resumed destination billing: paused -> active"

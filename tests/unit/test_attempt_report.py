@@ -12,7 +12,7 @@ import pytest
 from trio_dispatch.attempt import TransportResult
 from trio_dispatch.outbox import Claim, Outcome
 from trio_dispatch.settings import WorkerSettings
-from trio_dispatch.worker.metrics import DeliveryMetrics
+from trio_dispatch.worker.metrics import OTHER, DeliveryMetrics, DestinationMetrics
 from trio_dispatch.worker.report import log_outcome
 
 
@@ -72,3 +72,27 @@ def test_a_plain_success_is_one_shared_equal_result() -> None:
     assert TransportResult.success() == TransportResult(ok=True)
     assert TransportResult.success() is TransportResult.success()
     assert TransportResult.success("said").output == "said"
+
+
+def test_a_throttled_attempt_is_logged_at_info_with_until_when_not_as_an_error() -> None:
+    result = TransportResult.throttle("HTTP 429: slow down", retry_after=30)
+    kept, metrics = _report(logging.INFO, Outcome.THROTTLED, result)
+    [record] = kept.records
+    assert record.levelno == logging.INFO
+    message = record.getMessage()
+    assert "result=throttled" in message and "next_in=30s" in message
+    assert "throttled_until=" in message and "throttles=1/20" in message
+    assert "answer='HTTP 429: slow down'" in message and "error=" not in message
+    [series] = [s for s in metrics.series() if s.kind == "mail"]
+    assert series.outcomes == {"throttled": 1}
+
+
+def test_destination_labels_are_capped_with_the_configured_ones_first() -> None:
+    counts = DestinationMetrics(max_destinations=2)
+    counts.prefer(["billing"])
+    for name in ("new-1", "billing", "new-2", OTHER, "new-1"):
+        counts.throttled(name)
+    counts.transition("new-2", "open")
+    counts.transition("billing", "open")
+    assert counts.throttled_counts() == {"billing": 1, "new-1": 2, OTHER: 2}
+    assert counts.transition_counts() == {("billing", "open"): 1, (OTHER, "open"): 1}

@@ -5,7 +5,8 @@ Exit codes: 0 applied or found, 1 not applied (conflict) or not found, 2 bad
 usage, configuration or an unusable store. Every error is one line on
 stderr naming the bad value, with passwords masked and control characters
 made visible; no input prints a traceback. Read commands (``ls``, ``show``,
-``history``, ``stats``, ``schedules`` without an action) open the store
+``history``, ``stats``, ``schedules`` without an action, ``destinations``
+without one or with ``show``) open the store
 read-only and never create, migrate or change it; only ``migrate`` and
 ``worker`` create or migrate the schema. There is no enqueue command:
 producers enqueue through the library.
@@ -14,6 +15,7 @@ The package, one concern per module: :mod:`.parser` (the grammar),
 :mod:`.target` (which configuration and store), :mod:`.stores` (running a
 store command), :mod:`.read` and :mod:`.operate` (those commands),
 :mod:`.schedules` (``schedules``: list, pause, resume, run),
+:mod:`.destinations` (``destinations``: list, show, pause, resume, enable),
 :mod:`.checkconfig`, :mod:`.run` (``worker`` and ``web``), :mod:`.output`
 (exit codes, errors, JSON and tables). This module is the entry point:
 parse, run the command, and turn every error into its one line.

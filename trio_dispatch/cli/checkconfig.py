@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from ..config import (
     find_config_path,
     load_config,
 )
+from ..destinations.listing import policy_text
+from ..destinations.policy import ANY_DESTINATION, Destination
 from ..redact import known_secrets, mask_url, one_line, visible
 from ..schedules.runs import iso
 from ..schedules.spec import Schedule
@@ -66,6 +68,21 @@ def _print_schedules(schedules: Sequence[Schedule], now: float) -> None:
             f"missed {schedule.missed} (catch-up {schedule.catch_up_seconds:g}s), "
             f"next fire {format_time(schedule.next_fire(now), now)}"
         )
+
+
+def _by_name(policies: Mapping[str, Destination]) -> list[tuple[str, Destination]]:
+    """The policies, ``"*"`` (the defaults) first, then by name."""
+    return sorted(policies.items(), key=lambda item: (item[0] != ANY_DESTINATION, item[0]))
+
+
+def _print_destinations(policies: Mapping[str, Destination]) -> None:
+    if not policies:
+        print("  destinations: none (no shared limits)")
+        return
+    print(f"  destinations: {len(policies)}")
+    for name, policy in _by_name(policies):
+        label = '"*" (every other deliver_to)' if name == ANY_DESTINATION else visible(name)
+        print(f"    {label}: {policy_text(policy)}")
 
 
 def _allowed_hosts(http: HttpConfig) -> str:
@@ -119,6 +136,7 @@ def _print_config(config: Config, path: Path) -> None:
         f"max_connections {http.max_connections}, allowed_hosts {_allowed_hosts(http)}"
     )
     _print_schedules(config.schedules, time.time())
+    _print_destinations(config.destinations)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -178,6 +196,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 },
                 "log_level": config.log_level,
                 "schedules": [_schedule_document(s, time.time()) for s in config.schedules],
+                "destinations": {
+                    name: policy.to_dict() for name, policy in _by_name(config.destinations)
+                },
                 "warnings": warnings,
             }
         )

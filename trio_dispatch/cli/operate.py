@@ -1,6 +1,7 @@
-"""The commands that change the store: ``ack``, ``retry``, ``purge``,
-``prune`` (through the outbox's operator functions, each recorded with the
-operator's name) and ``migrate``. A change not applied (a conflict, a wrong
+"""The commands that change the store: ``ack``, ``retry`` (one row, or a
+replay of every failed row filters match), ``purge``, ``prune`` (through
+the outbox's operator functions, each recorded with the operator's name)
+and ``migrate``. A change not applied (a conflict, a wrong
 token, a missing row) is exit 1 with one line on stderr.
 """
 
@@ -10,14 +11,25 @@ import argparse
 import getpass
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
+from ..errors import ActionRefused
 from ..lifecycle import TERMINAL_STATUSES, InvalidTransition, Status
-from ..outbox import ack_dispatch, get_dispatch, prune_dispatches, purge_dispatch, retry_dispatch
+from ..outbox import (
+    ack_dispatch,
+    get_dispatch,
+    prune_dispatches,
+    purge_dispatch,
+    retry_dispatch,
+    retry_dispatches,
+)
+from ..outbox.bulk import Filter, bulk_filter, require_reason
 from ..redact import known_secrets, one_line, visible
 from ..store.base import Store
 from ..store.schema import SCHEMA_VERSION
-from .output import EXIT_NOT_APPLIED, EXIT_OK, UsageError, emit_json
+from .output import EXIT_NOT_APPLIED, EXIT_OK, NotApplied, UsageError, emit_json
 
 
 def _actor(command: str) -> str:
@@ -71,10 +83,87 @@ async def cmd_ack(db: Store, args: argparse.Namespace) -> int:
     )
 
 
+REPLAY_FILTERS: Final = ("deliver_to", "status", "since", "until", "kind", "ordering_key")
+"""The options of ``retry`` that choose rows instead of an id."""
+REPLAY_OPTIONS: Final = (*REPLAY_FILTERS, "dry_run", "expires_in", "reason")
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_retry_args(args: argparse.Namespace) -> None:
+    """Before the store opens: ``retry ID`` takes no filter, a replay takes
+    at least one; ``args.replay`` is the checked filter (None for one id).
+    A bad value is a :class:`UsageError` (exit 2); a status that retry does
+    not apply to, :class:`NotApplied` (exit 1)."""
+    given = [
+        name
+        for name in REPLAY_OPTIONS
+        if getattr(args, name) is not None and getattr(args, name) is not False
+    ]
+    args.replay = None
+    if args.id is not None:
+        if given:
+            raise UsageError(
+                f"retry takes an id or filters, not both (got {_option(given[0])} with an id)"
+            )
+        return
+    if not any(getattr(args, name) is not None for name in REPLAY_FILTERS):
+        raise UsageError(
+            "retry needs a dispatch id, or at least one filter: "
+            + ", ".join(_option(name) for name in REPLAY_FILTERS)
+        )
+    try:
+        _, args.replay = bulk_filter(
+            "retry",
+            args.status,
+            args.kind,
+            args.ordering_key,
+            deliver_to=args.deliver_to,
+            since=args.since,
+            until=args.until,
+        )
+        require_reason(args.reason)
+    except ActionRefused as exc:
+        raise NotApplied(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
 async def cmd_retry(db: Store, args: argparse.Namespace) -> int:
-    return await _apply(
-        db, args, "retried", lambda: retry_dispatch(db, args.id, actor=_actor("retry"))
+    if args.replay is None:
+        return await _apply(
+            db, args, "retried", lambda: retry_dispatch(db, args.id, actor=_actor("retry"))
+        )
+    chosen: Filter = args.replay
+    # Without --expires-in each row keeps its own expiry (the library's default).
+    renew: dict[str, Any] = (
+        {} if args.expires_in is None else {"expires_at": time.time() + args.expires_in}
     )
+    result = await retry_dispatches(
+        db,
+        deliver_to=chosen.deliver_to,
+        status=chosen.status,
+        since=chosen.since,
+        until=chosen.until,
+        kind=chosen.kind,
+        ordering_key=chosen.ordering_key,
+        dry_run=args.dry_run,
+        actor=_actor("retry"),
+        reason=args.reason,
+        **renew,
+    )
+    if args.json:
+        emit_json({**result.to_dict(), "filter": chosen.to_dict()})
+        return EXIT_OK
+    what = visible(chosen.describe())
+    if result.dry_run:
+        print(f"would retry {result.matched} dispatches ({what})")
+    else:
+        skipped = f"; {result.skipped} had changed meanwhile" if result.skipped else ""
+        print(f"retried {result.retried} of {result.matched} matching dispatches ({what}){skipped}")
+    return EXIT_OK
 
 
 async def cmd_purge(db: Store, args: argparse.Namespace) -> int:

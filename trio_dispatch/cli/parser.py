@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import argparse
 import re
+import time
 from typing import Any, Final, NoReturn
 
 from .._version import __version__
 from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
 from ..lifecycle import STATUSES
-from ..outbox import DEFAULT_LIST_LIMIT
+from ..outbox import DEFAULT_LIST_LIMIT, PRUNE_CHUNK
 from ..outbox.ordering import require_ordering_key
 from ..outbox.reads import MIN_ID_PREFIX
 from ..redact import mask_url, visible
 from ..store.base import DEFAULT_BUSY_TIMEOUT_SECONDS, check_busy_timeout
-from ..validate import INT_MAX
+from ..times import TIME_HELP, read_time
+from ..validate import INT_MAX, require_route
 from .checkconfig import cmd_check_config
+from .destinations import TIME_HELP as UNTIL_HELP
+from .destinations import destination_arg, for_arg, until_arg
 from .output import EXIT_USAGE
 from .run import cmd_web, cmd_worker
 from .stores import cmd_store
@@ -184,9 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read the token from the first line of standard input instead",
     )
-    command("retry", "operator retry of a dead_letter or expired dispatch").add_argument(
-        "id", help=ID_HELP
-    )
+    _retry(command("retry", RETRY_HELP))
     command("purge", "delete one dispatch (recorded in its history)").add_argument(
         "id", help=ID_HELP
     )
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("stats", "counts per status, oldest due pending, recent dead letters")
     command("migrate", "create the outbox schema, or bring it forward to this version")
     _schedules(command("schedules", SCHEDULES_HELP))
+    _destinations(command("destinations", DESTINATIONS_HELP))
     check = command("check-config", "validate a configuration file, reporting every problem")
     check.add_argument(
         "file",
@@ -234,6 +237,77 @@ def build_parser() -> argparse.ArgumentParser:
     )
     web.set_defaults(handler=cmd_web)
     return parser
+
+
+RETRY_HELP: Final = (
+    "operator retry of a dead_letter or expired dispatch; or, with filters instead of "
+    "an id, of every one they match (replay)"
+)
+RETRY_EPILOG: Final = (
+    f"TIME is {TIME_HELP}. --since and --until compare when each row last changed "
+    "(updated_at: for a failed row, when it failed): since <= updated_at < until. "
+    f"Rows go back to pending in id order (ordering keys keep their order), "
+    f"{PRUNE_CHUNK} a transaction; interrupted, run it again: the rows already retried "
+    "are pending and match no more, so none is retried twice. An expired row keeps its "
+    "expires_at unless --expires-in is given (one whose deadline has passed expires again "
+    "at the next scan). Exit codes: 0 it ran (whatever it matched), 1 a status retry "
+    "does not apply to (--status pending), 2 bad usage."
+)
+
+
+def _retry(retry: argparse.ArgumentParser) -> None:
+    """``retry ID``, or ``retry`` with filters: the replay."""
+    retry.epilog = RETRY_EPILOG
+    retry.add_argument(
+        "id", nargs="?", help=ID_HELP + " (required unless filters are given instead)"
+    )
+    replay = retry.add_argument_group(
+        "replay: every dead_letter and expired dispatch matching these filters (at least one)"
+    )
+    replay.add_argument(
+        "--deliver-to",
+        type=_route_arg,
+        metavar="NAME",
+        help="only rows for this destination (default: every destination)",
+    )
+    replay.add_argument(
+        "--status",
+        type=_status_arg,
+        metavar="STATUS",
+        help="only dead_letter or only expired rows (default: both)",
+    )
+    replay.add_argument(
+        "--since",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed at or after TIME (default: no lower bound)",
+    )
+    replay.add_argument(
+        "--until",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed before TIME (default: no upper bound)",
+    )
+    replay.add_argument("--kind", help="only rows of this kind (default: every kind)")
+    replay.add_argument(
+        "--ordering-key",
+        type=_ordering_key_arg,
+        metavar="KEY",
+        help="only rows of this ordering key (default: every row, keyed or not)",
+    )
+    replay.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    replay.add_argument(
+        "--expires-in",
+        type=parse_duration,
+        metavar="DURATION",
+        help="give each retried row a new deadline this long from now (e.g. 1d; default: "
+        "each keeps its own)",
+    )
+    replay.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why, recorded in each row's transition (default: no reason)",
+    )
 
 
 SCHEDULES_HELP: Final = (
@@ -290,6 +364,20 @@ def _ordering_key_arg(text: str) -> str:
     return key
 
 
+def _route_arg(text: str) -> str:
+    try:
+        return require_route(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
+def _time_arg(text: str) -> float:
+    try:
+        return read_time("time", text, time.time())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+
+
 def _busy_timeout(text: str) -> float:
     try:
         return check_busy_timeout(float(text), "--busy-timeout")
@@ -304,3 +392,71 @@ def _status_list(text: str) -> list[str]:
             f"invalid status list {visible(repr(text))}: name at least one status"
         )
     return statuses
+
+
+DESTINATIONS_HELP: Final = (
+    "each destination (deliver_to) configured, with live rows or with state: its state, "
+    "until when and why, rate and starts available, concurrency used/limit, pending, "
+    "oldest due, last success and failure (read-only); or show, pause, resume or enable one"
+)
+
+
+def _destinations(destinations: argparse.ArgumentParser) -> None:
+    """``destinations`` lists; ``destinations show|pause|resume|enable NAME``
+    acts on one. As for ``schedules``, the listing's options are taken after
+    an action too."""
+    destinations.add_argument(
+        "--wide",
+        action="store_true",
+        help="never cut a column to the terminal's width (output that is not a "
+        "terminal is never cut)",
+    )
+    destinations.set_defaults(action=None)
+    actions = destinations.add_subparsers(
+        dest="action", metavar="ACTION", required=False, parser_class=_Parser
+    )
+    for name, help in (
+        ("show", "one destination whole: state, policy, counters and its newest audit rows"),
+        (
+            "pause",
+            "pause a destination for every worker: its rows stay pending and consume no "
+            "attempt; attempts already running finish",
+        ),
+        ("resume", "lift a destination's pause for every worker"),
+        (
+            "enable",
+            "close a destination's circuit breaker (disabled, open or half-open) so claims "
+            "take its rows again, its failures counted afresh",
+        ),
+    ):
+        action = actions.add_parser(name, help=help, description=help)
+        action.add_argument(
+            "name", metavar="NAME", type=destination_arg, help="the destination (deliver_to)"
+        )
+        action.add_argument(
+            "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+        )
+        if name == "pause":
+            end = action.add_mutually_exclusive_group()
+            end.add_argument(
+                "--for",
+                dest="for_seconds",
+                type=for_arg,
+                metavar="DURATION",
+                help="lift the pause by itself after this long (e.g. 30m, 2h; default: "
+                "paused until resumed)",
+            )
+            end.add_argument(
+                "--until",
+                type=until_arg,
+                metavar="TIME",
+                help=f"lift the pause by itself at TIME, {UNTIL_HELP}",
+            )
+            action.set_defaults(for_seconds=None, until=None)
+        if name != "show":
+            action.add_argument(
+                "--reason",
+                metavar="TEXT",
+                help="why, kept in the destination's audit and shown in its listing",
+            )
+        _global_options(action, after_command=True)

@@ -31,6 +31,7 @@ _LS_KEYS = (
     "status",
     "attempt",
     "max_attempts",
+    "throttles",
     "next_attempt_at",
     "created_at",
     "updated_at",
@@ -53,6 +54,13 @@ def _next_attempt(row: dict[str, Any], now: float) -> str:
     if is_waiting(row):
         return WAITING
     return format_time(row["next_attempt_at"], now) if row["status"] in DUE_STATUSES else "-"
+
+
+def _attempts(row: dict[str, Any]) -> str:
+    """Counted of allowed; the throttled attempts (not counted) after."""
+    throttles = int(row.get("throttles") or 0)
+    counted = f"{row['attempt'] - throttles}/{row['max_attempts']}"
+    return f"{counted} +{throttles} throttled" if throttles else counted
 
 
 async def _listed(db: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -122,7 +130,7 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
             visible(r["kind"]),
             visible(r["deliver_to"]),
             visible(status_label(r, reasons.get(r["id"]))),
-            f"{r['attempt']}/{r['max_attempts']}",
+            _attempts(r),
             _next_attempt(r, now),
             *([visible(r["ordering_key"] or "-")] if keyed else []),
             visible(r["last_error"] or ""),

@@ -195,6 +195,7 @@ def cmd_web(args: argparse.Namespace) -> int:
                             ordering=choice.ordering,
                             schedules=choice.schedules,
                             allowed_hosts=config.http.allowed_hosts,
+                            destinations=choice.destinations,
                         ),
                         listen,
                     )

@@ -14,14 +14,17 @@ from ..outbox.reads import ID_PREFIX_CAP, MIN_ID_PREFIX, ids_with_prefix, is_id_
 from ..redact import visible
 from ..store import open_store
 from ..store.base import Store
-from .operate import cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
+from .destinations import check_destinations_args, cmd_destinations
+from .destinations import is_read as destinations_read
+from .operate import check_retry_args, cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
 from .output import UsageError
 from .read import cmd_history, cmd_ls, cmd_show, cmd_stats
 from .schedules import check_schedules_args, cmd_schedules, is_read
 from .target import resolve_store
 
 READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
-"""Commands that open the store read-only (and ``schedules`` with no action)."""
+"""Commands that open the store read-only (and ``schedules`` with no action,
+``destinations`` with none or ``show``)."""
 ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "purge"})
 """Commands that name one dispatch (its id, or a unique prefix of it)."""
 
@@ -59,10 +62,13 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
     "stats": cmd_stats,
     "migrate": cmd_migrate,
     "schedules": cmd_schedules,
+    "destinations": cmd_destinations,
 }
 
 
 def cmd_store(args: argparse.Namespace) -> int:
+    if args.command == "retry":
+        check_retry_args(args)  # bad usage says so before any store is looked for
     migrating = args.command == "migrate"
     choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = STORE_COMMANDS[args.command]
@@ -71,6 +77,11 @@ def cmd_store(args: argparse.Namespace) -> int:
     if args.command == "schedules":
         check_schedules_args(args, choice)
         reading = is_read(args)
+    if args.command == "retry":
+        reading = args.dry_run  # a dry run only counts: the store opens read-only
+    if args.command == "destinations":
+        check_destinations_args(args, choice)
+        reading = destinations_read(args)
 
     async def run() -> int:
         async with open_store(
@@ -82,7 +93,7 @@ def cmd_store(args: argparse.Namespace) -> int:
             snapshot=reading,
             schema=choice.schema,
         ) as db:
-            if args.command in ID_COMMANDS:
+            if args.command in ID_COMMANDS and args.id is not None:
                 args.id = await _resolve_id(db, args.id, in_history=args.command == "history")
             return await command(db, args)
 

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -21,6 +22,7 @@ from ..config import (
     load_config,
     parse_config,
 )
+from ..destinations.policy import Destination
 from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from ..redact import register_secrets, url_secrets, visible
 from ..schedules.spec import Schedule
@@ -57,6 +59,9 @@ class StoreChoice:
     configuration found): what ``schedules`` lists and acts on."""
     network_timeout: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
     """The configuration's ``network_timeout_seconds`` (PostgreSQL)."""
+    destinations: Mapping[str, Destination] = dataclasses.field(default_factory=dict)
+    """The configuration's ``destinations:`` (none without one): the
+    policies ``destinations`` shows, and the names it knows."""
 
 
 def resolve_store(
@@ -120,6 +125,7 @@ def resolve_store(
             if loaded is not None
             else DEFAULT_NETWORK_TIMEOUT_SECONDS
         ),
+        destinations=loaded.destinations if loaded is not None else {},
     )
     if engine == "postgres":
         return choice

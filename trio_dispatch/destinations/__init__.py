@@ -1,6 +1,7 @@
 """Destinations as entities (SPEC section 17): a ``deliver_to`` value with a
 policy from configuration (:mod:`.policy`) and a runtime state in the store
-(:mod:`.state`) that every worker, process and host shares.
+(:mod:`.state`) that every worker, process and host shares; what operators
+see of them is :mod:`.listing` (read-only).
 
 The operators' library calls are here: :func:`pause_destination`,
 :func:`resume_destination`, :func:`enable_destination`. Each is one

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ..errors import ConfigError
 from ..validate import require_int, require_number, require_route
 from ..values import show
 
@@ -202,20 +203,31 @@ def parse_destinations(value: object, where: str = "destinations") -> dict[str, 
     """The policies of a configuration's ``destinations`` mapping (or
     ``DispatchWorker``'s ``destinations``): each key a ``deliver_to`` value
     or ``"*"``, each value a :class:`Destination` or its settings as a
-    mapping. Any bad name or value is a ``ValueError``/``TypeError`` naming
-    it (``where.name.setting``)."""
+    mapping. A bad name or value is a ``ValueError``/``TypeError`` naming
+    it (``where.name.setting``); bad values in several destinations, a
+    :class:`~trio_dispatch.errors.ConfigError` (a ``ValueError``) holding
+    one problem per destination."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise TypeError(f"{where} must be a mapping of destination names, got {show(value)}")
     policies: dict[str, Destination] = {}
+    errors: list[TypeError | ValueError] = []
     for name, settings in value.items():
-        if name != ANY_DESTINATION:
-            try:
-                require_route(name)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"{where}: {error}") from None
-        policies[str(name)] = _destination(settings, f"{where}.{name}")
+        try:
+            if name != ANY_DESTINATION:
+                try:
+                    require_route(name)
+                except (TypeError, ValueError) as error:
+                    raise type(error)(f"{where}: {error}") from None
+            policies[str(name)] = _destination(settings, f"{where}.{name}")
+        except (TypeError, ValueError) as error:
+            errors.append(error)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:  # every bad destination, each its own problem (check-config lists them)
+        problems = tuple(str(error) for error in errors)
+        raise ConfigError("; ".join(problems), problems)
     return policies
 
 

@@ -14,7 +14,9 @@ One concern per module:
   one transaction (the transport call between them is the worker's:
   :mod:`trio_dispatch.worker.attempts`);
 - :mod:`.reads` -- get, list, history, stats;
-- :mod:`.operator` -- ack, retry, purge, prune.
+- :mod:`.operator` -- ack, retry, purge, prune;
+- :mod:`.bulk` -- retry or purge every row a filter matches (the
+  dashboard's bulk actions, replay).
 
 No transaction here spans the transport or any other await on the outside
 world.
@@ -22,6 +24,7 @@ world.
 
 from __future__ import annotations
 
+from .bulk import RetryResult, retry_dispatches
 from .delivery import (
     claim_due,
     finish_and_claim_next,
@@ -58,6 +61,7 @@ __all__ = [
     "Claim",
     "EnqueueResult",
     "Outcome",
+    "RetryResult",
     "ack_dispatch",
     "claim_due",
     "dispatch_stats",
@@ -74,5 +78,6 @@ __all__ = [
     "release_attempt",
     "require_store",
     "retry_dispatch",
+    "retry_dispatches",
     "tally",
 ]

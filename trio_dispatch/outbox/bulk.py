@@ -1,60 +1,158 @@
-"""Operator actions on every row that matches a filter (SPEC section 15):
-retry or purge by ``status`` and optional ``kind`` and ``ordering_key``,
-at most :data:`BULK_LIMIT` rows per call.
+"""Operator actions on every row that matches a filter (SPEC sections 15
+and 17): retry or purge by ``status`` and optional ``kind``,
+``ordering_key``, ``deliver_to`` and the time each row last changed.
 
-Each row goes through the same compare-and-set as the one-row action
+- The dashboard's bulk retry and purge (:func:`apply_bulk`): at most
+  :data:`BULK_LIMIT` rows a request.
+- A replay (:func:`retry_dispatches`, ``trio-dispatch retry --deliver-to
+  NAME``): every matching ``dead_letter``/``expired`` row, however many.
+
+Both walk the matching rows in id order, :data:`~.operator.PRUNE_CHUNK`
+rows per transaction. Each chunk reads the next rows after the last id of
+the chunk before it, holds their ordering keys' locks, and puts each row
+through the same compare-and-set as the one-row action
 (:func:`~.operator.retry_row`, :func:`~.machine.delete`) with its own
-transition, in transactions of :data:`~.operator.PRUNE_CHUNK` rows; a row
-that changed since it was matched is left alone and counted as skipped.
+transition; a row that changed since its chunk read it is left alone and
+counted as skipped. So a key's rows go back in their order, a row one run
+retried that fails again while the run goes on is behind the walk (one run
+never retries a row twice), and a chunk once committed stays so: an
+interrupted replay run again takes up what is left, since the rows it
+retried are ``pending`` and match no more.
+
+``since`` and ``until`` compare the row's last change (``updated_at``,
+else ``created_at``): for a ``dead_letter`` or ``expired`` row, when it
+failed, which is what "failed since 09:00" means. ``since`` is inclusive
+and ``until`` exclusive, so consecutive windows never share a row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from functools import partial
 from typing import Any, Final, Literal
 
 from ..errors import ActionRefused
 from ..lifecycle import Reason, Status
-from ..store.base import Conn, Database, Row
-from ..validate import clock_from
+from ..store.base import Conn, Database
+from ..times import iso_time
+from ..validate import (
+    clock_from,
+    require_bool,
+    require_int,
+    require_non_empty,
+    require_number,
+    require_route,
+)
 from ..values import show
+from . import sql
 from .machine import delete
-from .operator import PRUNE_CHUNK, RETRYABLE, retry_row
+from .operator import PRUNE_CHUNK, RETRYABLE, _Keep, retry_row
 from .ordering import lock_keys, require_ordering_key
 
 BULK_LIMIT: Final = 10_000
-"""Most rows one bulk action applies to."""
+"""Most rows one dashboard bulk action applies to."""
 BulkAction = Literal["retry", "purge"]
 BULK_ACTIONS: Final[tuple[BulkAction, ...]] = ("retry", "purge")
+MAX_REASON_LENGTH: Final = 500
+"""Longest operator's reason a replay records."""
+
+Instant = float | int | datetime.datetime
+"""A time a filter takes: Unix seconds, or a datetime with a time zone."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Filter:
-    """Which rows a bulk action applies to."""
+    """Which rows a bulk action applies to. ``status`` None: every status
+    the action is for (a retry's: ``dead_letter`` and ``expired``).
+    ``since``/``until`` (Unix seconds) bound the row's last change,
+    ``since <= updated_at < until``."""
 
-    status: Status
+    status: Status | None = None
     kind: str | None = None
     ordering_key: str | None = None
+    deliver_to: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        return RETRYABLE if self.status is None else (self.status,)
 
     def where(self) -> tuple[str, list[Any]]:
-        """The ``WHERE`` clause and its parameters."""
-        clause, params = "status = ?", [str(self.status)]
-        if self.kind is not None:
-            clause, params = clause + " AND kind = ?", [*params, self.kind]
-        if self.ordering_key is not None:
-            clause, params = clause + " AND ordering_key = ?", [*params, self.ordering_key]
+        """The ``WHERE`` clause and its parameters. The status and the
+        last-change terms are the finished-age index's."""
+        clause = f"status IN ({', '.join('?' * len(self.statuses))})"
+        params: list[Any] = [str(status) for status in self.statuses]
+        for column, value in (
+            ("kind", self.kind),
+            ("ordering_key", self.ordering_key),
+            ("deliver_to", self.deliver_to),
+        ):
+            if value is not None:
+                clause, params = f"{clause} AND {column} = ?", [*params, value]
+        if self.since is not None:
+            clause, params = f"{clause} AND {sql.AGE} >= ?", [*params, self.since]
+        if self.until is not None:
+            clause, params = f"{clause} AND {sql.AGE} < ?", [*params, self.until]
         return clause, params
+
+    def fields(self) -> dict[str, str]:
+        """As form fields, each present ("" when not set); times in ISO 8601
+        UTC to the microsecond, so a form posted back matches the same rows."""
+        return {
+            "status": "" if self.status is None else str(self.status),
+            "deliver_to": self.deliver_to or "",
+            "kind": self.kind or "",
+            "ordering_key": self.ordering_key or "",
+            "since": "" if self.since is None else iso_time(self.since),
+            "until": "" if self.until is None else iso_time(self.until),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """For JSON and a transition's metadata: the statuses as a list,
+        times in Unix seconds, unset fields None."""
+        return {
+            "statuses": [str(status) for status in self.statuses],
+            "deliver_to": self.deliver_to,
+            "kind": self.kind,
+            "ordering_key": self.ordering_key,
+            "since": self.since,
+            "until": self.until,
+        }
+
+    def describe(self) -> str:
+        """One line for people: ``status dead_letter or expired, deliver_to
+        'billing', changed since 2026-12-02T09:00:00Z``."""
+        parts = [f"status {' or '.join(str(status) for status in self.statuses)}"]
+        parts += [
+            f"{name} {show(value)}"
+            for name, value in (
+                ("deliver_to", self.deliver_to),
+                ("kind", self.kind),
+                ("ordering_key", self.ordering_key),
+            )
+            if value is not None
+        ]
+        if self.since is not None:
+            parts.append(f"changed since {_shown(self.since)}")
+        if self.until is not None:
+            parts.append(f"changed before {_shown(self.until)}")
+        return ", ".join(parts)
+
+
+def _shown(when: float) -> str:
+    return datetime.datetime.fromtimestamp(when, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclasses.dataclass(frozen=True)
 class BulkResult:
-    """What a bulk action did."""
+    """What a dashboard bulk action did."""
 
     action: BulkAction
     matched: int
-    """Rows that matched when the action began (at most the limit)."""
+    """Rows that matched as the walk reached them (at most the limit)."""
     applied: int
     """Rows retried or purged."""
 
@@ -67,56 +165,179 @@ class BulkResult:
         return {**dataclasses.asdict(self), "skipped": self.skipped}
 
 
+@dataclasses.dataclass(frozen=True)
+class RetryResult:
+    """What :func:`retry_dispatches` did (or, with ``dry_run``, would do)."""
+
+    matched: int
+    """Rows that matched as the walk reached them; with ``dry_run``, the
+    rows that match now."""
+    retried: int
+    """Rows put back to ``pending`` (0 with ``dry_run``)."""
+    dry_run: bool = False
+
+    @property
+    def skipped(self) -> int:
+        """Matched rows that changed before their turn, left as they were."""
+        return 0 if self.dry_run else self.matched - self.retried
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "skipped": self.skipped}
+
+
+def _instant(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{name} must have a time zone, got {show(value)}")
+        return value.timestamp()
+    number = require_number(name, value)
+    try:
+        iso_time(number)
+    except (OverflowError, OSError, ValueError):
+        raise ValueError(f"{name} is beyond what a calendar holds, got {show(value)}") from None
+    return number
+
+
 def bulk_filter(
-    action: object, status: object, kind: object = None, ordering_key: object = None
+    action: object,
+    status: object = None,
+    kind: object = None,
+    ordering_key: object = None,
+    *,
+    deliver_to: object = None,
+    since: object = None,
+    until: object = None,
 ) -> tuple[BulkAction, Filter]:
-    """Check a bulk request: ``ValueError`` naming a bad value, and
-    :class:`~trio_dispatch.errors.ActionRefused` for an action the
-    status has no edge for (retry is for ``dead_letter`` and ``expired``
-    rows; ``delivered``/``acked`` rows may only be purged)."""
+    """Check a bulk request: ``ValueError`` (``TypeError`` for a value of
+    the wrong type) naming a bad value, and
+    :class:`~trio_dispatch.errors.ActionRefused` for an action the status
+    has no edge for (retry is for ``dead_letter`` and ``expired`` rows;
+    ``delivered``/``acked`` rows may only be purged). A retry without a
+    status takes both ``dead_letter`` and ``expired`` rows; a purge needs
+    one. ``since``/``until``: Unix seconds or a datetime with a time zone."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"action must be one of {', '.join(BULK_ACTIONS)}, got {show(action)}")
-    if status not in {str(s) for s in Status}:
+    if status is None and action == "purge":
+        raise ValueError("a bulk purge needs a status")
+    if status is not None and status not in {str(s) for s in Status}:
         raise ValueError(
             f"status must be one of {', '.join(str(s) for s in Status)}, got {show(status)}"
         )
-    chosen = Status(str(status))
+    chosen = None if status is None else Status(str(status))
     if kind is not None and (not isinstance(kind, str) or not kind):
         raise ValueError(f"kind must be a non-empty string, got {show(kind)}")
     key = require_ordering_key(ordering_key)
+    route = None if deliver_to is None else require_route(deliver_to)
+    start, end = _instant("since", since), _instant("until", until)
+    if start is not None and end is not None and start >= end:
+        raise ValueError(
+            f"since ({iso_time(start)}) must be before until ({iso_time(end)}): "
+            "no row changed in between"
+        )
     if action == "purge" and chosen == Status.DELIVERING:
         raise ActionRefused(
             "purge of delivering rows is not allowed: their attempts are running (a "
             "purged head of an ordering key would let the next row go beside it); "
             "purge them once their attempts end"
         )
-    if action == "retry" and chosen not in RETRYABLE:
+    if action == "retry" and chosen is not None and chosen not in RETRYABLE:
         raise ActionRefused(
             f"retry of {chosen} rows is not allowed: operator retry is only for "
             "dead_letter or expired dispatches"
         )
-    return action, Filter(chosen, kind, key)
+    return action, Filter(chosen, kind, key, route, start, end)
 
 
-def _matching(conn: Conn, chosen: Filter, limit: int, count: bool) -> list[Row]:
+def _count(conn: Conn, chosen: Filter, limit: int | None) -> int:
     clause, params = chosen.where()
-    if count:
-        return conn.query(
+    if limit is None:
+        row = conn.query_one(f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {clause}", params)
+    else:
+        row = conn.query_one(
             f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM dispatch_outbox WHERE {clause} "
             "LIMIT ?) AS matched",
             [*params, limit],
         )
-    return conn.query(
+    return int(row["n"]) if row else 0
+
+
+async def count_matching(db: Database, chosen: Filter, limit: int | None = BULK_LIMIT) -> int:
+    """How many rows match (at most ``limit``; None: all): what a
+    confirmation or a dry run shows."""
+    return await db.read(partial(_count, chosen=chosen, limit=limit))
+
+
+def _chunk(
+    conn: Conn,
+    action: BulkAction,
+    chosen: Filter,
+    after: str | None,
+    size: int,
+    at: float,
+    actor: str,
+    metadata: Mapping[str, Any],
+    expires_at: float | _Keep | None,
+) -> tuple[int, int, str | None]:
+    """One transaction of a walk: the next ``size`` matching rows after id
+    ``after``, each retried or purged. Returns (rows read, rows changed,
+    the last id read)."""
+    clause, params = chosen.where()
+    if after is not None:
+        clause, params = f"{clause} AND id > ?", [*params, after]
+    rows = conn.query(
         f"SELECT id, status, attempt, kind, ordering_key FROM dispatch_outbox "
         f"WHERE {clause} ORDER BY id LIMIT ?",
-        [*params, limit],
+        [*params, size],
     )
+    lock_keys(conn, [row["ordering_key"] for row in rows])  # all at once, in order
+    done = 0
+    for row in rows:
+        if action == "retry":
+            done += retry_row(conn, row, at, actor, expires_at, metadata)
+        else:
+            summary = f"purged from {row['status']}"
+            done += delete(conn, row, Reason.PURGED_OPERATOR, summary, actor, at, metadata)
+    return len(rows), done, str(rows[-1]["id"]) if rows else after
 
 
-async def count_matching(db: Database, chosen: Filter, limit: int = BULK_LIMIT) -> int:
-    """How many rows match (at most ``limit``): what a confirmation shows."""
-    rows = await db.read(partial(_matching, chosen=chosen, limit=limit, count=True))
-    return int(rows[0]["n"]) if rows else 0
+async def _walk(
+    db: Database,
+    action: BulkAction,
+    chosen: Filter,
+    *,
+    actor: str,
+    metadata: Mapping[str, Any] | None,
+    now: float | None,
+    limit: int | None,
+    expires_at: float | _Keep | None = _Keep.KEEP,
+) -> tuple[int, int]:
+    """Apply ``action`` to the rows ``chosen`` matches, in id order, a chunk
+    a transaction, up to ``limit`` rows (None: all). Returns (matched,
+    applied). Cancelled, the chunks committed so far stay committed."""
+    clock = clock_from(now)
+    note = {"bulk": True, "filter": chosen.to_dict(), **(metadata or {})}
+    matched = applied = 0
+    after: str | None = None
+    while limit is None or matched < limit:
+        size = PRUNE_CHUNK if limit is None else min(PRUNE_CHUNK, limit - matched)
+        unit = partial(
+            _chunk,
+            action=action,
+            chosen=chosen,
+            after=after,
+            size=size,
+            at=clock(),
+            actor=actor,
+            metadata=note,
+            expires_at=expires_at,
+        )
+        seen, done, after = await db.write(unit)
+        matched, applied = matched + seen, applied + done
+        if seen < size:
+            break
+    return matched, applied
 
 
 async def apply_bulk(
@@ -129,24 +350,105 @@ async def apply_bulk(
     now: float | None = None,
     limit: int = BULK_LIMIT,
 ) -> BulkResult:
-    """Retry or purge the rows ``chosen`` matches, oldest first, at most
-    ``limit``; each with its own transition (source ``operator``)."""
-    clock = clock_from(now)
-    rows = await db.read(partial(_matching, chosen=chosen, limit=limit, count=False))
+    """Retry or purge the rows ``chosen`` matches, oldest id first, at most
+    ``limit``; each with its own transition (source ``operator``, its
+    metadata ``metadata`` with ``bulk`` and the filter)."""
+    matched, applied = await _walk(
+        db, action, chosen, actor=actor, metadata=metadata, now=now, limit=limit
+    )
+    return BulkResult(action, matched, applied)
 
-    def chunk(conn: Conn, part: list[Row]) -> int:
-        at = clock()
-        done = 0
-        lock_keys(conn, [row["ordering_key"] for row in part])  # all at once, in order
-        for row in part:
-            if action == "retry":
-                done += retry_row(conn, row, at, actor, metadata=metadata)
-            else:
-                summary = f"purged from {row['status']}"
-                done += delete(conn, row, Reason.PURGED_OPERATOR, summary, actor, at, metadata)
-        return done
 
-    applied = 0
-    for start in range(0, len(rows), PRUNE_CHUNK):
-        applied += await db.write(partial(chunk, part=rows[start : start + PRUNE_CHUNK]))
-    return BulkResult(action, len(rows), applied)
+def require_reason(value: object) -> str | None:
+    """None, or an operator's reason: non-empty, one line, at most
+    :data:`MAX_REASON_LENGTH` characters; else a ``ValueError`` naming it."""
+    if value is None:
+        return None
+    text = require_non_empty("reason", value)
+    if len(text) > MAX_REASON_LENGTH:
+        raise ValueError(
+            f"reason must be at most {MAX_REASON_LENGTH} characters, got {len(text)}: "
+            f"{show(text[:40])}..."
+        )
+    if any(ord(char) < 32 or 127 <= ord(char) < 160 for char in text):
+        raise ValueError(f"reason must not contain control characters, got {show(value)}")
+    return text
+
+
+async def retry_dispatches(
+    db: Database,
+    *,
+    deliver_to: str | None = None,
+    status: str | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
+    kind: str | None = None,
+    ordering_key: str | None = None,
+    dry_run: bool = False,
+    actor: str = "retry_dispatches",
+    reason: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    expires_at: float | _Keep | None = _Keep.KEEP,
+    limit: int | None = None,
+    now: float | None = None,
+) -> RetryResult:
+    """Replay (SPEC section 17): every ``dead_letter`` and ``expired`` row
+    (``status``: one of them) that matches the filters goes back to
+    ``pending`` -- attempt 0, due now, ``last_error`` cleared, reason
+    ``dispatch.pending.operator_retry``, source ``operator`` -- in id
+    order, :data:`~.operator.PRUNE_CHUNK` rows a transaction (a keyed row
+    behind a live row of its key waits for it, so each key keeps its order).
+
+    ``since``/``until`` (Unix seconds, or a datetime with a time zone)
+    bound when each row last changed (``updated_at``: when it failed),
+    ``since <= updated_at < until``. ``limit`` stops after that many rows
+    (None: all of them). ``dry_run`` counts the matching rows and writes
+    nothing. ``reason`` (the operator's why) and ``metadata`` go into each
+    transition with the filter. ``expires_at`` (a time, or None for no
+    expiry) replaces each row's expiry; by default each keeps its own, so an
+    expired row whose deadline has passed expires again at the next scan.
+
+    A bad value raises ``ValueError``/``TypeError`` naming it, and
+    ``status`` other than ``dead_letter``/``expired``
+    :class:`~trio_dispatch.errors.ActionRefused`, before anything is
+    written. Cancelled or failing mid-way, the chunks committed stay
+    committed and a second call takes up the rest: a row retried is
+    ``pending`` and matches no more, so no row is retried twice. Given a
+    transaction handle, every chunk runs inside it."""
+    _, chosen = bulk_filter(
+        "retry", status, kind, ordering_key, deliver_to=deliver_to, since=since, until=until
+    )
+    require_bool("dry_run", dry_run)
+    why = require_reason(reason)
+    if limit is not None:
+        limit = require_int("limit", limit, minimum=1)
+    if expires_at is not _Keep.KEEP and expires_at is not None:
+        expires_at = require_number("expires_at", expires_at)
+    clock_from(now)  # checks ``now`` before anything is read
+    if dry_run:
+        return RetryResult(await count_matching(db, chosen, limit), 0, dry_run=True)
+    note = {**({} if why is None else {"reason": why}), **(metadata or {})}
+    matched, retried = await _walk(
+        db,
+        "retry",
+        chosen,
+        actor=actor,
+        metadata=note,
+        now=now,
+        limit=limit,
+        expires_at=expires_at,
+    )
+    return RetryResult(matched, retried)
+
+
+__all__ = [
+    "BULK_LIMIT",
+    "BulkResult",
+    "Filter",
+    "RetryResult",
+    "apply_bulk",
+    "bulk_filter",
+    "count_matching",
+    "require_reason",
+    "retry_dispatches",
+]

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
+from ..destinations.outcomes import DestinationBook, Effects
 from ..destinations.policy import Destination
 from ..lifecycle import ACTOR_DELIVERY
 from ..store.base import Database
@@ -61,7 +62,7 @@ async def claim_due(
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
     rules: ClaimRules | None = None,
-    destinations: Mapping[str, Destination] | None = None,
+    destinations: DestinationBook | Mapping[str, Destination] | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """Scan up to ``limit`` due rows (in claim order; or the rows ``ids``
     names, those still due) and, in one transaction, expire those past
@@ -74,20 +75,26 @@ async def claim_due(
     ordering keys' policy for a head that ended ``dead_letter`` or
     ``expired``), ``caps`` (no destination gets more attempts than its
     cap allows: :class:`~.claim.caps.DestinationCaps`) and ``destinations``
-    (each destination's policy, SPEC 17; paused, throttled and open
-    destinations are kept out without one)."""
+    (each destination's policy, SPEC 17, as a mapping or a worker's
+    :class:`~trio_dispatch.destinations.outcomes.DestinationBook`; paused,
+    throttled and open destinations are kept out without one)."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
-    chosen = (
-        claim_rules(ordering=ordering, caps=caps, destinations=destinations)
-        if rules is None
-        else rules
-    )
+    chosen = _rules(ordering, caps, destinations) if rules is None else rules
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
         return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids, rules=chosen)
 
     return await db.write(scan_and_claim)
+
+
+def _rules(
+    ordering: OrderingPolicy,
+    caps: DestinationCaps | None,
+    destinations: DestinationBook | Mapping[str, Destination] | None,
+) -> ClaimRules:
+    policies = destinations.policies if isinstance(destinations, DestinationBook) else destinations
+    return claim_rules(ordering=ordering, caps=caps, destinations=policies)
 
 
 def due_ids(conn: Any, now: float, limit: int, rules: ClaimRules | None = None) -> list[str]:
@@ -109,16 +116,25 @@ async def finish_attempt(
     actor: str = ACTOR_DELIVERY,
     clock: Callable[[], float] | None = None,
     retry_schedule: Sequence[float] | None = None,
+    destinations: DestinationBook | None = None,
+    effects: Effects | None = None,
 ) -> Outcome:
     """Record the end of ``claim``'s attempt (status, ``last_error``, due time
     and transition) in one transaction, fenced on ``(delivering,
     claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
     the row moved on (acked, purged, or recovered by another claimant). A
     retry waits ``retry_schedule``'s delay (the ADR backoff without one),
-    or the destination's ``Retry-After`` if that is later."""
+    or the destination's ``Retry-After`` if that is later. A throttle
+    (:attr:`TransportResult.throttled`) returns the row to ``pending``,
+    due when the destination allows (capped by its policy in
+    ``destinations``), and throttles the destination in the same
+    transaction; with a breaker in its policy, the end counts for it
+    (``effects`` is told of a change of the breaker's state)."""
     read_clock = clock or clock_from(now)
     delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
-    end = AttemptEnd(claim, result, read_clock(), delay, actor)
+    end = AttemptEnd(
+        claim, result, read_clock(), delay, actor, destinations=destinations, effects=effects
+    )
     return await db.write_many(finish_many, end)
 
 
@@ -135,6 +151,8 @@ async def finish_and_claim_next(
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
     rules: ClaimRules | None = None,
+    destinations: DestinationBook | None = None,
+    effects: Effects | None = None,
 ) -> tuple[Outcome, Claim | None, dict[str, int]]:
     """:func:`finish_attempt`, and in the same transaction claim the next due
     row (if any) for the delivery slot this attempt frees: a busy worker pays
@@ -151,7 +169,9 @@ async def finish_and_claim_next(
         actor,
         next_lease=lease_seconds,
         clock=clock,
-        rules=claim_rules(ordering=ordering, caps=caps) if rules is None else rules,
+        rules=_rules(ordering, caps, destinations) if rules is None else rules,
+        destinations=destinations,
+        effects=effects,
     )
     return await db.write_many(finish_and_claim, end)
 

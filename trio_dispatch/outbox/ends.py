@@ -1,8 +1,13 @@
 """How an attempt ends: the plan for each result (delivered, awaiting ack,
-retry with backoff, dead letter, released), the fenced finish of many
-attempts in one statement, and the finish that claims the slot's next row
-in the same transaction. Every change goes through the state machine's edge
-check (:func:`.machine.transition_rows`).
+retry with backoff, throttled, dead letter, released), the fenced finish of
+many attempts in one statement, and the finish that claims the slot's next
+row in the same transaction. Every change goes through the state machine's
+edge check (:func:`.machine.transition_rows`).
+
+What the ends that applied do to their destinations -- a throttle, the
+breaker's bookkeeping -- is written in the same transaction by
+:func:`trio_dispatch.destinations.outcomes.record_ends`: an end fenced out
+changes neither its row nor its destination.
 """
 
 from __future__ import annotations
@@ -12,6 +17,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..attempt import LAST_ERROR_LIMIT, TransportResult
+from ..destinations.outcomes import (
+    DEFAULT_BOOK,
+    DestinationBook,
+    Effects,
+    Ended,
+    record_ends,
+    signal_of,
+    throttle_wait,
+)
+from ..destinations.policy import MAX_THROTTLES_PER_ROW, Destination
 from ..lifecycle import (
     ENTITY_TYPE,
     Reason,
@@ -49,19 +64,71 @@ class AttemptEnd:
     rules: ClaimRules = dataclasses.field(default_factory=claim_rules)
     """With :func:`finish_and_claim`: the worker's claim rules (told of the
     end, and asked by the next claim)."""
+    destinations: DestinationBook | None = None
+    """The worker's destination policies (throttle cap, breaker); None:
+    none, every destination with the defaults."""
+    effects: Effects | None = dataclasses.field(default=None, compare=False)
+    """Filled with what the end did to its destination's breaker."""
+
+    @property
+    def book(self) -> DestinationBook:
+        return DEFAULT_BOOK if self.destinations is None else self.destinations
+
+    @property
+    def policy(self) -> Destination:
+        """The policy of the attempt's destination."""
+        return self.book.policy(self.claim.deliver_to)
+
+    @property
+    def throttled(self) -> bool:
+        """The destination asked to wait and the row has uncounted throttles
+        left (:data:`MAX_THROTTLES_PER_ROW`): the attempt does not count.
+        Past them, a throttle counts as an ordinary failure."""
+        return self.result.throttled and self.claim.throttles < MAX_THROTTLES_PER_ROW
 
     @property
     def retry_after(self) -> float | None:
-        """The destination's own "not before" (capped), if it gave one."""
+        """The destination's own "not before", if it gave one: capped at
+        its policy's ``throttle_max_seconds`` for a throttle, at
+        :data:`MAX_RETRY_AFTER_SECONDS` for a failure (502, 504)."""
         after = self.result.retry_after
-        return None if after is None else min(after, MAX_RETRY_AFTER_SECONDS)
+        if after is None:
+            return None
+        if self.result.throttled:
+            return min(after, float(self.policy.throttle_max_seconds))
+        return min(after, MAX_RETRY_AFTER_SECONDS)
+
+    @property
+    def throttle_wait(self) -> float:
+        """Seconds a throttle holds the destination (and a throttled row):
+        the delay asked for, or the row's next backoff step, capped."""
+        return throttle_wait(self.result.retry_after, self.delay, self.policy)
 
     @property
     def wait(self) -> float:
-        """Seconds until the row is due again: the schedule's delay, or the
+        """Seconds until the row is due again: a throttled attempt's
+        :attr:`throttle_wait`; else the schedule's delay, or the
         destination's ``Retry-After`` if that is later."""
+        if self.throttled:
+            return self.throttle_wait
         after = self.retry_after
         return self.delay if after is None else max(self.delay, after)
+
+    def ended(self) -> Ended:
+        """The end as its destination sees it (once it applied)."""
+        result, claim = self.result, self.claim
+        return Ended(
+            claim.deliver_to,
+            claim.dispatch_id,
+            claim.lease_until,
+            signal_of(result),
+            self.now,
+            self.actor,
+            DEFAULT_BOOK if self.destinations is None else self.destinations,
+            self.now + self.throttle_wait if result.throttled else None,
+            result.error,
+            self.effects,
+        )
 
 
 def _end_change(
@@ -85,7 +152,7 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
     """(outcome, new status, reason code, summary, last_error) of one
     attempt's end, per ADR D4/D5."""
     claim, result, delay = end.claim, end.result, end.wait
-    attempts_left = claim.attempt < claim.max_attempts
+    attempts_left = claim.attempts_left
     if result.local and not result.ok:
         error = (result.error or "not sent")[:LAST_ERROR_LIMIT]
         return (
@@ -116,10 +183,25 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
             Outcome.ACK_TIMEOUT,
             Status.DEAD_LETTER,
             Reason.ACK_TIMEOUT,
-            f"sent {claim.attempt} of {claim.max_attempts} times without an ack",
+            f"sent {claim.counted} of {claim.max_attempts} times without an ack",
             None,
         )
     error = (result.error or "transport failed")[:LAST_ERROR_LIMIT]
+    if end.throttled:
+        return (
+            Outcome.THROTTLED,
+            Status.PENDING,
+            Reason.THROTTLED,
+            f"attempt {claim.attempt} throttled by the destination, not counted "
+            f"({claim.throttles + 1} of {MAX_THROTTLES_PER_ROW}); due in {delay:g}s: "
+            f"{error[:200]}",
+            error,
+        )
+    failed = (
+        f"throttled past its {MAX_THROTTLES_PER_ROW} uncounted throttles"
+        if result.throttled
+        else "failed"
+    )
     if result.gone:
         return (
             Outcome.DEAD_LETTER,
@@ -143,14 +225,14 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
             Outcome.RETRY,
             Status.PENDING,
             Reason.RETRY_BACKOFF,
-            f"attempt {claim.attempt} failed; retry in {delay:g}s: {error[:200]}",
+            f"attempt {claim.counted} {failed}; retry in {delay:g}s: {error[:200]}",
             error,
         )
     return (
         Outcome.DEAD_LETTER,
         Status.DEAD_LETTER,
         Reason.MAX_ATTEMPTS,
-        f"attempt {claim.attempt} of {claim.max_attempts} failed: {error[:200]}",
+        f"attempt {claim.counted} of {claim.max_attempts} {failed}: {error[:200]}",
         error,
     )
 
@@ -160,19 +242,39 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     together (SPEC B4) -- each fenced on its claim; an end whose row moved
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
     INSERT batch. A keyed row that leaves the live set makes the next row
-    of its key due (:mod:`.ordering`)."""
+    of its key due (:mod:`.ordering`). A throttled end adds one to its
+    row's ``throttles``. Then, for the ends that applied, what they do to
+    their destinations (a throttle, the breaker's bookkeeping), in the same
+    transaction (:func:`~trio_dispatch.destinations.outcomes.record_ends`)."""
+    for end in ends:
+        if end.effects is not None:  # this run's, not a rolled-back one's
+            end.effects.clear()
+    outcomes = _finish_rows(conn, ends)
+    applied = [
+        end.ended()
+        for end, outcome in zip(ends, outcomes, strict=True)
+        if outcome is not Outcome.CONFLICT
+    ]
+    if applied:
+        record_ends(conn, applied)
+    return outcomes
+
+
+def _finish_rows(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
+    """:func:`finish_many`'s rows: the finish itself, without the
+    destinations."""
     lock_keys(conn, [end.claim.ordering_key for end in ends])
     if any(end.result.local and not end.result.ok for end in ends):
         # Attempts never made: released, their attempt taken back.
         outcomes: list[Outcome] = []
         for end in ends:
             local = end.result.local and not end.result.ok
-            outcomes += [give_back(conn, end)] if local else finish_many(conn, [end])
+            outcomes += [give_back(conn, end)] if local else _finish_rows(conn, [end])
         return outcomes
     if len({end.claim.dispatch_id for end in ends}) < len(ends):
         # Two claims of one row (a stale one among them): RETURNING cannot
         # tell which matched, so settle them one at a time.
-        return [outcome for end in ends for outcome in finish_many(conn, [end])]
+        return [outcome for end in ends for outcome in _finish_rows(conn, [end])]
     plans = [plan_end(end) for end in ends]
     changes: list[Change] = []
     params: list[Any] = []
@@ -188,6 +290,12 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             metadata["permanent"] = True
         if end.retry_after is not None and not end.result.ok:
             metadata["retry_after_seconds"] = end.retry_after
+        if reason is Reason.THROTTLED:
+            metadata["throttle"] = {
+                "delay_seconds": end.wait,
+                "until": next_at,
+                "throttles": claim.throttles + 1,
+            }
         changes.append(_end_change(end, status, reason, summary, metadata))
         params += [
             claim.dispatch_id,
@@ -218,6 +326,16 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}
+    throttled = [
+        end.claim.dispatch_id
+        for end, plan in zip(ends, plans, strict=True)
+        if plan[0] is Outcome.THROTTLED and end.claim.dispatch_id in applied
+    ]
+    if throttled:  # the attempts keep their numbers; the budget leaves them out
+        if arrays is not None:
+            conn.execute(sql.count_throttles_many(arrays), [throttled])
+        else:
+            conn.execute(sql.count_throttles(len(throttled)), throttled)
     promote(
         conn,
         [
@@ -273,9 +391,9 @@ def release(
     KeyboardInterrupt) interrupted: pending, due at once; or, if it was the
     last attempt allowed and may have reached the destination,
     dead-lettered (the same end as a claimant that died)."""
-    if claim.attempt >= claim.max_attempts:
+    if not claim.attempts_left:
         status, reason, outcome = Status.DEAD_LETTER, Reason.MAX_ATTEMPTS, Outcome.DEAD_LETTER
-        summary = f"{why} interrupted attempt {claim.attempt} of {claim.max_attempts}"
+        summary = f"{why} interrupted attempt {claim.counted} of {claim.max_attempts}"
     else:
         status, reason, outcome = Status.PENDING, Reason.RELEASED, Outcome.RELEASED
         summary = f"{why} interrupted attempt {claim.attempt}; due now"

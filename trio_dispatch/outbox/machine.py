@@ -80,17 +80,24 @@ def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
     return bool(changed)
 
 
+def spent(row: Row) -> bool:
+    """Whether ``row``'s current attempt was its last allowed one: its
+    number less its throttled attempts (which do not count, SPEC section
+    17) has reached ``max_attempts``."""
+    return bool(row["attempt"] - row["throttles"] >= row["max_attempts"])
+
+
 def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
     """A delivering row whose lease ran out during its last allowed attempt
-    is dead-lettered instead of sent again (``max_attempts`` bounds every
-    send)."""
+    (:func:`spent`) is dead-lettered instead of sent again (``max_attempts``
+    bounds every send)."""
     attempt = row["attempt"]
     change = Change(
         row["id"],
         Status.DELIVERING,
         Status.DEAD_LETTER,
         Reason.MAX_ATTEMPTS,
-        f"lease expired during attempt {attempt} of {row['max_attempts']}",
+        f"lease expired during attempt {attempt - row['throttles']} of {row['max_attempts']}",
         Source.SCHEDULER,
         actor,
         now,
@@ -109,7 +116,7 @@ _DEFAULT_RULES: Final = claim_rules()
 
 _SCAN_COLUMNS: Final = (
     "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
-    "created_at, deliver_to, ordering_key"
+    "created_at, deliver_to, ordering_key, throttles"
 )
 
 
@@ -159,7 +166,7 @@ def claim_batch(
     for row in rows:
         if row["expires_at"] is not None and row["expires_at"] <= at:
             counts["expired"] += expire(conn, row, at, actor)
-        elif row["status"] == Status.DELIVERING and row["attempt"] >= row["max_attempts"]:
+        elif row["status"] == Status.DELIVERING and spent(row):
             counts["dead_letter"] += spend(conn, row, at, actor)
         else:
             starting.append(row)
@@ -226,6 +233,7 @@ def claim_batch(
                 ack_token=row["ack_token"],
                 recovered=recovered,
                 ordering_key=row["ordering_key"],
+                throttles=row["throttles"],
             )
             if unreadable := undecodable_columns(row):
                 spoiled.append((claim, unreadable))

@@ -14,7 +14,10 @@ from typing import Any, Final
 
 from ..errors import AckRefused, DispatchNotFound
 from ..lifecycle import (
+    DUE_SQL,
+    ORDERED_SQL,
     TERMINAL_STATUSES,
+    WAITING_AT,
     InvalidTransition,
     Reason,
     Source,
@@ -38,6 +41,19 @@ DEFAULT_RETENTION_SECONDS: Final[Mapping[str, float]] = {
 }
 """SPEC section 7: how long finished rows are kept by default."""
 RETRYABLE: Final = (Status.DEAD_LETTER, Status.EXPIRED)
+
+_DUE_OR_WAITING: Final = (
+    # A retried keyed row with a live row of its key ahead of it waits
+    # behind that row, as an enqueued one would: due now, a replay of a
+    # key's many rows would leave them all at the front of the due index,
+    # where every claim reads past them (the claim rule refuses them), so
+    # only the first would be due. The probe reads the ordering index only.
+    "CASE WHEN dispatch_outbox.ordering_key IS NOT NULL AND EXISTS (SELECT 1 FROM "
+    "dispatch_outbox k WHERE k.ordering_key = dispatch_outbox.ordering_key "
+    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.{DUE_SQL} "
+    "AND (k.key_seq, k.id) < (dispatch_outbox.key_seq, dispatch_outbox.id)) "
+    "THEN ? ELSE ? END"
+)
 
 
 async def ack_dispatch(
@@ -106,7 +122,8 @@ async def retry_dispatch(
     metadata: Mapping[str, Any] | None = None,
 ) -> bool:
     """Operator retry of a ``dead_letter`` or ``expired`` dispatch: back to
-    ``pending`` with ``attempt = 0``, due now, ``last_error`` cleared.
+    ``pending`` with ``attempt = 0`` (and no throttled attempts), due now,
+    ``last_error`` cleared.
 
     Returns False if the row does not exist or its status changed
     concurrently; raises :class:`InvalidTransition` for any other status.
@@ -148,9 +165,15 @@ def retry_row(
 ) -> bool:
     """Operator retry of one ``dead_letter``/``expired`` row read with
     ``status``, ``attempt`` and ``ordering_key``: back to ``pending``, due
-    now, inside the caller's transaction. False if it changed meanwhile."""
-    assignments = ", attempt = 0, next_attempt_at = ?, last_error = NULL"
-    params: list[float | None] = [now]
+    now, inside the caller's transaction. False if it changed meanwhile.
+    A keyed row behind a live row of its key waits for it (its
+    ``next_attempt_at`` the waiting mark) and is made due when that row
+    leaves, as an enqueued row would."""
+    # The throttled attempts go with the attempts they were part of.
+    assignments = (
+        f", attempt = 0, throttles = 0, next_attempt_at = {_DUE_OR_WAITING}, last_error = NULL"
+    )
+    params: list[float | None] = [WAITING_AT, now]
     if expires_at is not _Keep.KEEP:
         assignments += ", expires_at = ?"
         params.append(expires_at)

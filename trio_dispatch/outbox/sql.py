@@ -96,13 +96,21 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
+READ_COLUMNS: Final = f"{COLUMNS}, throttles"
+"""What reads show of a row: every column of :data:`COLUMNS` and the
+throttled attempts (SPEC section 17)."""
+
+
 def list_newest(where: str) -> str:
     """Rows newest first under ``where`` (``""`` or ``"WHERE ... "`` of
     ``?`` terms), at most ``?`` of them."""
-    return f"SELECT {COLUMNS} FROM dispatch_outbox {where}ORDER BY created_at DESC, id DESC LIMIT ?"
+    return (
+        f"SELECT {READ_COLUMNS} FROM dispatch_outbox {where}ORDER BY created_at DESC, id DESC "
+        "LIMIT ?"
+    )
 
 
-SELECT_BY_ID: Final = f"SELECT {COLUMNS} FROM dispatch_outbox WHERE id = ?"
+SELECT_BY_ID: Final = f"SELECT {READ_COLUMNS} FROM dispatch_outbox WHERE id = ?"
 # Ids that start with a prefix: a range on the primary key (ids are
 # lowercase hex, so every id starting with p sorts between p and p + "g").
 IDS_IN_RANGE: Final = "SELECT id FROM dispatch_outbox WHERE id >= ? AND id < ? ORDER BY id LIMIT ?"
@@ -129,7 +137,7 @@ def _claim(where_key: str) -> str:
         f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
         f"next_attempt_at = ?, updated_at = ? WHERE {where_key} AND status = ? "
         "RETURNING id, kind, deliver_to, payload, attempt, max_attempts, ack_required, "
-        "ack_token, ordering_key"
+        "ack_token, ordering_key, throttles"
     )
 
 
@@ -224,6 +232,24 @@ GIVE_BACK: Final = (
 once, and the claim's attempt taken back."""
 
 
+def count_throttles(count: int) -> str:
+    """Add one to the throttled attempts of ``count`` rows (by id) whose
+    throttled end this same transaction just applied (so no fence is
+    needed: the finish's own guard chose them)."""
+    return (
+        "UPDATE dispatch_outbox SET throttles = throttles + 1 "
+        f"WHERE id IN ({', '.join('?' * count)})"
+    )
+
+
+@functools.cache
+def count_throttles_many(arrays: ArrayForms) -> Typed:
+    """:func:`count_throttles` with the ids as one array."""
+    return Typed(
+        f"UPDATE dispatch_outbox SET throttles = throttles + 1 WHERE {arrays.any_of('id')}"
+    )
+
+
 def set_status(assignments: str = "") -> str:
     """Move a row from the status it was read with (an operator's or a
     consumer's compare-and-set); ``assignments`` are extra ``, col = ?``."""
@@ -305,7 +331,8 @@ def list_page(where: str) -> str:
     older = "created_at <= ? AND (created_at < ? OR id < ?)"
     clause = f"WHERE {where} AND {older} " if where else f"WHERE {older} "
     return (
-        f"SELECT {COLUMNS} FROM dispatch_outbox {clause}ORDER BY created_at DESC, id DESC LIMIT ?"
+        f"SELECT {READ_COLUMNS} FROM dispatch_outbox {clause}ORDER BY created_at DESC, id DESC "
+        "LIMIT ?"
     )
 
 

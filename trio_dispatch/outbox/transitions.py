@@ -92,6 +92,20 @@ class Claim:
     """The row was ``delivering`` under an earlier claim whose lease ran out."""
     ordering_key: str | None = None
     """The row's ordering key (SPEC section 13), if any."""
+    throttles: int = 0
+    """The row's throttled attempts before this one: they kept their
+    numbers (the fence) but do not count toward ``max_attempts``."""
+
+    @property
+    def counted(self) -> int:
+        """This attempt's place in the ``max_attempts`` budget: its number
+        less the throttled attempts before it (SPEC section 17)."""
+        return self.attempt - self.throttles
+
+    @property
+    def attempts_left(self) -> bool:
+        """Whether the budget allows another attempt after this one."""
+        return self.counted < self.max_attempts
 
     def delivery(self) -> Delivery:
         return Delivery(
@@ -111,6 +125,9 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     DEAD_LETTER = "dead_letter"
     ACK_TIMEOUT = "ack_timeout"
+    THROTTLED = "throttled"
+    """The destination asked to be left alone: back to pending, due when it
+    allows, the attempt not counted toward ``max_attempts``."""
     RELEASED = "released"
     """Worker shutdown interrupted the attempt, or a local resource error
     kept it from being made: back to pending, due now."""

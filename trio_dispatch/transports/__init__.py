@@ -31,6 +31,7 @@ from .base import (
     keyboard_interrupt,
     must_propagate,
     opened,
+    raised_result,
 )
 from .callables import (
     AsyncioCallableTransport,
@@ -81,6 +82,7 @@ __all__ = [
     "must_propagate",
     "needs_asyncio_loop",
     "opened",
+    "raised_result",
     "render_argv",
     "template_warnings",
 ]

@@ -24,6 +24,7 @@ from ..attempt import OUTPUT_LOG_LIMIT as OUTPUT_LOG_LIMIT
 from ..attempt import Delivery as Delivery
 from ..attempt import TransportResult as TransportResult
 from ..attempt import clean_error as clean_error
+from ..errors import Throttled
 
 TRANSPORT_TIMEOUT_SECONDS: Final = 10.0
 """The default timeout of every transport (command, callable, webhook), in
@@ -94,6 +95,22 @@ def describe_exception(exc: BaseException) -> str:
     except Exception:  # a broken __str__ must not fail the attempt twice
         text = ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def raised_result(exc: BaseException) -> TransportResult:
+    """The result of an attempt whose transport raised ``exc`` (one that
+    need not propagate, :func:`must_propagate`): a
+    :class:`~trio_dispatch.errors.Throttled` is a throttle for its
+    ``retry_after`` seconds, anything else a failure ``Type: message``. A
+    ``retry_after`` that is not a number fails the attempt, naming it."""
+    if isinstance(exc, Throttled):
+        try:
+            return TransportResult.throttle(describe_exception(exc), retry_after=exc.retry_after)
+        except (TypeError, ValueError, OverflowError):
+            return TransportResult.failure(
+                f"Throttled with retry_after={exc.retry_after!r}: not a number of seconds"
+            )
+    return TransportResult.failure(describe_exception(exc))
 
 
 def must_propagate(exc: BaseException) -> bool:

@@ -17,8 +17,8 @@ from .base import (
     Delivery,
     TransportResult,
     check_timeout,
-    describe_exception,
     must_propagate,
+    raised_result,
     timeout_message,
 )
 
@@ -30,8 +30,10 @@ class CallableTransport(BaseTransport):
 
     Returning ``False`` is the failure ``transport returned False``; returning
     a :class:`TransportResult` reports it as is; returning anything else is
-    success. An exception (not a cancellation) is a failure whose message is
-    ``f"{type(exc).__name__}: {exc}"``. The call runs under ``timeout``;
+    success. Raising :class:`~trio_dispatch.errors.Throttled` is a throttle
+    (the destination asked to be left alone for its ``retry_after``
+    seconds). Any other exception (not a cancellation) is a failure whose
+    message is ``f"{type(exc).__name__}: {exc}"``. The call runs under ``timeout``;
     running past it is the failure ``timeout after <timeout>s``.
 
     Cancellation from outside propagates unchanged.
@@ -65,7 +67,7 @@ class CallableTransport(BaseTransport):
                 raise
             if tracing.ACTIVE:
                 tracing.transport_raised(exc)
-            return TransportResult.failure(describe_exception(exc))
+            return raised_result(exc)
         if outcome is False:
             return TransportResult.failure("transport returned False")
         if isinstance(outcome, TransportResult):

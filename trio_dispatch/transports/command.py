@@ -88,6 +88,25 @@ class ChildEnvironment:
         }
 
 
+EX_TEMPFAIL: Final = 75
+"""The exit code (sysexits.h) by which a command says its destination
+asks to be left alone for a while: a throttle (SPEC section 17)."""
+_RETRY_AFTER_LINE: Final = re.compile(r"retry-after:[ \t]*([0-9]{1,10}(?:\.[0-9]{1,6})?)", re.I)
+
+
+def retry_after_line(stdout: bytes | bytearray) -> float | None:
+    """The delay of a throttling command: the seconds its last stdout line
+    says as ``Retry-After: N`` (a non-negative number; blank lines after
+    it and surrounding spaces ignored). None when the last line says
+    anything else -- or when stdout ran past the bytes kept, since its last
+    line was then never seen."""
+    lines = stdout.decode("utf-8", errors="replace").strip().splitlines()
+    if not lines:
+        return None
+    match = _RETRY_AFTER_LINE.fullmatch(lines[-1].strip())
+    return None if match is None else float(match.group(1))
+
+
 OUTPUT_BYTES: Final = 4 * 200
 """Bytes of a successful child's stdout decoded for the log line (at most
 200 characters of them are kept)."""
@@ -288,7 +307,10 @@ class CommandTransport(BaseTransport):
     async def __call__(self, delivery: Delivery) -> TransportResult:
         """Run one attempt and report how it went.
 
-        Exit 0 is success. A non-zero exit is a failure carrying the stripped
+        Exit 0 is success. Exit 75 (EX_TEMPFAIL) is a throttle: the
+        destination asks to be left alone, for the seconds a last stdout
+        line ``Retry-After: N`` gives (without one: the row's next backoff
+        step). Any other non-zero exit is a failure carrying the stripped
         stderr (UTF-8, undecodable bytes replaced), or ``exit <code>`` when
         stderr is empty; a child killed by a signal reports ``exit -<signo>``.
         A missing template, an executable that cannot be run, or a NUL
@@ -386,6 +408,12 @@ class CommandTransport(BaseTransport):
         if returncode == 0:
             return TransportResult.success(stdout[:OUTPUT_BYTES].decode("utf-8", errors="replace"))
         text = stderr.decode("utf-8", errors="replace").strip()
+        if returncode == EX_TEMPFAIL:
+            complete = len(stdout) < self.output_limit
+            return TransportResult.throttle(
+                text or f"exit {returncode} (EX_TEMPFAIL)",
+                retry_after=retry_after_line(stdout) if complete else None,
+            )
         return TransportResult.failure(text or f"exit {returncode}")
 
     async def _stop_process_group(self, child: Child) -> None:

@@ -5,6 +5,7 @@ the ``web`` extra: hypercorn and prometheus_client).
 - :mod:`.app`: :class:`WebApp`, the ASGI application;
 - :mod:`.metrics`: the Prometheus families;
 - :mod:`.pages`: the dashboard's HTML;
+- :mod:`.destinations`: the destinations' pages, actions and state metric;
 - :mod:`.server`: :func:`serve_app`, hypercorn on trio or asyncio.
 
 Embedding, next to a worker::

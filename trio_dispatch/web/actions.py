@@ -1,5 +1,8 @@
-"""Acting from the dashboard (SPEC section 15): log in and out, retry and
-purge one row, and bulk retry or purge by filter after a confirmation.
+"""Acting from the dashboard (SPEC sections 15 and 17): log in and out,
+retry and purge one row, and bulk retry or purge by filter after a
+confirmation (a bulk retry by destination and failure time is the
+dashboard's replay, at most :data:`~trio_dispatch.outbox.bulk.BULK_LIMIT`
+rows a request).
 
 Every action is a POST, checked on the server: an operator's role (else
 403), and for a browser session the CSRF token and the same ``Origin``
@@ -27,6 +30,7 @@ from ..outbox.operator import purge_dispatch, retry_dispatch
 from ..outbox.reads import get_dispatch
 from ..redact import scrubbed_logger, visible
 from ..store.base import Database
+from ..times import read_time
 from . import pages
 from .auth import Auth, Identity, Role, forgery, header, same_origin
 from .throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS, LoginThrottle
@@ -34,6 +38,8 @@ from .throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS, LoginThrottle
 MAX_FORM_BYTES: Final = 16 * 1024
 """A form body larger than this is refused unread (413)."""
 ACTOR: Final = "web"
+FILTER_FIELDS: Final = ("status", "deliver_to", "kind", "ordering_key", "since", "until")
+"""The fields that choose the rows of a bulk action."""
 _ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|purge)")
 _BULK: Final = re.compile(r"/actions/(retry|purge)")
 HTML: Final = b"text/html; charset=utf-8"
@@ -216,18 +222,32 @@ class Actions:
         self, scope: Mapping[str, Any], action: str, fields: Mapping[str, str]
     ) -> tuple[BulkAction, Filter] | Reply:
         """The bulk action and filter ``fields`` ask for, or the 400 (a bad
-        value) or 409 (no such edge for that status) that refuses them."""
+        value) or 409 (no such edge for that status) that refuses them.
+        ``since``/``until`` are read as :func:`~trio_dispatch.times.read_time`
+        reads them, by the dashboard's clock."""
+        now = self.auth.clock()
+        given = {name: fields.get(name) or None for name in FILTER_FIELDS}
         try:
             return bulk_filter(
                 action,
-                fields.get("status"),
-                fields.get("kind") or None,
-                fields.get("ordering_key") or None,
+                given["status"],
+                given["kind"],
+                given["ordering_key"],
+                deliver_to=given["deliver_to"],
+                since=None if given["since"] is None else read_time("since", given["since"], now),
+                until=None if given["until"] is None else read_time("until", given["until"], now),
             )
         except ActionRefused as exc:
             return self._answer(scope, 409, {"error": str(exc)}, str(exc))
         except ValueError as exc:
             return self._answer(scope, 400, {"error": str(exc)}, str(exc))
+
+    def _no_filter(self, scope: Mapping[str, Any], fields: Mapping[str, str]) -> Reply | None:
+        """The 400 that refuses a bulk retry nothing narrows, else None."""
+        if any(fields.get(name) for name in FILTER_FIELDS):
+            return None
+        message = f"a bulk retry needs at least one filter: {', '.join(FILTER_FIELDS)}"
+        return self._answer(scope, 400, {"error": message}, message, "/actions/retry")
 
     def _refusal(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
@@ -305,22 +325,29 @@ class Actions:
         self, scope: Mapping[str, Any], identity: Identity, path: str, query: Mapping[str, str]
     ) -> Reply | None:
         """``GET /actions/retry|purge?status=...``: how many rows the action
-        would change, and the form that applies it; None if not that path."""
+        would change, and the form that applies it; None if not that path.
+        A retry's page also has the form that chooses its filters (replay),
+        and without any filter shows only that."""
         match = _BULK.fullmatch(path)
         if match is None:
             return None
         if identity.role < Role.OPERATOR:
             return self._not_operator(scope)
-        chosen_or_refusal = self._filter(scope, match[1], query)
+        retry = match[1] == "retry"
+        if retry and not wants_json(scope) and not any(query.get(n) for n in FILTER_FIELDS):
+            body = (
+                "<h1>Retry failed rows</h1><p>Choose at least one filter, then count "
+                f"the rows it matches (at most {BULK_LIMIT:,} a request).</p>"
+                f"{pages.replay_form({})}"
+            )
+            return self._page("Retry rows", body)
+        refused = self._no_filter(scope, query) if retry else None
+        chosen_or_refusal = self._filter(scope, match[1], query) if refused is None else refused
         if isinstance(chosen_or_refusal, Reply):
             return chosen_or_refusal
         action, chosen = chosen_or_refusal
         count = await count_matching(self.db, chosen, BULK_LIMIT)
-        fields = {
-            "status": str(chosen.status),
-            "kind": chosen.kind or "",
-            "ordering_key": chosen.ordering_key or "",
-        }
+        fields = chosen.fields()
         if wants_json(scope):
             return Reply(
                 200,
@@ -330,8 +357,7 @@ class Actions:
                 + b"\n",
                 JSON,
             )
-        what = ", ".join(f"{k} {v}" for k, v in fields.items() if v)
-        listing = urlencode({k: v for k, v in fields.items() if v})
+        listed = {k: fields[k] for k in ("status", "kind", "ordering_key") if fields[k]}
         cap = f" (the first {BULK_LIMIT:,} of more)" if count >= BULK_LIMIT else ""
         button = action_form(path, f"{action.capitalize()} {count:,} rows", identity, fields)
         if not button:
@@ -341,9 +367,10 @@ class Actions:
             )
         body = (
             f"<h1>{pages.text(action.capitalize())} {count:,} rows?</h1>"
-            f"<p>Rows with {pages.text(what)}: {count:,}{cap}.</p>"
+            f"<p>Rows with {pages.text(chosen.describe())}: {count:,}{cap}.</p>"
             f"{button if count else '<p>Nothing matches.</p>'}"
-            f'<p><a href="/?{pages.text(listing)}">cancel</a></p>'
+            f'<p><a href="/?{pages.text(urlencode(listed))}">cancel</a></p>'
+            + (f"<h2>Change the filters</h2>{pages.replay_form(fields)}" if retry else "")
         )
         return self._page(f"{action.capitalize()} rows", body)
 
@@ -355,6 +382,8 @@ class Actions:
         if match is None:
             return None
         refused = self._refusal(scope, identity, form)
+        if refused is None and match[1] == "retry":
+            refused = self._no_filter(scope, form)
         if refused is not None:
             return refused
         chosen_or_refusal = self._filter(scope, match[1], form)
@@ -364,13 +393,10 @@ class Actions:
         where = {"client": client(scope), "via": identity.via, "bulk": True}
         result = await apply_bulk(self.db, action, chosen, actor=ACTOR, metadata=where)
         log.info(
-            "web: bulk %s of %s rows (status %s, kind %s, ordering_key %s) by %s (%s) from %s: "
-            "%d applied, %d skipped",
+            "web: bulk %s of %s rows (%s) by %s (%s) from %s: %d applied, %d skipped",
             action,
             result.matched,
-            chosen.status,
-            visible(chosen.kind),
-            visible(chosen.ordering_key),
+            visible(chosen.describe()),
             identity.role,
             identity.via,
             where["client"],
@@ -378,10 +404,16 @@ class Actions:
             result.skipped,
         )
         verb = "retried" if action == "retry" else "purged"
+        more = (
+            f"; at most {BULK_LIMIT:,} a request: confirm again for the rest"
+            if result.matched >= BULK_LIMIT
+            else ""
+        )
         return self._answer(
             scope,
             200,
             result.to_dict(),
             f"{result.applied:,} of {result.matched:,} rows {verb}"
-            + (f"; {result.skipped:,} had changed meanwhile" if result.skipped else ""),
+            + (f"; {result.skipped:,} had changed meanwhile" if result.skipped else "")
+            + more,
         )

@@ -12,6 +12,10 @@ time; a viewer's or anonymous POST is a 403 and changes nothing.
 refuse is a 400 naming it); ``/blocked`` lists the heads of blocked keys
 under the policy of the worker, or the one given.
 
+``/destinations`` lists the destinations and their state, each one's page
+holds its audit and, for an operator, pause, resume and enable
+(:mod:`.destinations`).
+
 ``/schedules`` lists the schedules (those of the worker, or the ones given:
 the configuration's, for ``trio-dispatch web``) with their state in the
 store; the index page counts them and the paused ones.
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlencode
@@ -68,9 +72,11 @@ from . import pages
 from .actions import Actions, FormTooLarge, Reply, action_form, client, read_form
 from .auth import Auth, Identity, Role, header
 from .binding import LOOPBACK_NAMES, AllowedHosts, Listen, parse_allowed_hosts
+from .destinations import DestinationsView
 from .metrics import CONTENT_TYPE, families, render
 
 if TYPE_CHECKING:
+    from ..destinations import Destination
     from ..schedules import Schedule
     from ..worker import DispatchWorker
 
@@ -150,6 +156,7 @@ class WebApp:
         operator_token: str | None = None,
         schedules: Sequence[Schedule] | None = None,
         allowed_hosts: Sequence[str] | None = None,
+        destinations: Mapping[str, Destination] | None = None,
     ) -> None:
         self.db = db
         entries = parse_allowed_hosts("allowed_hosts", allowed_hosts)
@@ -177,6 +184,11 @@ class WebApp:
         self.auth = Auth(token, operator_token, clock)
         self.actions = Actions(db, self.auth, self.store_label) if operator_token else None
         """The POST routes; None without an operator token (read-only)."""
+        if destinations is None and worker is not None:  # the worker's, else the ones given
+            destinations = worker.destinations
+        self.destinations = DestinationsView(
+            db, destinations or {}, self.store_label, acting=self.actions is not None
+        )
         self.started_at = clock()
         self._probes: TaskGroup | None = None
         self._probe: _Probe | None = None
@@ -319,6 +331,8 @@ class WebApp:
                 found = await self.actions.one(scope, identity, form, path)
                 if found is None:
                     found = await self.actions.bulk(scope, identity, form, path)
+                if found is None:
+                    found = await self.destinations.act(scope, identity, form, path)
                 reply = found or Reply(404, b"no such action\n", b"text/plain; charset=utf-8")
         except Exception:
             log.exception("dashboard action failed: %s", visible(path))
@@ -360,7 +374,9 @@ class WebApp:
         html = b"text/html; charset=utf-8"
         if path == "/metrics":
             stats = await bounded_stats(self.db, ordering=self.ordering)
-            return 200, render(families(stats, self.worker, self.clock())), CONTENT_TYPE.encode()
+            metrics = families(stats, self.worker, self.clock())
+            metrics += await self.destinations.metric_families()
+            return 200, render(metrics), CONTENT_TYPE.encode()
         if path == "/healthz":
             status, document = await self.health()
             return status, json.dumps(document).encode() + b"\n", b"application/json"
@@ -377,6 +393,9 @@ class WebApp:
             confirm = await self.actions.confirm(scope, identity, path, query)
             if confirm is not None:
                 return confirm.status, confirm.body, confirm.content_type
+        shown = await self.destinations.page(path, query, identity, scope)
+        if shown is not None:
+            return shown.status, shown.body, shown.content_type
         if path == "/blocked":
             rows = await list_blocked_heads(self.db, ordering=self.ordering, limit=BLOCKED_PAGE)
             body = pages.blocked(rows, self.ordering, BLOCKED_PAGE, self.clock())
@@ -531,6 +550,7 @@ class WebApp:
             refresh=refresh,
             here=here,
             schedules=schedules,
+            destinations=await self.destinations.summary(),
         )
         body = await self._toolbar(identity, status, kind, ordering_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
@@ -538,8 +558,9 @@ class WebApp:
     async def _toolbar(
         self, identity: Identity, status: str | None, kind: str | None, ordering_key: str | None
     ) -> str:
-        """For an operator: the bulk actions of the listed filter, a blocked
-        key's head with its retry and purge, and the session's logout."""
+        """For an operator: the bulk actions of the listed filter, the
+        replay's form, a blocked key's head with its retry and purge, and the
+        session's logout."""
         if self.actions is None:
             return ""
         parts = [action_form("/logout", "Log out", identity)]
@@ -556,6 +577,7 @@ class WebApp:
                     f"{pages.text(head_id)}</a> ({pages.text(head['status'])}).</p>"
                     + self._row_actions(head_id, str(head["status"]), identity)
                 )
+        links = []
         if status is not None:
             fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
             query = urlencode({k: v for k, v in fields.items() if v})
@@ -565,7 +587,11 @@ class WebApp:
                 for action, label in (("retry", "Retry"), ("purge", "Purge"))
                 if action == "purge" or status in RETRYABLE
             ]
-            parts.append(f"<p class=actions>{' · '.join(links)}</p>")
+        links.append(
+            '<a id=replay-link href="/actions/retry">'
+            "Retry failed rows by destination and time...</a>"
+        )
+        parts.append(f"<p class=actions>{' · '.join(links)}</p>")
         joined = "".join(parts)
         return f"<section class=operator>{joined}</section>" if joined else ""
 

@@ -103,7 +103,7 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
             sum_value=series.seconds,
         )
     statistics = worker.statistics()
-    out += [deliveries, durations]
+    out += [deliveries, durations, *destination_families(worker)]
     out.append(
         GaugeMetricFamily(
             "trio_dispatch_in_flight", "Deliveries running now.", value=statistics.in_flight
@@ -134,6 +134,31 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
     if worker.scheduler is not None:
         out += schedule_families(worker.scheduler)
     return out
+
+
+def destination_families(worker: DispatchWorker) -> list[Metric]:
+    """A worker's destinations (SPEC section 17): its throttled attempts by
+    ``deliver_to``, and the changes of state of the breakers its finishes
+    made, by ``deliver_to`` and the state gone to (at most 50
+    ``deliver_to`` labels, the configured ones first; the rest: other)."""
+    counts = worker.destination_metrics
+    throttled = CounterMetricFamily(
+        "trio_dispatch_throttled",
+        "Attempts whose destination asked to wait (429, 503 with Retry-After, Throttled, "
+        "exit 75), by deliver_to (at most 50; the rest: other).",
+        labels=["deliver_to"],
+    )
+    for name, n in counts.throttled_counts().items():
+        throttled.add_metric([name], n)
+    transitions = CounterMetricFamily(
+        "trio_dispatch_breaker_transitions",
+        "Changes of a destination's circuit breaker this worker's finishes made, by "
+        "deliver_to and the state it went to (open, active, disabled).",
+        labels=["deliver_to", "to"],
+    )
+    for (name, to), n in counts.transition_counts().items():
+        transitions.add_metric([name, to], n)
+    return [throttled, transitions]
 
 
 def schedule_families(scheduler: Scheduler) -> list[Metric]:

@@ -75,6 +75,10 @@ _BASE_STYLE: Final = (
     ".badge.retry{background:#fef0c7;color:#b54708}"
     ".badge.paused{background:#fef0c7;color:#b54708}"
     ".badge.active{background:#dcfae6;color:#067647}"
+    ".badge.throttled,.badge.half_open{background:#fef0c7;color:#b54708}"
+    ".badge.open,.badge.disabled{background:#fee4e2;color:#b42318}"
+    ".notice{background:#dcfae6;border:1px solid #abefc6;padding:6px 10px;border-radius:4px}"
+    "form.pause input{font:inherit}"
     "form.filter{display:flex;flex-wrap:wrap;gap:8px;align-items:center;margin:8px 0}"
     ".refresh{float:right;font-size:12px;margin-top:10px}"
     "pre{background:#fff;border:1px solid #dde1e8;padding:10px;overflow:auto;font-size:12px}"
@@ -199,13 +203,15 @@ def overview(
     refresh: int | None = None,
     here: Mapping[str, str] | None = None,
     schedules: Mapping[str, int] | None = None,
+    destinations: Mapping[str, int] | None = None,
 ) -> str:
     """Counts per status, oldest due age, dead letters of the last 24 h,
     blocked ordering keys, the recent failures, and one page of the list
     filtered by status, kind and ordering key (``labels``: each row's status
     label, "awaiting ack" included). With ``here`` (the page's query), a
     link that turns auto-refresh on or off; with ``schedules`` (``count``
-    and ``paused``), a card linking to the schedules' page."""
+    and ``paused``), a card linking to the schedules' page; with
+    ``destinations`` (``count`` and ``not_active``), one linking to theirs."""
     capped = set(stats["capped"])
     cards = []
     for name in STATUS_ORDER:
@@ -237,6 +243,13 @@ def overview(
             '<div class="card schedules" id=schedules-card><a href="/schedules">'
             f"<div class=n>{int(schedules['count']):,}</div>"
             f"<div class=l>schedules, {int(schedules['paused']):,} paused</div></a></div>"
+        )
+    if destinations is not None:
+        cards.append(
+            '<div class="card destinations" id=destinations-card><a href="/destinations">'
+            f"<div class=n>{int(destinations['count']):,}</div>"
+            f"<div class=l>destinations, {int(destinations['not_active']):,} not active</div>"
+            "</a></div>"
         )
     worker_line = ""
     if worker is not None:
@@ -278,6 +291,44 @@ def overview(
     return body
 
 
+REPLAY_STATUSES: Final = (
+    ("", "dead_letter or expired"),
+    ("dead_letter", "dead_letter"),
+    ("expired", "expired"),
+)
+
+
+def replay_form(fields: Mapping[str, str]) -> str:
+    """The bulk retry's filters (SPEC 17, replay) as a GET form that counts
+    what they match: status, destination, kind, ordering key, and the
+    window of each row's last change (when it failed)."""
+    chosen = fields.get("status", "")
+    options = "".join(
+        f'<option value="{value}"{" selected" if value == chosen else ""}>{label}</option>'
+        for value, label in REPLAY_STATUSES
+    )
+    inputs = "".join(
+        f'<label>{label} <input name={name} value="{text(fields.get(name, ""))}" '
+        f'placeholder="{placeholder}"></label>'
+        for name, label, placeholder in (
+            ("deliver_to", "destination", "any destination"),
+            ("kind", "kind", "any kind"),
+            ("ordering_key", "ordering key", "any key"),
+            ("since", "failed since", "2h or 2026-12-02T09:00Z"),
+            ("until", "before", "now"),
+        )
+    )
+    return (
+        '<form class=filter id=replay method=get action="/actions/retry">'
+        f"<label>status <select name=status>{options}</select></label>{inputs}"
+        "<button type=submit>Count</button></form>"
+        "<p class=muted>Times: ISO 8601 with an offset or Z, or a duration before now "
+        "(30m, 2h, 7d); they compare when each row last changed (when it failed), "
+        "since &le; changed &lt; before. Rows go back in id order, so ordering keys "
+        "keep their order.</p>"
+    )
+
+
 def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
     """Auto-refresh on (each of :data:`REFRESH_CHOICES`) or off: links to
     this page with or without ``refresh``."""
@@ -308,6 +359,26 @@ def next_attempt(row: Mapping[str, Any], now: float) -> str:
     return when(row["next_attempt_at"], now) if live else "-"
 
 
+def attempts_cell(row: Mapping[str, Any]) -> str:
+    """A row's attempts in a list: counted of allowed, and the throttled
+    ones (not counted, SPEC section 17) after a "+"."""
+    throttles = int(row.get("throttles") or 0)
+    counted = f"{int(row['attempt']) - throttles}/{int(row['max_attempts'])}"
+    if not throttles:
+        return f"<td>{counted}</td>"
+    return f'<td title="{throttles} throttled, not counted">{counted} +{throttles}</td>'
+
+
+def attempts_text(row: Mapping[str, Any]) -> str:
+    """A row's attempts on its page: counted of allowed, and the throttled
+    ones."""
+    throttles = int(row.get("throttles") or 0)
+    shown = f"{int(row['attempt']) - throttles} of {int(row['max_attempts'])}"
+    if throttles:
+        shown += f" <span class=muted>(and {throttles} throttled, not counted)</span>"
+    return shown
+
+
 def dispatch_table(
     rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
 ) -> str:
@@ -336,7 +407,7 @@ def dispatch_table(
             f"<td class=when>{when(row['created_at'], now)}</td>"
             f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
-            f"<td>{int(row['attempt'])}/{int(row['max_attempts'])}</td>"
+            f"{attempts_cell(row)}"
             f"<td class=when>{next_attempt(row, now)}</td>"
             f"{key_cell}"
             f"{cut(row.get('last_error') or '', classes='err')}"
@@ -485,7 +556,7 @@ def detail(
             ("status", status),
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
-            ("attempt", f"{int(row['attempt'])} of {int(row['max_attempts'])}"),
+            ("attempt", attempts_text(row)),
             ("next attempt", next_attempt(row, now)),
             ("created", when(row["created_at"], now)),
             ("updated", when(row["updated_at"], now)),

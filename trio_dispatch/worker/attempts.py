@@ -45,10 +45,10 @@ from ..transports import (
     Transport,
     TransportResult,
     as_transport,
-    describe_exception,
     is_interrupt,
     must_propagate,
     opened,
+    raised_result,
 )
 from ..transports.base import timeout_message
 from ..validate import clock_from, require_int, require_number
@@ -127,7 +127,8 @@ async def call_transport(
 ) -> TransportResult:
     """Run ``transport`` for ``claim``; a transport that raises (anything
     but a cancellation or KeyboardInterrupt: ``SystemExit`` too), or returns
-    anything but a :class:`TransportResult`, is a failure saying so. The
+    anything but a :class:`TransportResult`, is a failure saying so -- or,
+    raising :class:`~trio_dispatch.errors.Throttled`, a throttle. The
     claim's ack token never survives into a failure text or the output kept
     for the log. Cancellation propagates. With ``scoped`` (see
     :func:`share_deadline`), a callable transport runs without its own
@@ -143,7 +144,7 @@ async def call_transport(
             raise
         if tracing.ACTIVE:
             tracing.transport_raised(exc)
-        result = TransportResult.failure(describe_exception(exc))
+        result = raised_result(exc)
     if not isinstance(result, TransportResult):
         result = TransportResult.failure(
             f"transport returned {show(result)}, not a TransportResult"

@@ -44,7 +44,8 @@ import sniffio
 from anyio.abc import TaskGroup, TaskStatus
 
 from .. import tracing
-from ..destinations.policy import Destination, parse_destinations
+from ..destinations.outcomes import DestinationBook, Effects
+from ..destinations.policy import ANY_DESTINATION, Destination, parse_destinations
 from ..errors import WorkerError
 from ..lifecycle import ACTOR_DELIVERY
 from ..outbox import (
@@ -83,7 +84,7 @@ from .attempts import (
     share_deadline,
     transport_timeout_result,
 )
-from .metrics import DeliveryMetrics
+from .metrics import DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, log_outcome
 from .slots import SlotTable
@@ -155,6 +156,7 @@ class DispatchWorker:
         self.db = db
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
         """Each destination's policy (SPEC section 17), checked."""
+        self._book = DestinationBook(self.destinations)
         self.settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         settings = self.settings
@@ -188,6 +190,11 @@ class DispatchWorker:
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
         self.metrics = DeliveryMetrics()
         """Attempts by outcome and kind, and their durations (``/metrics``)."""
+        self.destination_metrics = DestinationMetrics()
+        """Throttled attempts and breaker changes by destination (``/metrics``)."""
+        self.destination_metrics.prefer(
+            sorted(name for name in self.destinations if name != ANY_DESTINATION)
+        )
         self._slots = SlotTable(settings.concurrency)
         self._caps = (
             None
@@ -495,10 +502,12 @@ class DispatchWorker:
                 self.clock,
             )
         else:
-            outcome, next_claim = await self._settle_and_claim(claim, result)
+            effects = Effects()  # the breaker's changes this end makes, for the metrics
+            outcome, next_claim = await self._settle_and_claim(claim, result, effects)
             if outcome is not None:
                 tally(self.counts, result, outcome)
-            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) or result.local:
+                self._count_destination(claim, result, outcome, effects)
+            if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK, Outcome.THROTTLED) or result.local:
                 # Its new due time may come before the loop's planned wake-up
                 # (a short retry schedule, a Retry-After; a released row is
                 # due at once, after the pause): re-read it.
@@ -512,6 +521,7 @@ class DispatchWorker:
                 result,
                 self.settings,
                 self.clock,
+                self._book,
             )
         if next_claim is None:
             self._free_slot(claim)
@@ -525,6 +535,17 @@ class DispatchWorker:
         if self._closing:  # claimed as shutdown began: give it straight back
             self._slots.cut(next_claim)
         return next_claim
+
+    def _count_destination(
+        self, claim: Claim, result: TransportResult, outcome: Outcome, effects: Effects
+    ) -> None:
+        """A recorded end's place in the destinations' counters."""
+        if outcome is Outcome.CONFLICT:
+            return
+        if result.throttled:
+            self.destination_metrics.throttled(claim.deliver_to)
+        for name, state in effects.transitions:
+            self.destination_metrics.transition(name, str(state))
 
     def _stopped_by(self, interrupt: BaseException) -> None:
         """Stop the worker (grace for the other deliveries, then release)
@@ -566,23 +587,24 @@ class DispatchWorker:
             self.lease_seconds,
             self._rules,
             self.log,
+            destinations=self._book,
             stopping=self._closing,
         )
 
     async def _settle_and_claim(
-        self, claim: Claim, result: TransportResult
+        self, claim: Claim, result: TransportResult, effects: Effects
     ) -> tuple[Outcome | None, Claim | None]:
         """Finish the attempt and, unless shutting down, take the next due
         row for this slot in the same transaction."""
         writer = self._outcome_writer()
         if self._closing or result.local:  # no next claim for a slot that could not send
-            settled = await writer.settle(claim, result)
+            settled = await writer.settle(claim, result, effects)
             self._pause.note(result, self.log)  # logged once the release is recorded
             return settled, None
         self._pause.note(result, self.log)
-        finished = await writer.finish_and_claim(claim, result)
+        finished = await writer.finish_and_claim(claim, result, effects)
         if finished is None:  # retried outside the handler: no chained tracebacks
-            return await writer.settle(claim, result), None
+            return await writer.settle(claim, result, effects), None
         outcome, next_claim, counts = finished
         self._add_scan_counts(counts, [] if next_claim is None else [next_claim])
         return outcome, next_claim

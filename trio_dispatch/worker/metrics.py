@@ -1,6 +1,8 @@
 """What a worker counts about its deliveries, for ``/metrics`` (SPEC
-section 11): attempts by outcome and kind, and their durations; and how its
-schedules' runs are named there (SPEC section 14).
+section 11): attempts by outcome and kind, and their durations; how its
+schedules' runs are named there (SPEC section 14); its throttled attempts
+and the breaker changes its finishes made, by destination (SPEC section
+17, :class:`DestinationMetrics`).
 
 Kinds are outside input, so the label set is bounded: at most
 :data:`MAX_KINDS` kinds get a label of their own and every other kind is
@@ -127,3 +129,63 @@ def _cumulative(counts: list[int]) -> Iterator[int]:
     for n in counts:
         total += n
         yield total
+
+
+MAX_DESTINATIONS: Final = 50
+"""``deliver_to`` values that get a label of their own in the destinations'
+counters (the rest: :data:`OTHER`), as kinds do."""
+
+
+class DestinationMetrics:
+    """What a worker counts about its destinations (SPEC section 17):
+    throttled attempts by ``deliver_to``, and the breaker's changes of
+    state its finishes made, by ``deliver_to`` and the state it went to.
+    ``deliver_to`` is outside input: at most :data:`MAX_DESTINATIONS`
+    values get a label (the configured ones first, :meth:`prefer`), the
+    rest count as ``other``; a value keeps its label. Thread-safe."""
+
+    def __init__(self, max_destinations: int = MAX_DESTINATIONS) -> None:
+        self.max_destinations = max_destinations
+        self._lock = threading.Lock()
+        self._labelled: set[str] = set()
+        self._throttled: dict[str, int] = {}
+        self._transitions: dict[tuple[str, str], int] = {}
+
+    def prefer(self, names: Iterable[str]) -> None:
+        """Give free labels to these destinations first."""
+        with self._lock:
+            for name in names:
+                if len(self._labelled) >= self.max_destinations:
+                    break
+                if name != OTHER:
+                    self._labelled.add(name)
+
+    def _label(self, name: str) -> str:
+        if name in self._labelled:
+            return name
+        if len(self._labelled) >= self.max_destinations or name == OTHER:
+            return OTHER
+        self._labelled.add(name)
+        return name
+
+    def throttled(self, name: str) -> None:
+        """Count one throttled attempt to ``name`` whose end was recorded."""
+        with self._lock:
+            label = self._label(name)
+            self._throttled[label] = self._throttled.get(label, 0) + 1
+
+    def transition(self, name: str, to: str) -> None:
+        """Count one change of ``name``'s breaker to state ``to``."""
+        with self._lock:
+            key = (self._label(name), to)
+            self._transitions[key] = self._transitions.get(key, 0) + 1
+
+    def throttled_counts(self) -> dict[str, int]:
+        """Throttled attempts per label."""
+        with self._lock:
+            return dict(sorted(self._throttled.items()))
+
+    def transition_counts(self) -> dict[tuple[str, str], int]:
+        """Breaker changes per (label, state gone to)."""
+        with self._lock:
+            return dict(sorted(self._transitions.items()))

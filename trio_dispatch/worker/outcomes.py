@@ -14,6 +14,7 @@ from typing import Final
 
 import anyio
 
+from ..destinations.outcomes import DestinationBook, Effects
 from ..outbox import (
     Claim,
     Outcome,
@@ -51,16 +52,20 @@ class OutcomeWriter:
     rules: ClaimRules
     """The worker's claim rules: the next claim's."""
     log: logging.Logger
+    destinations: DestinationBook | None = None
+    """The destinations' policies (throttle cap, breaker)."""
     stopping: bool = False
     """The worker is stopping: a write that lost its connection is not
     tried again (the lease brings the row back), so a worker cut off from
     its store stops within its grace and one store deadline."""
 
-    async def settle(self, claim: Claim, result: AttemptResult) -> Outcome | None:
+    async def settle(
+        self, claim: Claim, result: AttemptResult, effects: Effects | None = None
+    ) -> Outcome | None:
         """Finish (or, interrupted, release) the attempt, trying again while
         the store fails (unless :attr:`stopping` and the connection was
         lost); None if every try failed (the lease will bring the row
-        back)."""
+        back). ``effects`` hears of the breaker's changes the finish made."""
         for pause in (*FINISH_RETRY_DELAYS, None):
             try:
                 if isinstance(result, Interrupted):
@@ -75,6 +80,8 @@ class OutcomeWriter:
                     actor=self.actor,
                     clock=self.clock,
                     retry_schedule=self.retry_schedule,
+                    destinations=self.destinations,
+                    effects=effects,
                 )
             except Exception as exc:
                 self.log.exception(
@@ -90,7 +97,7 @@ class OutcomeWriter:
         return None
 
     async def finish_and_claim(
-        self, claim: Claim, result: TransportResult
+        self, claim: Claim, result: TransportResult, effects: Effects | None = None
     ) -> tuple[Outcome, Claim | None, dict[str, int]] | None:
         """Finish the attempt and take the slot's next due row in the same
         transaction: the outcome, that claim (None when nothing is due) and
@@ -107,6 +114,8 @@ class OutcomeWriter:
                 clock=self.clock,
                 retry_schedule=self.retry_schedule,
                 rules=self.rules,
+                destinations=self.destinations,
+                effects=effects,
             )
         except Exception:
             self.log.exception(

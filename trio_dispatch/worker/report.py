@@ -13,15 +13,20 @@ from typing import Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
+from ..destinations.outcomes import DEFAULT_BOOK, DestinationBook, throttle_wait
+from ..destinations.policy import MAX_THROTTLES_PER_ROW
 from ..outbox import Claim, Outcome
 from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
 from ..redact import visible
 from ..settings import WorkerSettings
 from .metrics import DeliveryMetrics
 
-_QUIET_OUTCOMES: Final = frozenset({Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED})
-"""Outcomes logged at INFO; a retry, a dead letter, a conflict or an end
-that could not be recorded is a WARNING."""
+_QUIET_OUTCOMES: Final = frozenset(
+    {Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED, Outcome.THROTTLED}
+)
+"""Outcomes logged at INFO (a throttle is the destination asking to wait,
+not a failure); a retry, a dead letter, a conflict or an end that could
+not be recorded is a WARNING."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +49,13 @@ def log_outcome(
     result: AttemptResult,
     settings: WorkerSettings,
     clock: Callable[[], float],
+    destinations: DestinationBook | None = None,
 ) -> None:
     """One line per attempt. Retries, dead letters and unrecorded ends are
-    WARNINGs; the rest INFO."""
+    WARNINGs; the rest INFO. A throttled attempt says until when its row
+    (and, at least, its destination) waits, and what the destination
+    answered, not as an error (``destinations``: the policies that cap
+    the wait)."""
     elapsed = time.monotonic() - started
     label = "unrecorded" if outcome is None else outcome.value
     metrics.observe(claim.kind, label, elapsed)
@@ -59,9 +68,16 @@ def log_outcome(
     # Outside text (kind, route, a destination's output) made visible: it
     # can neither forge a log line nor reach a terminal as escapes.
     detail = ""
-    if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and transported is not None:
-        detail += f" next_attempt={next_attempt_text(claim, transported, settings, clock)}"
-    if error and outcome is not Outcome.DELIVERED:
+    if outcome is Outcome.THROTTLED and transported is not None:
+        book = DEFAULT_BOOK if destinations is None else destinations
+        detail += f" throttled_until={throttled_text(claim, transported, settings, clock, book)}"
+        detail += f" throttles={claim.throttles + 1}/{MAX_THROTTLES_PER_ROW}"
+        if error:
+            detail += f" answer={visible(repr(error[:200]))}"
+    elif outcome in (Outcome.RETRY, Outcome.AWAITING_ACK) and transported is not None:
+        book = DEFAULT_BOOK if destinations is None else destinations
+        detail += f" next_attempt={next_attempt_text(claim, transported, settings, clock, book)}"
+    if error and outcome not in (Outcome.DELIVERED, Outcome.THROTTLED):
         detail += f" error={visible(repr(error[:200]))}"
     if transported is not None and transported.output:
         detail += f" output={visible(repr(transported.output))}"
@@ -71,7 +87,7 @@ def log_outcome(
         claim.dispatch_id,
         visible(claim.kind),
         visible(claim.deliver_to),
-        claim.attempt,
+        claim.counted,
         claim.max_attempts,
         label,
         elapsed * 1000,
@@ -79,15 +95,43 @@ def log_outcome(
     )
 
 
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def throttled_text(
+    claim: Claim,
+    result: TransportResult,
+    settings: WorkerSettings,
+    clock: Callable[[], float],
+    destinations: DestinationBook,
+) -> str:
+    """Until when a throttled attempt's row waits, as the finish computed
+    it: the delay the destination asked for (its row's next backoff step
+    when it gave none, "~" when ``retry_jitter`` spreads that), capped by
+    its policy's ``throttle_max_seconds``."""
+    backoff = jittered_backoff(claim.attempt, 0.0, schedule=settings.retry_schedule)
+    wait = throttle_wait(result.retry_after, backoff, destinations.policy(claim.deliver_to))
+    approx = "~" if settings.retry_jitter and result.retry_after is None else ""
+    return f"{approx}{_when(clock() + wait)} next_in={approx}{wait:g}s"
+
+
 def next_attempt_text(
-    claim: Claim, result: TransportResult, settings: WorkerSettings, clock: Callable[[], float]
+    claim: Claim,
+    result: TransportResult,
+    settings: WorkerSettings,
+    clock: Callable[[], float],
+    destinations: DestinationBook = DEFAULT_BOOK,
 ) -> str:
     """When the row is due again, as the finish computed it: the schedule's
-    delay or the destination's ``Retry-After`` if later ("~" when
-    ``retry_jitter`` spreads it)."""
+    delay or the destination's ``Retry-After`` if later -- capped at 24 h,
+    or for a throttle past the row's uncounted ones at the destination's
+    ``throttle_max_seconds`` ("~" when ``retry_jitter`` spreads it)."""
     delay = jittered_backoff(claim.attempt, 0.0, schedule=settings.retry_schedule)
     if result.retry_after is not None and not result.ok:
-        delay = max(delay, min(result.retry_after, MAX_RETRY_AFTER_SECONDS))
+        cap = MAX_RETRY_AFTER_SECONDS
+        if result.throttled:
+            cap = float(destinations.policy(claim.deliver_to).throttle_max_seconds)
+        delay = max(delay, min(result.retry_after, cap))
     approx = "~" if settings.retry_jitter else ""
-    due = datetime.fromtimestamp(clock() + delay, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"{approx}{due} next_in={approx}{delay:g}s"
+    return f"{approx}{_when(clock() + delay)} next_in={approx}{delay:g}s"

@@ -8,9 +8,15 @@ Webhooks specification (SPEC section 10). Needs the ``http`` extra (httpx).
   space-separated, so a receiver can rotate secrets.
 - The status line decides: 2xx succeeds, even when its body drips past
   the timeout (reading stops there; the outcome stands). 410 is "gone":
-  dead-lettered with ``dispatch.dead_letter.gone``. 429, 502, 503 and 504
-  fail with the response's ``Retry-After`` (seconds or an HTTP date) as the
-  earliest next attempt. Any other status, a redirect (never followed), a
+  dead-lettered with ``dispatch.dead_letter.gone``. 429 is a throttle
+  (SPEC section 17): the destination waits for the response's
+  ``Retry-After`` (seconds or an HTTP date; absent, the row's next backoff
+  step) and the attempt does not count. 503 with a readable
+  ``Retry-After`` is a throttle too; 503 without one is an ordinary
+  failure -- a server that is down says nothing of when to come back, and
+  a throttle there would spend no attempt while the breaker never counts
+  it. 502 and 504 fail with their ``Retry-After`` as the earliest next
+  attempt. Any other status, a redirect (never followed), a
   refused or failed connection, a DNS or TLS failure or no status line
   within the timeout (one deadline for the whole exchange) fails the
   attempt with a short ``last_error`` that never holds the URL (it may
@@ -68,7 +74,11 @@ if TYPE_CHECKING:
 
 RESPONSE_READ_LIMIT: Final = 64 * 1024
 """Bytes of a response body read at most."""
-RETRY_AFTER_STATUSES: Final = frozenset({429, 502, 503, 504})
+THROTTLE_STATUSES: Final = frozenset({429, 503})
+"""Statuses that throttle the destination: 429 always, 503 with a
+``Retry-After``."""
+RETRY_AFTER_STATUSES: Final = frozenset({502, 503, 504})
+"""Failures whose ``Retry-After`` delays the next attempt."""
 
 
 def _version() -> str:
@@ -276,8 +286,10 @@ class WebhookTransport(BaseTransport):
         detail = f"HTTP {status}: {text}" if text else f"HTTP {status}"
         if status == 410:
             return TransportResult.failure(detail, gone=True)
-        if status in RETRY_AFTER_STATUSES:
+        if status in THROTTLE_STATUSES or status in RETRY_AFTER_STATUSES:
             wait = parse_retry_after(retry_after_header, self._clock())
+            if status == 429 or (status in THROTTLE_STATUSES and wait is not None):
+                return TransportResult.throttle(detail, retry_after=wait)
             return TransportResult.failure(detail, retry_after=wait)
         return TransportResult.failure(detail)
 
