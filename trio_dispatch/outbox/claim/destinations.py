@@ -246,6 +246,8 @@ class DestinationAdmission(ClaimRule):
         noted = claiming.bounds.of(self).note
         probes = noted.probes if isinstance(noted, _Noted) else frozenset()
         settled = noted.settled if isinstance(noted, _Noted) else frozenset()
+        if not (self.policies or probes or settled):
+            return rows  # nothing to decide under a lock: the bounds said it all
         names = {str(row["deliver_to"]) for row in rows}
         guarded = sorted(
             name for name in names if self._limited(name) or name in probes or name in settled

@@ -6,34 +6,34 @@ and each one's room), shared fairly between destinations (:mod:`.fair`)
 
 With nothing to leave out, the scan is one ordered range read of the due
 index per live status that stops after ``limit`` rows. When those reads
-hold every due row, the claim shares them round-robin by destination;
-when more lie beyond (a backlog), a loose scan of the destination index
-finds which destinations have due rows: with one, the rows read are the
-claim; with several, the claim reads an equal share of each destination's
-range (topped up once from those that hold more) and takes them
-round-robin, so no destination's backlog can hold back another's next row
-for more than one claim. Leaving
-destinations out inside that read would step over every row of theirs that
-comes first: one capped destination with 200,000 due rows made every scan
-read all of them inside the write transaction. So a scan that leaves
-destinations out reads a bounded window of the due index first (``limit +
-WINDOW_EXTRA`` entries per status, in one statement), which is enough while
-their rows are sparse; when the window holds too few rows of the others, it
-asks the destination index instead: the first row of every destination (a
-loose scan, two seeks per destination), the ``limit`` earliest of those
-among the destinations not left out, and from just those destinations their
-rows up to the last of those heads, at most their room each. Each of the
-first ``limit`` claimable rows lies at or before that point, so it belongs
-to one of those destinations: the result is the rows the plain filtered
-read would give, in the same order, with ties in claim order broken either
-way (shared round-robin, as above, for a claim). The cost follows
-``limit``, the window, the rooms and the number of destinations with live
-rows -- never the rows any one of them holds.
+hold every due row, the claim shares them round-robin by destination.
+When more lie beyond (a backlog), a loose scan of the destination index
+(two seeks per destination with live rows) finds which destinations have
+due rows: with one, the rows read are the claim; with several, the claim
+reads an equal share of each one's range of the destination index (topped
+up once from those that hold more) and takes them round-robin, so no
+destination's backlog holds back another's next row for more than one
+claim.
+
+Leaving destinations out inside the due index's read would step over every
+row of theirs that comes first: one capped destination with 200,000 due
+rows made every scan read all of them inside the write transaction. So a
+scan that leaves destinations out reads a bounded window of the due index
+first (``limit + WINDOW_EXTRA`` entries per status, in one statement),
+which holds every due row while there are few; otherwise it turns to the
+destination index as above (the heads of the destinations not left out,
+then a share of each one's range). The cost follows ``limit``, the window,
+the rooms and the number of destinations with live rows -- never the rows
+any one of them holds. Unshared (``fair=False``), the scan gives the rows
+the plain filtered read would, in the same order: the ``limit`` earliest
+heads bound the ranges it reads.
 
 Reads run on a snapshot or inside the claim's write transaction; nothing
-here writes. Where rows lock (PostgreSQL), a scan that leaves destinations
-out chooses its rows first and then locks just those, skipping a row
-another claimant holds, so it never locks rows it will not claim.
+here writes. Where rows lock (PostgreSQL), the due index's read locks as it
+reads (``FOR UPDATE SKIP LOCKED``), a destination's share is locked as it is
+read (a row another claimant holds is passed over, and the rows this claim
+locked fill in for it), and rows chosen from the unlocked window are locked
+just before they are returned: a claim never waits for another's rows.
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ def select_due(
             return rows[:limit]
         if complete:  # every due row is here: share them
             return interleave(by_destination(rows), limit, room)
+        if _distinct(rows, limit):  # the oldest rows, each its destination's head
+            return rows[:limit]
         heads = _heads(conn, now, frozenset(), room)
         if len(heads) <= 1:  # one destination's backlog: the rows read are its oldest
             return interleave(by_destination(rows), limit, room)
@@ -107,6 +109,8 @@ def select_due(
     wanted, complete = _window(conn, now, limit, columns, bounds.skip, room_of, term)
     if complete:
         chosen = interleave(by_destination(wanted), limit) if fair else wanted[:limit]
+    elif fair and _distinct(wanted, limit):
+        chosen = wanted[:limit]
     elif fair:
         heads = _heads(conn, now, bounds.skip, room_of)
         shared = _fair(conn, now, limit, columns, heads, room_of, term, lock_clause)
@@ -123,6 +127,16 @@ def select_due(
     else:
         chosen = _by_destination(conn, now, limit, columns, bounds.skip, room_of, term)
     return _locked(conn, chosen, now, columns, term, lock_clause)
+
+
+def _distinct(rows: Sequence[Row], limit: int) -> bool:
+    """Whether the first ``limit`` of ``rows`` (in claim order, read up to a
+    point where every row before it was read) are as many destinations'
+    first rows: then they are what a fair share takes first, every
+    destination not among them having its first row later -- no loose scan
+    of the destination index is needed."""
+    first = rows[:limit]
+    return len(first) == limit and len({row["deliver_to"] for row in first}) == limit
 
 
 def _locked(
