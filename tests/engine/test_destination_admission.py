@@ -441,3 +441,35 @@ async def test_a_breaker_opened_by_failures_probes_once_and_closes_on_its_succes
         is State.ACTIVE
     )
     assert len(await claimed(NOW + 200)) == 5
+
+
+_SPREAD = (
+    "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+    "INSERT INTO dispatch_outbox (id, kind, deliver_to, payload, status, attempt, "
+    "next_attempt_at, created_at, updated_at) "
+    "SELECT CAST(? AS TEXT) || i, 'k', CAST(? AS TEXT) || i, '{}', 'pending', 0, "
+    "? + i * 0.001, ? + i * 0.001, ? FROM n"
+)
+
+
+async def test_a_claim_among_many_destinations_reads_no_more_than_among_few(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    reads = Reads(raw)
+
+    def unit(conn: Conn) -> list[str]:
+        claims, _ = claim_batch(conn, NOW, 10, LEASE, "test", rules=claim_rules())
+        return [claim.dispatch_id for claim in claims]
+
+    # One row for each of 20 destinations, then for each of 4,000 more: the
+    # oldest ten are ten destinations' heads, the whole fair share, read
+    # without a scan of every destination's head.
+    raw.execute(_SPREAD, (20, "a-", "a", T0, T0, T0))
+    taken, few = reads.counted(unit)
+    assert taken == [f"a-{i}" for i in range(10)]
+    raw.execute(_SPREAD, (4000, "z-", "z", T0 + 1, T0 + 1, T0))
+    if reads.postgres:
+        raw.execute("ANALYZE dispatch_outbox")
+    taken, many = reads.counted(unit)
+    assert taken == [f"a-{i}" for i in range(10)]
+    assert many <= few + 10, (many, few)

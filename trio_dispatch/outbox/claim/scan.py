@@ -91,13 +91,14 @@ def select_due(
         bounds = rules.bounds(conn, now)
     room = bounds.room
     if not bounds.skip:  # the common claim: one ordered range read per live status
-        rows, complete = _merged(conn, now, limit, columns, lock_clause, term)
+        rows, upto = _merged(conn, now, limit, columns, lock_clause, term)
         if not fair:
             return rows[:limit]
-        if complete:  # every due row is here: share them
+        if upto is None:  # every due row is here: share them
             return interleave(by_destination(rows), limit, room)
-        if _distinct(rows, limit):  # the oldest rows, each its destination's head
-            return rows[:limit]
+        first = _first_round(rows, limit, upto)
+        if first is not None:  # as many destinations' heads as the claim takes
+            return first
         heads = _heads(conn, now, frozenset(), room)
         if len(heads) <= 1:  # one destination's backlog: the rows read are its oldest
             return interleave(by_destination(rows), limit, room)
@@ -109,8 +110,8 @@ def select_due(
     wanted, complete = _window(conn, now, limit, columns, bounds.skip, room_of, term)
     if complete:
         chosen = interleave(by_destination(wanted), limit) if fair else wanted[:limit]
-    elif fair and _distinct(wanted, limit):
-        chosen = wanted[:limit]
+    elif fair and (first := _first_round(wanted, limit)) is not None:
+        chosen = first
     elif fair:
         heads = _heads(conn, now, bounds.skip, room_of)
         shared = _fair(conn, now, limit, columns, heads, room_of, term, lock_clause)
@@ -129,14 +130,24 @@ def select_due(
     return _locked(conn, chosen, now, columns, term, lock_clause)
 
 
-def _distinct(rows: Sequence[Row], limit: int) -> bool:
-    """Whether the first ``limit`` of ``rows`` (in claim order, read up to a
-    point where every row before it was read) are as many destinations'
-    first rows: then they are what a fair share takes first, every
-    destination not among them having its first row later -- no loose scan
-    of the destination index is needed."""
-    first = rows[:limit]
-    return len(first) == limit and len({row["deliver_to"] for row in first}) == limit
+def _first_round(rows: Sequence[Row], limit: int, upto: Any = None) -> list[Row] | None:
+    """The first row of each of the first ``limit`` destinations of
+    ``rows`` (in claim order; every due row up to ``upto`` among them, all
+    with None), if that many destinations have rows up to there: their
+    heads, the oldest of every destination's, are the fair share's whole
+    first round of ``limit`` -- no destination beyond has an older head, so
+    no loose scan of the destination index is needed. None otherwise."""
+    seen: set[Any] = set()
+    heads: list[Row] = []
+    for row in rows:
+        if upto is not None and _order(row) > upto:
+            break
+        if row["deliver_to"] not in seen:
+            seen.add(row["deliver_to"])
+            heads.append(row)
+            if len(heads) == limit:
+                return heads
+    return None
 
 
 def _locked(
@@ -174,19 +185,21 @@ def _filled(chosen: list[Row], more: Sequence[Row], limit: int, room: Room | Non
 
 def _merged(
     conn: Conn, now: float, limit: int, columns: str, lock_clause: str, term: str = ""
-) -> tuple[list[Row], bool]:
+) -> tuple[list[Row], Any]:
     """Up to ``limit`` due rows of each live status, merged in claim order:
     one ordered range read of the due index per status (the index holds the
-    status first, so one read cannot give both in order); and whether they
-    are every due row (neither read reached its limit)."""
+    status first, so one read cannot give both in order); and the point in
+    claim order up to which they are every due row (None: they are all)."""
     rows: list[Row] = []
-    complete = True
+    upto: Any = None
     for status in (Status.PENDING, Status.DELIVERING):
         found = conn.query(statements.select_due(status, columns, lock_clause, term), (now, limit))
-        complete = complete and len(found) < limit
+        if len(found) == limit:  # more may lie beyond the last one read
+            last = _order(found[-1])
+            upto = last if upto is None else min(upto, last)
         rows += found
     rows.sort(key=_order)
-    return rows, complete
+    return rows, upto
 
 
 def _window(
