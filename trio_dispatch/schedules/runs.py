@@ -268,7 +268,7 @@ def _dispatch(
     new = prepare(args, max_body, traced)
     return dataclasses.replace(
         new,
-        source=Source.SCHEDULER,
+        source=Source.SCHEDULES,
         actor=f"schedule:{schedule.name}",
         note=json.dumps({**metadata, "schedule_run_id": run_id}),
     )
