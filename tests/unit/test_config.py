@@ -533,7 +533,7 @@ def test_a_worker_setting_in_the_file_is_refused_with_the_workers_own_message(
     # says, under the dotted key.
     name = WORKER_KEYS[key]
     with pytest.raises((TypeError, ValueError)) as direct:
-        WorkerSettings(**{name: value})
+        WorkerSettings().updated({name: value})
     *sections, last = key.split(".")
     data: dict[str, object] = {last: value}
     for section in reversed(sections):
