@@ -21,7 +21,8 @@ work (``await db.write(lambda conn: ...)``: the whole unit then rides in one
 group commit). Anything else is a ``TypeError`` naming its type.
 
 The validation, the envelope, the SQL and the transition row are the async
-API's own (:mod:`trio_dispatch.outbox`); one small adapter per connection
+API's own (:mod:`trio_dispatch.outbox`, through its one entry point
+:class:`~trio_dispatch.outbox.enqueue.EnqueueCall`); one small adapter per connection
 kind is all that differs:
 
 - the dispatch and its ``dispatch.pending.enqueued`` transition are written
@@ -62,9 +63,8 @@ import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol, Unpack
 
-from . import tracing
 from .outbox import sql
-from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
+from .outbox.enqueue import EnqueueArgs, EnqueueCall
 from .outbox.inserts import insert_all
 from .outbox.machine import EnqueueResult, NewDispatch
 from .store.base import Conn, Row, SchemaError
@@ -448,13 +448,9 @@ def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[E
     usable, with nothing of this enqueue in it.
     """
     adapter = _adapt(conn)  # an unsupported connection is refused before anything else
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        return _write(adapter, [prepare(args)], clock_from(now)(), name_items=False)[0].id
-    with spans:  # the create span's parent: the calling thread's current context
-        new = prepare(args, metadata=spans.start(args.get("kind")))
-        dispatch_id = _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
-        spans.written([dispatch_id])
+    with EnqueueCall() as call:  # the create span's parent: the calling thread's current context
+        dispatch_id = _write(adapter, [call.new(args)], clock_from(now)(), name_items=False)[0].id
+        call.written([dispatch_id])
         return dispatch_id
 
 
@@ -465,14 +461,10 @@ def enqueue_many(
     transaction; one :class:`EnqueueResult` per item, in order. An invalid
     item raises, naming its index, before anything is written."""
     adapter = _adapt(conn)
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        batch = prepare_items(items)
-        return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
-    with spans:
-        batch = prepare_items(items, spans=spans)
+    with EnqueueCall() as call:
+        batch = call.batch(items)
         results = _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
-        spans.written([result.id for result in results])
+        call.written([result.id for result in results])
         return results
 
 
