@@ -260,6 +260,29 @@ class PostgresConn:
         self.execute(POSTGRES.notify)
 
 
+class BorrowedPostgresConn(PostgresConn):
+    """A caller's own psycopg connection (:mod:`trio_dispatch.sync`) seen as
+    the store's :class:`PostgresConn`: the same statements, placeholders and
+    rows, sent as they are -- no deadline, no ``BEGIN`` of its own, a lost
+    connection left as the driver's error for the caller -- and nothing of
+    the connection's settings changed. Inside a pipeline (:attr:`pipeline`)
+    each statement's result is synced at once: the enqueue reads it next."""
+
+    __slots__ = ("pipeline",)
+
+    def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
+        super().__init__(conn, where)
+        self.pipeline: psycopg.Pipeline | None = None
+        """The pipeline the caller's transaction runs in now, or None."""
+
+    def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
+        send()
+        if self.pipeline is not None:
+            # The statement's result -- or its error -- is wanted now: it
+            # goes out with whatever was queued before it (the SAVEPOINT).
+            self.pipeline.sync()
+
+
 def raise_lost(reason: str, where: str) -> NoReturn:
     raise ConnectionLostError(
         f"the connection to {where} ended during this transaction ({reason}): "
