@@ -5,7 +5,11 @@ A tick fires in one transaction: the schedule's cursor moves past it (only
 if no one moved it there already, the schedule is not paused and the tick
 is due by the store's clock: the database server's on PostgreSQL), its
 ``schedule_runs`` row goes in (unique on ``(schedule, scheduled_for)``) and
-its dispatch with ``schedule_run_id`` pointing at the run. A worker that
+its dispatch with ``schedule_run_id`` pointing at the run, made by the
+outbox's one entry point (:class:`~trio_dispatch.outbox.enqueue.EnqueueCall`:
+its checks, the store's body limit, the ``create`` span) and written by the
+outbox's insert, source :attr:`~trio_dispatch.lifecycle.Source.SCHEDULES`
+and actor ``schedule:NAME``. A worker that
 loses the race changes nothing, so any number of workers, processes or
 hosts give one dispatch per tick. Every function here takes a connection
 inside a transaction (a unit of work of ``Database.write``/``read``).

@@ -1,7 +1,9 @@
 """One PostgreSQL session of the store: a psycopg connection seen as a
 :class:`~trio_dispatch.store.base.Conn`, how it is opened and configured,
 whether it is still alive, and the deadline on each of its round trips
-(see :mod:`.postgres` for the store that holds them)."""
+(see :mod:`.postgres` for the store that holds them); and the same adapter
+over a caller's own connection, borrowed (:class:`BorrowedPostgresConn`,
+for :mod:`trio_dispatch.sync`)."""
 
 from __future__ import annotations
 
