@@ -249,7 +249,8 @@ _SETTING_DEFAULTS: Final = {
 
 def _setting(name: str) -> _Rule:
     # The worker's own check and default (settings.py): the file accepts
-    # what the worker accepts, and leaves out what the worker leaves out.
+    # what the worker accepts, and a key left out means what a keyword left
+    # out means.
     return _Rule(SETTING_CHECKS[name], _SETTING_DEFAULTS[name])
 
 
