@@ -7,7 +7,10 @@ One concern per module:
 - :mod:`.sql` -- the statements, built from the lifecycle vocabulary;
 - :mod:`.scan` -- which due rows a claim takes, leaving out destinations at
   their cap at a cost bounded whatever they hold;
-- :mod:`.enqueue` -- validation and the enqueue API (ADR D2);
+- :mod:`.enqueue` -- the enqueue API (ADR D2) and
+  :class:`~.enqueue.EnqueueCall`, the one entry point that makes every
+  dispatch (checks, body limit, ``create`` span), whoever enqueues it: the
+  API, :mod:`trio_dispatch.sync`, a schedule's fire;
 - :mod:`.delivery` -- the claim and the attempt's end (ADR D3-D5), each
   one transaction (the transport call between them is the worker's:
   :mod:`trio_dispatch.worker.attempts`);

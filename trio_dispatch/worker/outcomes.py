@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
 import anyio
@@ -23,7 +23,7 @@ from ..outbox import (
     release_attempt,
 )
 from ..outbox.caps import DestinationCaps
-from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
+from ..settings import WorkerSettings
 from ..store.base import ConnectionLostError, Store
 from ..transports import TransportResult
 from .report import AttemptResult, Interrupted
@@ -41,18 +41,16 @@ locked): a lost finish means one more send once the lease ends."""
 
 @dataclasses.dataclass(frozen=True)
 class OutcomeWriter:
-    """The store writes that end an attempt, with the worker's settings as
-    they are when the attempt ends (the worker builds one per end)."""
+    """The store writes that end an attempt, with the worker's settings (its
+    retry schedule and jitter, its lease, its ordering policy) and whether
+    it is stopping when the attempt ends (the worker builds one per end)."""
 
     db: Store
     actor: str
     clock: Callable[[], float]
-    retry_jitter: float
-    retry_schedule: Sequence[float] | None
-    lease_seconds: float
+    settings: WorkerSettings
     caps: DestinationCaps | None
     log: logging.Logger
-    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
     destinations: DestinationBook | None = None
     """The destinations' policies (throttle cap, breaker)."""
     stopping: bool = False
@@ -77,10 +75,10 @@ class OutcomeWriter:
                     self.db,
                     claim,
                     result,
-                    retry_jitter=self.retry_jitter,
+                    retry_jitter=self.settings.retry_jitter,
                     actor=self.actor,
                     clock=self.clock,
-                    retry_schedule=self.retry_schedule,
+                    retry_schedule=self.settings.retry_schedule,
                     destinations=self.destinations,
                     effects=effects,
                 )
@@ -109,13 +107,13 @@ class OutcomeWriter:
                 self.db,
                 claim,
                 result,
-                lease_seconds=self.lease_seconds,
-                retry_jitter=self.retry_jitter,
+                lease_seconds=self.settings.lease_seconds,
+                retry_jitter=self.settings.retry_jitter,
                 actor=self.actor,
                 clock=self.clock,
-                retry_schedule=self.retry_schedule,
+                retry_schedule=self.settings.retry_schedule,
                 caps=self.caps,
-                ordering=self.ordering,
+                ordering=self.settings.ordering_on_dead_letter,
                 destinations=self.destinations,
                 effects=effects,
             )
