@@ -7,6 +7,13 @@ Validation is strict: an unknown key or a value of the wrong type raises
 dotted key. :func:`resolve_notify_template` is the one lenient reader: it
 never raises, because an absent or invalid transport template is a delivery
 failure, not a crash (ADR D3).
+
+The worker's settings are not a section of their own here: the ``worker:``
+keys, ``dispatch.retry_schedule``, ``dispatch.ordering.on_dead_letter`` and
+the chosen transport's timeout validate, each by the worker's own check,
+into one :class:`~trio_dispatch.settings.WorkerSettings` (``Config.worker``),
+the object the worker runs with (:data:`WORKER_KEYS` says where each is
+written).
 """
 
 from __future__ import annotations
@@ -19,13 +26,12 @@ import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import yaml
 
 from .destinations.policy import Destination, parse_destinations
 from .errors import ConfigError as ConfigError
-from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .redact import mask_url
 from .schedules.spec import Schedule, schedules_from_config
 from .settings import SETTING_CHECKS, WorkerSettings
@@ -60,9 +66,6 @@ from .web.binding import (
 )
 from .yamlfile import one_line, safe_load
 
-if TYPE_CHECKING:
-    pass
-
 CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
 DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
 MAX_CONFIG_BYTES: Final = 1024 * 1024
@@ -89,9 +92,6 @@ class DispatchConfig:
     """Transport name -> its options object (e.g. :class:`CommandOptions`,
     :class:`WebhookConfig`)."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    retry_schedule: tuple[float, ...] | None = None
-    on_dead_letter: OrderingPolicy = DEFAULT_ORDERING_POLICY
-    """``dispatch.ordering.on_dead_letter``: ``block`` or ``skip`` (SPEC 13)."""
 
     @property
     def plugin(self) -> TransportPlugin:
@@ -129,17 +129,6 @@ class DispatchConfig:
 
 
 @dataclass(frozen=True)
-class WorkerConfig:
-    tick_seconds: float
-    concurrency: int
-    batch_size: int
-    grace_seconds: float
-    retry_jitter: float
-    listen: bool
-    per_destination_concurrency: int | None = None
-
-
-@dataclass(frozen=True)
 class HttpConfig:
     listen: Listen | None = None
     """Where the worker serves /metrics, /healthz and the dashboard; None: nowhere."""
@@ -161,7 +150,9 @@ class Config:
     durability: Literal["full", "normal"]
     busy_timeout_seconds: float
     dispatch: DispatchConfig
-    worker: WorkerConfig
+    worker: WorkerSettings
+    """How the worker runs: the ``worker:`` section, ``dispatch.retry_schedule``,
+    ``dispatch.ordering.on_dead_letter`` and the chosen transport's timeout."""
     http: HttpConfig
     log_level: str
     path: Path | None
@@ -205,7 +196,7 @@ class Config:
         ``settings`` and its transport (as the chosen plug-in builds it)."""
         dispatch = self.dispatch
         return {
-            "settings": self.worker_settings(),
+            "settings": self.worker,
             "schedules": self.schedules,
             "destinations": self.destinations,
             **dispatch.plugin.worker_arguments(dispatch.options, self.context()),
@@ -221,20 +212,9 @@ class Config:
         return dispatch.plugin.warnings(dispatch.options, self.context())
 
     def worker_settings(self) -> WorkerSettings:
-        """The worker's settings from this file (already checked)."""
-        dispatch = self.dispatch
-        return WorkerSettings(
-            concurrency=self.worker.concurrency,
-            batch_size=self.worker.batch_size,
-            tick_seconds=self.worker.tick_seconds,
-            timeout_seconds=dispatch.plugin.timeout(dispatch.options),
-            grace_seconds=self.worker.grace_seconds,
-            retry_jitter=self.worker.retry_jitter,
-            listen=self.worker.listen,
-            retry_schedule=dispatch.retry_schedule,
-            per_destination_concurrency=self.worker.per_destination_concurrency,
-            ordering_on_dead_letter=dispatch.on_dead_letter,
-        )
+        """The worker's settings from this file (already checked):
+        :attr:`worker`."""
+        return self.worker
 
 
 # --- validation table -------------------------------------------------------
@@ -250,9 +230,40 @@ class _Rule:
     default: object
 
 
-def _setting(name: str, default: object) -> _Rule:
-    # The worker's own check (settings.py): the file accepts what it accepts.
-    return _Rule(SETTING_CHECKS[name], default)
+WORKER_KEYS: Final[Mapping[str, str]] = {
+    "worker.tick_seconds": "tick_seconds",
+    "worker.concurrency": "concurrency",
+    "worker.batch_size": "batch_size",
+    "worker.grace_seconds": "grace_seconds",
+    "worker.retry_jitter": "retry_jitter",
+    "worker.listen": "listen",
+    "worker.per_destination_concurrency": "per_destination_concurrency",
+    "dispatch.retry_schedule": "retry_schedule",
+    "dispatch.ordering.on_dead_letter": "ordering_on_dead_letter",
+}
+"""Where the file writes each :class:`WorkerSettings` field it sets (dotted
+key -> field); ``timeout_seconds`` is the chosen transport's own key, and
+``kill_grace_seconds`` and ``lease_margin_seconds`` are the library's only."""
+
+_SETTING_DEFAULTS: Final = {
+    field.name: field.default for field in dataclasses.fields(WorkerSettings)
+}
+
+
+def _setting(name: str) -> _Rule:
+    # The worker's own check and default (settings.py): the file accepts
+    # what the worker accepts, and a key left out means what a keyword left
+    # out means.
+    return _Rule(SETTING_CHECKS[name], _SETTING_DEFAULTS[name])
+
+
+def _worker_section() -> dict[str, _Rule]:
+    prefix = "worker."
+    return {
+        key.removeprefix(prefix): _setting(name)
+        for key, name in WORKER_KEYS.items()
+        if key.startswith(prefix)
+    }
 
 
 def _check_store(key: str, value: object) -> str:
@@ -351,19 +362,11 @@ _SCHEMA: Final[_Schema] = {
         "max_body_bytes": _Rule(
             lambda key, value: require_int(key, value, minimum=1), DEFAULT_MAX_BODY_BYTES
         ),
-        "retry_schedule": _setting("retry_schedule", None),
-        "ordering": {"on_dead_letter": _setting("ordering_on_dead_letter", "block")},
+        "retry_schedule": _setting("retry_schedule"),
+        "ordering": {"on_dead_letter": _setting("ordering_on_dead_letter")},
         **_transport_rules(),
     },
-    "worker": {
-        "tick_seconds": _setting("tick_seconds", WorkerSettings.tick_seconds),
-        "concurrency": _setting("concurrency", WorkerSettings.concurrency),
-        "batch_size": _setting("batch_size", WorkerSettings.batch_size),
-        "grace_seconds": _setting("grace_seconds", WorkerSettings.grace_seconds),
-        "retry_jitter": _setting("retry_jitter", WorkerSettings.retry_jitter),
-        "listen": _setting("listen", WorkerSettings.listen),
-        "per_destination_concurrency": _setting("per_destination_concurrency", None),
-    },
+    "worker": _worker_section(),
     "http": {
         "listen": _Rule(_check_listen, None),
         "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
@@ -481,20 +484,25 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
     if problems:
         raise ConfigError.collected(source, problems)
     assert dispatch is not None
-    # Any-typed values are safe here: every one passed its rule above.
+    # Any-typed values are safe here: every one passed its rule above (the
+    # worker's settings each the worker's own check, under its dotted key).
+    sending = DispatchConfig(
+        transport=dispatch["transport"],
+        transports=transports,
+        max_body_bytes=dispatch["max_body_bytes"],
+    )
     return Config(
         store=values["store"],
         durability=values["durability"],
         busy_timeout_seconds=values["busy_timeout_seconds"],
         network_timeout_seconds=values["network_timeout_seconds"],
-        dispatch=DispatchConfig(
-            transport=dispatch["transport"],
-            transports=transports,
-            max_body_bytes=dispatch["max_body_bytes"],
+        dispatch=sending,
+        worker=WorkerSettings(
+            **values["worker"],
+            timeout_seconds=sending.plugin.timeout(sending.options),
             retry_schedule=dispatch["retry_schedule"],
-            on_dead_letter=dispatch["ordering"]["on_dead_letter"],
+            ordering_on_dead_letter=dispatch["ordering"]["on_dead_letter"],
         ),
-        worker=WorkerConfig(**values["worker"]),
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],
         schedules=values["schedules"],

@@ -25,9 +25,10 @@ class Status(enum.StrEnum):
 
     PENDING = "pending"
     """Waiting for its next attempt at ``next_attempt_at``.
-    In: enqueue; the scheduler after a failure with attempts left, after a
-    send that awaits its ack, or when worker shutdown released the attempt;
-    an operator retry from ``dead_letter``/``expired``.
+    In: enqueue (a schedule's tick too); the delivery loop after a failure
+    with attempts left, after a send that awaits its ack, or when worker
+    shutdown released the attempt; an operator retry from
+    ``dead_letter``/``expired``.
     Out: a claim (``delivering``), its deadline (``expired``), a consumer's
     ack (``acked``)."""
     DELIVERING = "delivering"
@@ -38,14 +39,14 @@ class Status(enum.StrEnum):
     deadline found at the next claim (``expired``), a consumer's ack
     (``acked``), lease recovery (``delivering``)."""
     DELIVERED = "delivered"
-    """Sent, no ack required. Final. In: the scheduler."""
+    """Sent, no ack required. Final. In: the delivery loop."""
     ACKED = "acked"
     """The consumer presented the token. Final. In: a consumer's ack."""
     DEAD_LETTER = "dead_letter"
-    """Out of attempts (or failed for good). In: the scheduler.
+    """Out of attempts (or failed for good). In: the delivery loop.
     Out: an operator retry (``pending``)."""
     EXPIRED = "expired"
-    """``expires_at`` passed before a claim. In: the scheduler.
+    """``expires_at`` passed before a claim. In: the delivery loop.
     Out: an operator retry (``pending``)."""
 
 
@@ -148,8 +149,15 @@ class Source(enum.StrEnum):
 
     SYSTEM = "system"
     """Enqueue."""
-    SCHEDULER = "scheduler"
-    """Delivery: claims, attempt ends, expiry, release."""
+    DELIVERY = "scheduler"
+    """The delivery loop: claims, attempt ends, expiry, release (SPEC
+    section 7 names its stored value ``scheduler``)."""
+    SCHEDULES = "scheduler"
+    """A schedule's fire: the first transition of a tick's (or a manual
+    run's) dispatch (SPEC section 14). The same stored value as
+    :attr:`DELIVERY`, which the SPEC pins for both: an alias, so
+    ``Source.SCHEDULES is Source.DELIVERY``; the two names say which of the
+    two writers the code means."""
     CONSUMER = "consumer"
     """The destination's acknowledgement."""
     OPERATOR = "operator"
@@ -160,7 +168,7 @@ ENTITY_TYPE: Final = "dispatch"
 ACTOR_ENQUEUE: Final = "enqueue_dispatch"
 ACTOR_DELIVERY: Final = "dispatch_delivery_loop"
 
-_SCHEDULER: Final = frozenset({Source.SCHEDULER})
+_DELIVERY: Final = frozenset({Source.DELIVERY})
 _CONSUMER: Final = frozenset({Source.CONSUMER})
 _OPERATOR: Final = frozenset({Source.OPERATOR})
 
@@ -169,15 +177,15 @@ _OPERATOR: Final = frozenset({Source.OPERATOR})
 # failed row. So an operator "retry" of a row still being delivered, say, is
 # refused rather than resetting its attempt budget mid-flight.
 _EDGES: Final[dict[tuple[str, str], frozenset[Source]]] = {
-    (Status.PENDING, Status.DELIVERING): _SCHEDULER,
-    (Status.PENDING, Status.EXPIRED): _SCHEDULER,
+    (Status.PENDING, Status.DELIVERING): _DELIVERY,
+    (Status.PENDING, Status.EXPIRED): _DELIVERY,
     (Status.PENDING, Status.ACKED): _CONSUMER,
-    (Status.DELIVERING, Status.DELIVERING): _SCHEDULER,
-    (Status.DELIVERING, Status.PENDING): _SCHEDULER,
-    (Status.DELIVERING, Status.DELIVERED): _SCHEDULER,
+    (Status.DELIVERING, Status.DELIVERING): _DELIVERY,
+    (Status.DELIVERING, Status.PENDING): _DELIVERY,
+    (Status.DELIVERING, Status.DELIVERED): _DELIVERY,
     (Status.DELIVERING, Status.ACKED): _CONSUMER,
-    (Status.DELIVERING, Status.DEAD_LETTER): _SCHEDULER,
-    (Status.DELIVERING, Status.EXPIRED): _SCHEDULER,
+    (Status.DELIVERING, Status.DEAD_LETTER): _DELIVERY,
+    (Status.DELIVERING, Status.EXPIRED): _DELIVERY,
     (Status.DEAD_LETTER, Status.PENDING): _OPERATOR,
     (Status.EXPIRED, Status.PENDING): _OPERATOR,
 }
@@ -187,7 +195,7 @@ EDGES: Final = frozenset(_EDGES)
 
 def check_edge(dispatch_id: str, from_status: str, to_status: str, *, source: str) -> None:
     """Raise :class:`InvalidTransition` unless ``from -> to`` is an edge of
-    the graph that ``source`` may take: delivery edges are the scheduler's,
+    the graph that ``source`` may take: delivery edges are the delivery loop's,
     edges to ``acked`` the consumer's, revival of a failed row the
     operator's."""
     sources = _EDGES.get((from_status, to_status))

@@ -1,9 +1,14 @@
 """The worker's settings, validated once.
 
-:class:`WorkerSettings` is what :class:`~trio_dispatch.worker.DispatchWorker`
-runs with, and :data:`SETTING_CHECKS` is the one check per setting that both
-the worker's constructor and the configuration file use: ``check-config``
-accepts exactly what the worker accepts, with the same limits.
+:class:`WorkerSettings` is the one object that says how a
+:class:`~trio_dispatch.worker.DispatchWorker` runs: the worker keeps it as
+``worker.settings`` and reads its fields (no copies), its keyword arguments
+go into it by name, and the configuration file's ``worker:`` section (with
+``dispatch.retry_schedule``, ``dispatch.ordering.on_dead_letter`` and the
+transport's timeout) validates into it as ``Config.worker``.
+:data:`SETTING_CHECKS` is the one check per setting that every way in
+uses: ``check-config`` accepts exactly what the worker accepts, with the
+same limits and the same message under the file's dotted key.
 """
 
 from __future__ import annotations

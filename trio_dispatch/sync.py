@@ -21,8 +21,15 @@ work (``await db.write(lambda conn: ...)``: the whole unit then rides in one
 group commit). Anything else is a ``TypeError`` naming its type.
 
 The validation, the envelope, the SQL and the transition row are the async
-API's own (:mod:`trio_dispatch.outbox`); one small adapter per connection
-kind is all that differs:
+API's own (:mod:`trio_dispatch.outbox`, through its one entry point
+:class:`~trio_dispatch.outbox.enqueue.EnqueueCall`), and so are the
+connection adapters: a ``sqlite3`` or ``psycopg`` connection is driven by
+the store's own (:class:`~trio_dispatch.store.sqlite.SQLiteConn`,
+:class:`~trio_dispatch.store.pg_session.BorrowedPostgresConn`), borrowed:
+nothing of the caller's connection is changed (its text and row factories,
+isolation level, autocommit, session settings, loaders). SQLAlchemy, which
+the store does not use, has a small adapter here. What differs per
+connection kind is how an enqueue joins the caller's transaction:
 
 - the dispatch and its ``dispatch.pending.enqueued`` transition are written
   atomically: inside a savepoint on PostgreSQL, every time, so after any
@@ -59,18 +66,18 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol, Unpack
 
-from . import tracing
 from .outbox import sql
-from .outbox.enqueue import EnqueueArgs, prepare, prepare_items
+from .outbox.enqueue import EnqueueArgs, EnqueueCall
 from .outbox.inserts import insert_all
-from .outbox.machine import EnqueueResult, NewDispatch
+from .outbox.transitions import EnqueueResult, NewDispatch
 from .store.base import Conn, Row, SchemaError
-from .store.dialect import DIALECTS, POSTGRES, SQLITE, Dialect
+from .store.dialect import DIALECTS, POSTGRES, Dialect
 from .store.placeholders import to_paramstyle
 from .store.schema import migrate
+from .store.sqlite import SQLiteConn
 from .validate import clock_from
 
 __all__ = ["EnqueueResult", "enqueue_dispatch", "enqueue_many", "install_schema"]
@@ -81,12 +88,20 @@ SUPPORTED: Final = (
 _SAVEPOINT: Final = "trio_dispatch_enqueue"
 
 
-class _Adapter(Conn, Protocol):
-    """A caller's connection seen as a :class:`~trio_dispatch.store.base.Conn`,
-    plus how its engine makes an enqueue atomic."""
+class _Adapter(Protocol):
+    """A caller's connection as an enqueue uses it: the
+    :class:`~trio_dispatch.store.base.Conn` its statements go through (the
+    store's own adapter where the store has one for the driver), how
+    messages name its database, and how its engine makes an enqueue
+    atomic."""
 
-    dialect: Dialect
-    where: str
+    @property
+    def conn(self) -> Conn:
+        """Where the outbox's statements go."""
+
+    @property
+    def where(self) -> str:
+        """The database, for messages."""
 
     def atomic(self, ids: Sequence[str]) -> contextlib.AbstractContextManager[None]:
         """A block whose writes -- rows of the dispatches ``ids`` -- all
@@ -97,46 +112,25 @@ class _Adapter(Conn, Protocol):
 
 
 class _SQLite3:
-    """A ``sqlite3.Connection`` of the caller's."""
+    """A ``sqlite3.Connection`` of the caller's, through the store's
+    :class:`~trio_dispatch.store.sqlite.SQLiteConn`, borrowed: its text and
+    row factories, isolation level and autocommit stay the caller's."""
 
-    dialect = SQLITE
     where = "this SQLite database"
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def _cursor(self) -> sqlite3.Cursor:
-        cursor = self._conn.cursor()
-        cursor.row_factory = None  # the caller's row factory is theirs
-        return cursor
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self._cursor().execute(sql, params).rowcount
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        return self._cursor().executemany(sql, rows).rowcount
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        cursor = self._cursor().execute(sql, params)
-        names = [column[0] for column in cursor.description or ()]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-
-    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
-
-    def announce_enqueue(self) -> None:
-        """SQLite workers notice the commit themselves (``data_version``)."""
+        self._raw = conn
+        self.conn: Conn = SQLiteConn(conn, borrowed=True)
 
     def _autocommit(self) -> bool:
-        mode = getattr(self._conn, "autocommit", None)  # Python 3.12+
+        mode = getattr(self._raw, "autocommit", None)  # Python 3.12+
         if mode is True:
             return True
-        return mode is not False and self._conn.isolation_level is None
+        return mode is not False and self._raw.isolation_level is None
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
-        conn = self._conn
+        conn = self._raw
         own = not conn.in_transaction and self._autocommit()
         if own:  # no transaction to join: this enqueue is its own, and commits
             conn.execute("BEGIN IMMEDIATE")
@@ -146,7 +140,7 @@ class _SQLite3:
             if own:
                 conn.execute("ROLLBACK")
             else:
-                _undo(self, ids)
+                _undo(self.conn, ids)
             raise
         if own:
             conn.execute("COMMIT")
@@ -156,46 +150,21 @@ class _SQLite3:
 
 
 class _Psycopg:
-    """A ``psycopg.Connection`` of the caller's."""
+    """A ``psycopg.Connection`` of the caller's, through the store's
+    PostgreSQL adapter, borrowed
+    (:class:`~trio_dispatch.store.pg_session.BorrowedPostgresConn`)."""
 
-    dialect = POSTGRES
     where = "this PostgreSQL database"
 
     def __init__(self, conn: Any) -> None:
-        self._conn = conn
-        self._pipeline: Any = None
-        """The pipeline an enqueue runs in (see :meth:`atomic`), or None."""
+        from .store.pg_session import BorrowedPostgresConn
 
-    def _run(self, send: Callable[[], object]) -> None:
-        send()
-        if self._pipeline is not None:
-            # The statement's result -- or its error -- is wanted now: it
-            # goes out with whatever was queued before it (the SAVEPOINT).
-            self._pipeline.sync()
+        self._raw = conn
+        self._borrowed = BorrowedPostgresConn(conn, self.where)
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        with self._conn.cursor() as cursor:
-            self._run(lambda: cursor.execute(_psycopg_sql(sql), tuple(params)))
-            return int(cursor.rowcount)
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        with self._conn.cursor() as cursor:
-            self._run(lambda: cursor.executemany(_psycopg_sql(sql), [tuple(r) for r in rows]))
-            return int(cursor.rowcount)
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        from psycopg.rows import dict_row
-
-        with self._conn.cursor(row_factory=dict_row) as cursor:
-            self._run(lambda: cursor.execute(_psycopg_sql(sql), tuple(params)))
-            return list(cursor.fetchall()) if cursor.description else []
-
-    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        rows = self.query(sql, params)
-        return rows[0] if rows else None
-
-    def announce_enqueue(self) -> None:
-        self.execute(self.dialect.notify)  # delivered when the caller commits
+    @property
+    def conn(self) -> Conn:
+        return self._borrowed
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
@@ -211,22 +180,22 @@ class _Psycopg:
             with self._protected():
                 yield
             return
-        with self._conn.pipeline() as pipeline:
+        with self._raw.pipeline() as pipeline:
             if pipeline.level > 1:
                 # The caller's own pipeline: what it queued runs now, and
                 # any error of its own is raised here, before anything of
                 # this enqueue is sent.
                 pipeline.sync()
-            self._pipeline = pipeline
+            self._borrowed.pipeline = pipeline
             try:
                 with self._protected():
                     yield
             finally:
-                self._pipeline = None
+                self._borrowed.pipeline = None
 
     @contextlib.contextmanager
     def _protected(self) -> Iterator[None]:
-        conn = self._conn
+        conn = self._raw
         if conn.autocommit:  # no transaction to join: its own, committed at once
             with conn.transaction():
                 yield
@@ -241,31 +210,21 @@ class _Psycopg:
         conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
 
 
-def _psycopg_sql(sql: str) -> str:
-    return to_paramstyle(sql, "format")
-
-
 # -- SQLAlchemy -------------------------------------------------------------------
 
 
-class _SQLAlchemy:
-    """An SQLAlchemy ``Connection`` (a ``Session`` gives its own): statements
-    go through ``exec_driver_sql`` in the dialect's parameter style, so the
-    Connection's own transaction (autobegin included) covers them, with any
-    driver, the asyncio ones under ``run_sync`` too."""
+class _SQLAlchemyConn:
+    """An SQLAlchemy ``Connection`` seen as a
+    :class:`~trio_dispatch.store.base.Conn` (the store has no adapter of its
+    own for SQLAlchemy): statements go through ``exec_driver_sql`` in the
+    dialect's parameter style, so the Connection's own transaction
+    (autobegin included) covers them, with any driver, the asyncio ones
+    under ``run_sync`` too."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
         self._conn = conn
-        dialect = conn.dialect
-        ours = DIALECTS.get("postgres" if dialect.name == "postgresql" else dialect.name)
-        if ours is None:
-            raise TypeError(
-                f"an SQLAlchemy connection to {dialect.name!r}: trio_dispatch supports "
-                "SQLite and PostgreSQL"
-            )
-        self.dialect: Dialect = ours
-        self._style = str(dialect.paramstyle)
-        self.where = f"this {dialect.name} database"
+        self.dialect = dialect
+        self._style = str(conn.dialect.paramstyle)
 
     def _sql(self, sql: str) -> str:
         return to_paramstyle(sql, self._style)
@@ -289,32 +248,50 @@ class _SQLAlchemy:
         if self.dialect.notify:
             self._conn.exec_driver_sql(self.dialect.notify)
 
+
+class _SQLAlchemy:
+    """An SQLAlchemy ``Connection`` (a ``Session`` gives its own) of the
+    caller's."""
+
+    def __init__(self, conn: Any) -> None:
+        self._raw = conn
+        dialect = conn.dialect
+        ours = DIALECTS.get("postgres" if dialect.name == "postgresql" else dialect.name)
+        if ours is None:
+            raise TypeError(
+                f"an SQLAlchemy connection to {dialect.name!r}: trio_dispatch supports "
+                "SQLite and PostgreSQL"
+            )
+        self.conn = _SQLAlchemyConn(conn, ours)
+        self.where = f"this {dialect.name} database"
+
     def _autocommit(self) -> bool:
         # get_isolation_level() asks the database, which answers its own
         # level (READ COMMITTED) even on a connection in autocommit.
-        probe = getattr(self._conn, "_is_autocommit_isolation", None)
+        probe = getattr(self._raw, "_is_autocommit_isolation", None)
         if probe is not None:
             return bool(probe())
-        level = self._conn.get_execution_options().get("isolation_level")
+        level = self._raw.get_execution_options().get("isolation_level")
         return str(level).upper() == "AUTOCOMMIT"
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
-        if self.dialect is POSTGRES and not self._autocommit():
-            with self._conn.begin_nested():  # a savepoint in the caller's transaction
+        postgres = self.conn.dialect is POSTGRES
+        if postgres and not self._autocommit():
+            with self._raw.begin_nested():  # a savepoint in the caller's transaction
                 yield
             return
-        if self.dialect is POSTGRES:
+        if postgres:
             # Autocommit: the enqueue is a transaction of its own, so a key's
             # lock is held until its row commits (its place in the key is
             # read under that lock).
-            self._conn.exec_driver_sql("BEGIN")
+            self._raw.exec_driver_sql("BEGIN")
             try:
                 yield
             except BaseException:
-                self._conn.exec_driver_sql("ROLLBACK")
+                self._raw.exec_driver_sql("ROLLBACK")
                 raise
-            self._conn.exec_driver_sql("COMMIT")
+            self._raw.exec_driver_sql("COMMIT")
             return
         # SQLite (where SQLAlchemy's savepoints need a driver workaround) and
         # autocommit: each statement stands alone; a failure after the
@@ -322,7 +299,7 @@ class _SQLAlchemy:
         try:
             yield
         except BaseException:
-            _undo(self, ids)
+            _undo(self.conn, ids)
             raise
 
 
@@ -330,49 +307,28 @@ class _SQLAlchemy:
 
 
 class _Unit:
-    """The connection a store hands a unit of work: already one transaction
-    that commits or rolls back as a whole."""
+    """The connection a store hands a unit of work, used as it is: already
+    one transaction that commits or rolls back as a whole (and, where the
+    store keeps them, the record of its key locks goes with it)."""
+
+    where = "this store"
 
     def __init__(self, conn: Conn) -> None:
-        self._conn = conn
-        self.dialect = conn.dialect
-        self.where = "this store"
-
-    @property
-    def held_keys(self) -> set[str] | None:
-        """The store's record of the key locks its transaction holds (see
-        :func:`~trio_dispatch.outbox.ordering.lock_keys`), shared."""
-        held: set[str] | None = getattr(self._conn, "held_keys", None)
-        return held
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self._conn.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        return self._conn.executemany(sql, rows)
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return self._conn.query(sql, params)
-
-    def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        return self._conn.query_one(sql, params)
-
-    def announce_enqueue(self) -> None:
-        self._conn.announce_enqueue()
+        self.conn = conn
 
     @contextlib.contextmanager
     def atomic(self, ids: Sequence[str]) -> Iterator[None]:
         yield  # the unit itself is rolled back if it raises
 
 
-def _undo(adapter: _Adapter, ids: Sequence[str]) -> None:
+def _undo(conn: Conn, ids: Sequence[str]) -> None:
     """Delete what a failed enqueue wrote; keep the original error if this
     fails too (the transaction is then lost anyway)."""
     if not ids:
         return
     with contextlib.suppress(Exception):
         for statement in sql.undo_enqueue(len(ids)):
-            adapter.execute(statement, ids)
+            conn.execute(statement, ids)
 
 
 def _adapt(conn: object) -> _Adapter:
@@ -398,8 +354,6 @@ def _adapt(conn: object) -> _Adapter:
             return _SQLAlchemy(conn.connection())  # begins the session's transaction
         if isinstance(conn, Connection):
             return _SQLAlchemy(conn)
-    from .store.sqlite import SQLiteConn
-
     if isinstance(conn, SQLiteConn):
         return _Unit(conn)
     if module == "trio_dispatch.store.pg_session":  # loaded, so psycopg is there
@@ -424,7 +378,7 @@ def _write(
 ) -> list[EnqueueResult]:
     try:
         with adapter.atomic([new.id for new in batch]):
-            return insert_all(adapter, batch, now, name_items=name_items)
+            return insert_all(adapter.conn, batch, now, name_items=name_items)
     except Exception as exc:
         if _is_missing_schema(exc):
             raise SchemaError(
@@ -448,13 +402,9 @@ def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[E
     usable, with nothing of this enqueue in it.
     """
     adapter = _adapt(conn)  # an unsupported connection is refused before anything else
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        return _write(adapter, [prepare(args)], clock_from(now)(), name_items=False)[0].id
-    with spans:  # the create span's parent: the calling thread's current context
-        new = prepare(args, metadata=spans.start(args.get("kind")))
-        dispatch_id = _write(adapter, [new], clock_from(now)(), name_items=False)[0].id
-        spans.written([dispatch_id])
+    with EnqueueCall() as call:  # the create span's parent: the calling thread's current context
+        dispatch_id = _write(adapter, [call.new(args)], clock_from(now)(), name_items=False)[0].id
+        call.written([dispatch_id])
         return dispatch_id
 
 
@@ -465,14 +415,10 @@ def enqueue_many(
     transaction; one :class:`EnqueueResult` per item, in order. An invalid
     item raises, naming its index, before anything is written."""
     adapter = _adapt(conn)
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        batch = prepare_items(items)
-        return _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
-    with spans:
-        batch = prepare_items(items, spans=spans)
+    with EnqueueCall() as call:
+        batch = call.batch(items)
         results = _write(adapter, batch, clock_from(now)(), name_items=True) if batch else []
-        spans.written([result.id for result in results])
+        call.written([result.id for result in results])
         return results
 
 
@@ -488,6 +434,7 @@ def install_schema(conn: object) -> None:
     table) and changes nothing."""
     adapter = _adapt(conn)
     with adapter.atomic(()):
-        if adapter.dialect.migration_lock:  # one migrator at a time, across hosts
-            adapter.query_one(adapter.dialect.migration_lock)
-        migrate(adapter, adapter.where)
+        own = adapter.conn
+        if own.dialect.migration_lock:  # one migrator at a time, across hosts
+            own.query_one(own.dialect.migration_lock)
+        migrate(own, adapter.where)

@@ -139,11 +139,18 @@ def require_body(body: object, limit: int = DEFAULT_MAX_BODY_BYTES) -> str:
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
         raise ValueError(f"body is not JSON-serialisable ({exc}): {show(body)}") from None
+    require_body_size(size, limit)
+    return text
+
+
+def require_body_size(size: int, limit: int, setting: str = "max_body_bytes") -> None:
+    """Raise ``ValueError`` naming ``setting`` when a body of ``size`` bytes
+    of JSON is over ``limit``: the one body limit, for an enqueue and for a
+    schedule checked ahead of its ticks."""
     if size > limit:
         raise ValueError(
-            f"body is {size:,} bytes of JSON, over the limit of {limit:,} bytes (max_body_bytes)"
+            f"body is {size:,} bytes of JSON, over the limit of {limit:,} bytes ({setting})"
         )
-    return text
 
 
 def require_dispatch_id(value: object) -> str:

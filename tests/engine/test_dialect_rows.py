@@ -35,11 +35,11 @@ def test_the_sync_adapters_take_their_dialect_from_the_connection(
 
     raw = sqlite3.connect(tmp_path / "t.db")
     try:
-        assert _adapt(raw).dialect is SQLITE
+        assert _adapt(raw).conn.dialect is SQLITE
     finally:
         raw.close()
     sqlalchemy = pytest.importorskip("sqlalchemy")
     engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'a.db'}")
     with engine.connect() as connection:
-        assert _adapt(connection).dialect is SQLITE
+        assert _adapt(connection).conn.dialect is SQLITE
     engine.dispose()

@@ -197,6 +197,93 @@ def test_autocommit_mode_commits_the_enqueue_at_once(
     conn.close()
 
 
+def _own_row(cursor: sqlite3.Cursor, row: tuple[Any, ...]) -> str:
+    return f"row of {len(row)}"  # nothing the outbox could read a column from
+
+
+SQLITE_MODES = [
+    pytest.param({}, id="implicit-transactions"),
+    pytest.param({"isolation_level": "IMMEDIATE"}, id="immediate"),
+    pytest.param({"isolation_level": None}, id="isolation-none"),
+    pytest.param(
+        {"autocommit": True},
+        id="autocommit-true",
+        marks=pytest.mark.skipif(sys.version_info < (3, 12), reason="autocommit: Python 3.12+"),
+    ),
+    pytest.param(
+        {"autocommit": False},
+        id="autocommit-false",
+        marks=pytest.mark.skipif(sys.version_info < (3, 12), reason="autocommit: Python 3.12+"),
+    ),
+]
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("mode", SQLITE_MODES)
+def test_a_callers_sqlite3_connection_keeps_its_own_settings_through_every_enqueue(
+    db_target: str, raw: RawDB, mode: dict[str, Any]
+) -> None:
+    conn = sqlite3.connect(db_target, **mode)
+    outbox.install_schema(conn)
+    conn.execute(APP_TABLE)
+    conn.commit()
+    conn.text_factory = bytes
+    conn.row_factory = _own_row
+    settings = (conn.isolation_level, getattr(conn, "autocommit", None))
+    conn.execute("INSERT INTO orders (id, total) VALUES ('o-1', 3)")
+    first = outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", dedup_key="order-o-1")
+    # A dedup hit reads the first row's id back, a keyed row its key's place.
+    assert outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", dedup_key="order-o-1") == first
+    outbox.enqueue_many(conn, [{"kind": "k", "deliver_to": "x", "ordering_key": "o-1"}] * 2)
+    with pytest.raises(ValueError, match="session_id 'ghost' does not exist"):
+        outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", session_id="ghost")
+    assert conn.text_factory is bytes and conn.row_factory is _own_row
+    assert (conn.isolation_level, getattr(conn, "autocommit", None)) == settings
+    # The caller's own reads still come through the caller's factories.
+    assert conn.execute("SELECT id, total FROM orders").fetchall() == ["row of 2"]
+    conn.row_factory = None
+    assert conn.execute("SELECT id FROM orders").fetchall() == [(b"o-1",)]
+    if conn.in_transaction:
+        conn.commit()
+    conn.close()
+    assert raw.row(first)["dedup_key"] == "order-o-1"
+    assert raw.counts() == (3, 3)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("autocommit", [False, True], ids=["transaction", "autocommit"])
+def test_a_callers_psycopg_connection_keeps_its_own_settings_through_every_enqueue(
+    db_target: str, raw: RawDB, autocommit: bool
+) -> None:
+    import psycopg
+    from psycopg.rows import namedtuple_row
+
+    setup = psycopg.connect(db_target)
+    outbox.install_schema(setup)
+    setup.commit()
+    setup.close()
+    conn = psycopg.connect(db_target, autocommit=autocommit, row_factory=namedtuple_row)
+    if not autocommit:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    before = (conn.autocommit, conn.isolation_level, conn.row_factory, conn.read_only)
+    timeout = conn.execute("SHOW statement_timeout").fetchone()
+    first = outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", dedup_key="order-o-1")
+    assert outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", dedup_key="order-o-1") == first
+    outbox.enqueue_many(conn, [{"kind": "k", "deliver_to": "x", "ordering_key": "o-1"}] * 2)
+    with pytest.raises(ValueError, match="session_id 'ghost' does not exist"):
+        outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", session_id="ghost")
+    assert (conn.autocommit, conn.isolation_level, conn.row_factory, conn.read_only) == before
+    # No session setting of the store's, and JSON still parsed as the
+    # caller's loaders say (the store reads it as text).
+    assert conn.execute("SHOW statement_timeout").fetchone() == timeout
+    doc = conn.execute("""SELECT '{"a": 1}'::json""").fetchone()
+    assert doc is not None and doc[0] == {"a": 1}
+    conn.commit()
+    conn.close()
+    assert raw.row(first)["dedup_key"] == "order-o-1"
+    assert raw.counts() == (3, 3)
+
+
 def test_a_dedup_hit_returns_the_first_rows_id_and_writes_nothing(
     app: Any, engine: str, raw: RawDB
 ) -> None:

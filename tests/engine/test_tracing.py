@@ -326,6 +326,38 @@ async def test_each_fired_tick_has_a_root_producer_span_in_its_envelope(
 
 
 @pytest.mark.anyio
+async def test_a_manual_run_is_made_by_the_outboxs_enqueue_call_span_and_body_limit_included(
+    store: SQLiteStore, raw: RawDB, spans: Any
+) -> None:
+    import time
+    from functools import partial
+
+    from trio_dispatch.outbox.enqueue import EnqueueCall
+    from trio_dispatch.schedules import Schedule
+    from trio_dispatch.schedules.runs import fire_manual
+
+    schedule = Schedule(name="s", every="1h", kind="tick", deliver_to="d", body={"pad": "x" * 60})
+    with pytest.raises(ValueError, match=r"over the limit of 50 bytes \(max_body_bytes\)"):
+        with EnqueueCall(50) as call:
+            await store.write(partial(fire_manual, schedule=schedule, now=time.time(), call=call))
+    # The run's row went with its dispatch: the tick's unit of work is one.
+    assert raw.counts() == (0, 0) and raw.scalar("SELECT COUNT(*) FROM schedule_runs") == 0
+    with EnqueueCall.on(store) as call:
+        run = await store.write(partial(fire_manual, schedule=schedule, now=time.time(), call=call))
+        call.written([run.dispatch_id])
+    refused, made = by_kind(spans, "producer")
+    assert not refused.status.is_ok and refused.attributes["error.type"] == "ValueError"
+    assert made.status.is_ok and made.parent is None
+    assert dict(made.attributes) == producer_attributes("tick", run.dispatch_id)
+    metadata = stored_metadata(raw, run.dispatch_id)
+    assert list(metadata)[:2] == ["lion_class", "traceparent"]
+    assert metadata["traceparent"] == traceparent(made)
+    assert (metadata["schedule"], metadata["manual"]) == ("s", True)
+    [enqueued] = raw.transitions(run.dispatch_id)
+    assert (enqueued["source"], enqueued["actor"]) == ("scheduler", "schedule:s")
+
+
+@pytest.mark.anyio
 async def test_a_tracer_provider_that_fails_never_fails_an_enqueue_or_a_delivery(
     db_target: str, raw: RawDB
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from trio_dispatch import Delivery, deliver_due_dispatches, enqueue_dispatch, open_store
+from trio_dispatch.config import parse_config
 from trio_dispatch.settings import WorkerSettings
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import CallableTransport, TransportResult, asyncio_transport
@@ -849,6 +850,34 @@ async def test_a_worker_runs_with_a_settings_object_and_keywords_win(
         await wait_for(lambda: statuses(raw) == {"delivered": 5})
         tg.cancel_scope.cancel()
     assert sorted(sent) == [f"s{i}" for i in range(5)]
+
+
+@pytest.mark.anyio
+async def test_a_worker_from_a_configuration_runs_with_the_files_settings_object(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    config = parse_config(
+        {
+            "dispatch": {"notify_template": ["true"], "timeout_seconds": 3},
+            "worker": {"concurrency": 2, "tick_seconds": 3600},
+        }
+    )
+    worker = DispatchWorker.from_config(store, config)
+    assert worker.settings is config.worker  # read, never copied
+    assert worker.settings.lease_seconds == 3 + worker.settings.lease_margin_seconds
+    overridden = DispatchWorker.from_config(store, config, concurrency=5)
+    assert overridden.settings == dataclasses.replace(config.worker, concurrency=5)
+    assert config.worker.concurrency == 2  # the file's object is left as it was
+    dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        await wait_for(lambda: statuses(raw) == {"delivered": 1})
+        tg.cancel_scope.cancel()
+    assert worker.statistics().concurrency == 2
+    claimed = raw.transitions(dispatch_id)[1]
+    assert claimed["reason_code"] == "dispatch.delivering.attempt"
+    lease_until = json.loads(claimed["metadata"])["lease_until"]
+    assert lease_until - claimed["created_at"] == pytest.approx(3 + 5, abs=0.5)  # timeout + margin
 
 
 @pytest.mark.anyio

@@ -12,17 +12,18 @@ import yaml
 from trio_dispatch.config import (
     CONFIG_ENV_VAR,
     DEFAULT_CONFIG_NAME,
+    WORKER_KEYS,
     Config,
     ConfigError,
     DispatchConfig,
     HttpConfig,
-    WorkerConfig,
     find_config_path,
     load_config,
     parse_config,
     resolve_notify_template,
 )
 from trio_dispatch.schedules.spec import ENQUEUE_FIELDS
+from trio_dispatch.settings import WorkerSettings
 from trio_dispatch.transports.plugins import transport_plugins
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config.example.yaml"
@@ -55,13 +56,16 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
         durability="full",
         busy_timeout_seconds=10.0,
         dispatch=DispatchConfig(),
-        worker=WorkerConfig(
+        worker=WorkerSettings(
             tick_seconds=30.0,
             concurrency=16,
             batch_size=100,
             grace_seconds=5.0,
             retry_jitter=0.0,
             listen=True,
+            timeout_seconds=10.0,
+            retry_schedule=None,
+            ordering_on_dead_letter="block",
         ),
         http=HttpConfig(),
         log_level="INFO",
@@ -95,9 +99,11 @@ def test_example_file_documents_every_key() -> None:
     top = {f.name for f in fields(Config)} - {"path"}
     assert set(raw) == top
     plugins = transport_plugins().values()
-    # on_dead_letter is written as the ordering section's key.
-    shared = {f.name for f in fields(DispatchConfig)} - {"transports", "on_dead_letter"}
-    shared.add("ordering")
+    # The worker's settings written under dispatch (on_dead_letter as the
+    # ordering section's key).
+    settings = {key.split(".")[1] for key in WORKER_KEYS if key.startswith("dispatch.")}
+    assert settings == {"retry_schedule", "ordering"}
+    shared = {f.name for f in fields(DispatchConfig)} - {"transports"} | settings
     assert raw["dispatch"]["ordering"] == {"on_dead_letter": "block"}
     schedules_text = EXAMPLE.read_text(encoding="utf-8").split("schedules:", 1)[1]
     for key in ("cron", "every", "timezone", "kind", "deliver_to", "body", "missed"):
@@ -110,7 +116,9 @@ def test_example_file_documents_every_key() -> None:
     for plugin in plugins:
         if plugin.section is not None:
             assert set(raw["dispatch"][plugin.section]) == set(plugin.options), plugin.name
-    assert set(raw["worker"]) == {f.name for f in fields(WorkerConfig)}
+    assert {f"worker.{key}" for key in raw["worker"]} == {
+        key for key in WORKER_KEYS if key.startswith("worker.")
+    }
 
 
 def test_values_are_normalised() -> None:
@@ -498,7 +506,63 @@ def test_the_transport_registry_decides_what_a_file_may_name() -> None:
 def test_the_ordering_policy_is_read_checked_and_reaches_the_worker() -> None:
     assert parse_config(None).worker_settings().ordering_on_dead_letter == "block"
     skip = parse_config({"dispatch": {"ordering": {"on_dead_letter": "skip"}}})
-    assert skip.dispatch.on_dead_letter == "skip"
+    assert skip.worker.ordering_on_dead_letter == "skip"
     assert skip.worker_settings().ordering_on_dead_letter == "skip"
     with pytest.raises(ConfigError, match=r"dispatch\.ordering\.on_dead_letter must be"):
         parse_config({"dispatch": {"ordering": {"on_dead_letter": "drop"}}})
+
+
+WORKER_SETTING_VALUES = [
+    ("worker.tick_seconds", 0),
+    ("worker.concurrency", "many"),
+    ("worker.batch_size", 2**31),
+    ("worker.grace_seconds", -1),
+    ("worker.retry_jitter", 2),
+    ("worker.listen", "on"),
+    ("worker.per_destination_concurrency", 0),
+    ("dispatch.retry_schedule", [1, -5]),
+    ("dispatch.ordering.on_dead_letter", "drop"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), WORKER_SETTING_VALUES)
+def test_a_worker_setting_in_the_file_is_refused_with_the_workers_own_message(
+    key: str, value: object
+) -> None:
+    # One check per setting: the file says what DispatchWorker(name=value)
+    # says, under the dotted key.
+    name = WORKER_KEYS[key]
+    with pytest.raises((TypeError, ValueError)) as direct:
+        WorkerSettings().updated({name: value})
+    *sections, last = key.split(".")
+    data: dict[str, object] = {last: value}
+    for section in reversed(sections):
+        data = {section: data}
+    with pytest.raises(ConfigError) as filed:
+        parse_config(data, source="config.yaml")
+    assert str(direct.value).startswith(name)
+    assert str(filed.value) == f"config.yaml: {key}{str(direct.value).removeprefix(name)}"
+
+
+def test_the_files_worker_settings_are_the_object_the_worker_runs_with() -> None:
+    config = parse_config(
+        {
+            "dispatch": {
+                "timeout_seconds": 4,
+                "retry_schedule": [1, 2],
+                "ordering": {"on_dead_letter": "skip"},
+            },
+            "worker": {"concurrency": 3, "tick_seconds": 0.5, "per_destination_concurrency": 2},
+        }
+    )
+    assert config.worker == WorkerSettings(
+        concurrency=3,
+        tick_seconds=0.5,
+        per_destination_concurrency=2,
+        timeout_seconds=4.0,
+        retry_schedule=(1.0, 2.0),
+        ordering_on_dead_letter="skip",
+    )
+    assert config.worker_options()["settings"] is config.worker
+    assert WorkerSettings.from_config(config) is config.worker
+    assert config.worker.lease_seconds == 4.0 + config.worker.lease_margin_seconds

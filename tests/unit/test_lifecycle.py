@@ -102,6 +102,15 @@ async def test_check_edge_allows_exactly_the_spec_graph_for_each_source(
         assert isinstance(caught.value, ValueError)
 
 
+async def test_delivery_and_schedules_are_two_names_of_the_one_stored_source() -> None:
+    # SPEC 7 and 14 pin the value "scheduler" for both writers; the code
+    # names each, and the stored column cannot tell them apart.
+    assert lc.Source.DELIVERY.value == lc.Source.SCHEDULES.value == "scheduler"
+    assert lc.Source["SCHEDULES"] is lc.Source["DELIVERY"]  # an alias, one member
+    assert [str(source) for source in lc.Source] == ["system", "scheduler", "consumer", "operator"]
+    lc.check_edge("d" * 32, "pending", "delivering", source=lc.Source.DELIVERY)
+
+
 @pytest.mark.parametrize(
     ("from_status", "to_status"), [("dead_letter", "pending"), ("expired", "pending")]
 )

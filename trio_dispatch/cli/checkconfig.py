@@ -6,7 +6,6 @@ about a valid configuration that the worker logs at start.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -16,6 +15,7 @@ from typing import Any
 from ..config import (
     CONFIG_ENV_VAR,
     DEFAULT_CONFIG_NAME,
+    WORKER_KEYS,
     Config,
     ConfigError,
     HttpConfig,
@@ -85,6 +85,15 @@ def _print_destinations(policies: Mapping[str, Destination]) -> None:
         print(f"    {label}: {policy_text(policy)}")
 
 
+def _worker_document(config: Config) -> dict[str, Any]:
+    """The ``worker:`` section as the worker runs with it (``--json``)."""
+    return {
+        key.removeprefix("worker."): getattr(config.worker, name)
+        for key, name in WORKER_KEYS.items()
+        if key.startswith("worker.")
+    }
+
+
 def _allowed_hosts(http: HttpConfig) -> str:
     """The ``Host`` values the server would answer to, for people."""
     if http.allowed_hosts is not None:
@@ -110,15 +119,15 @@ def _print_config(config: Config, path: Path) -> None:
     )
     for line in config.dispatch.plugin.summary(config.dispatch.options):
         print(line)
-    schedule = config.dispatch.retry_schedule
+    worker = config.worker
+    schedule = worker.retry_schedule
     backoff = (
         "not set: min(30 * 2^attempt, 1800)s"
         if schedule is None
         else f"{_seconds(schedule)} (the last repeats)"
     )
     print(f"  retry_schedule: {backoff}")
-    print(f"  ordering: on_dead_letter {config.dispatch.on_dead_letter}")
-    worker = config.worker
+    print(f"  ordering: on_dead_letter {worker.ordering_on_dead_letter}")
     cap = worker.per_destination_concurrency
     print(
         f"  worker: tick {worker.tick_seconds:g}s, concurrency {worker.concurrency}, "
@@ -177,12 +186,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 **transports,
                 "retry_schedule": (
                     None
-                    if config.dispatch.retry_schedule is None
-                    else list(config.dispatch.retry_schedule)
+                    if config.worker.retry_schedule is None
+                    else list(config.worker.retry_schedule)
                 ),
                 "max_body_bytes": config.dispatch.max_body_bytes,
-                "ordering": {"on_dead_letter": config.dispatch.on_dead_letter},
-                "worker": dataclasses.asdict(config.worker),
+                "ordering": {"on_dead_letter": config.worker.ordering_on_dead_letter},
+                "worker": _worker_document(config),
                 "http": {
                     "listen": None if config.http.listen is None else str(config.http.listen),
                     "token": config.http.token is not None,

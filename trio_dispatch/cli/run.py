@@ -94,9 +94,9 @@ async def serve(
                     "worker started: store=%s transport=%s concurrency=%d tick=%gs timeout=%gs",
                     db.url,
                     config.dispatch.transport,
-                    worker.concurrency,
-                    worker.tick_seconds,
-                    worker.timeout_seconds,
+                    worker.settings.concurrency,
+                    worker.settings.tick_seconds,
+                    worker.settings.timeout_seconds,
                 )
                 if before_start is not None:
                     await before_start(db)

@@ -22,6 +22,7 @@ import time
 from functools import partial
 from typing import Any
 
+from ..outbox.enqueue import EnqueueCall
 from ..redact import visible
 from ..schedules.runs import Fired, Listing, fire_manual, listing, set_paused
 from ..schedules.service import REFRESH_SECONDS
@@ -73,9 +74,9 @@ async def cmd_schedules(db: Store, args: argparse.Namespace) -> int:
     if action in ("pause", "resume"):
         return await _set_paused(db, args, action == "pause", now)
     schedule = schedule_named(args.configured_schedules, args.name)  # action "run"
-    run: Fired = await db.write(
-        partial(fire_manual, schedule=schedule, now=now, max_body=args.max_body_bytes)
-    )
+    with EnqueueCall(args.max_body_bytes) as call:  # held to the configuration's limit
+        run: Fired = await db.write(partial(fire_manual, schedule=schedule, now=now, call=call))
+        call.written([run.dispatch_id])
     db.notify_enqueued()
     if args.json:
         emit_json(

@@ -118,7 +118,9 @@ def resolve_store(
         durability=loaded.durability if loaded is not None else "full",
         max_body_bytes=loaded.dispatch.max_body_bytes if loaded is not None else None,
         schema=schema,
-        ordering=loaded.dispatch.on_dead_letter if loaded is not None else DEFAULT_ORDERING_POLICY,
+        ordering=loaded.worker.ordering_on_dead_letter
+        if loaded is not None
+        else DEFAULT_ORDERING_POLICY,
         schedules=loaded.schedules if loaded is not None else (),
         network_timeout=(
             loaded.network_timeout_seconds

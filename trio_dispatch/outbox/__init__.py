@@ -6,10 +6,14 @@ One concern per module:
   (each compare-and-set with its transition row, its edge checked first);
 - :mod:`.sql` -- the statements, built from the lifecycle vocabulary;
 - :mod:`.claim` -- what a claim may take: the claim order, named once, and
-  the rules that narrow a claim (ordering keys, per-destination caps),
-  composed through one interface; the due scan, bounded whatever a
-  left-out destination holds;
-- :mod:`.enqueue` -- validation and the enqueue API (ADR D2);
+  the rules that narrow a claim (ordering keys, per-destination caps,
+  destination admission), composed through one interface; the due scan,
+  shared fairly between destinations, bounded whatever a left-out
+  destination holds;
+- :mod:`.enqueue` -- the enqueue API (ADR D2) and
+  :class:`~.enqueue.EnqueueCall`, the one entry point that makes every
+  dispatch (checks, body limit, ``create`` span), whoever enqueues it: the
+  API, :mod:`trio_dispatch.sync`, a schedule's fire;
 - :mod:`.delivery` -- the claim and the attempt's end (ADR D3-D5), each
   one transaction (the transport call between them is the worker's:
   :mod:`trio_dispatch.worker.attempts`);

@@ -141,7 +141,7 @@ def _end_change(
         status,
         reason,
         summary,
-        Source.SCHEDULER,
+        Source.DELIVERY,
         end.actor,
         end.now,
         metadata,
@@ -319,7 +319,7 @@ def _finish_rows(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             columns += [[row[i] for row in history] for i in (4, 5, 9)]
             finished = conn.query(
                 sql.finish_attempts_recorded(arrays),
-                [*columns, ENTITY_TYPE, Source.SCHEDULER, ends[0].actor],
+                [*columns, ENTITY_TYPE, Source.DELIVERY, ends[0].actor],
             )
         else:
             finished = conn.query(sql.finish_attempts_arrays(arrays), columns)
@@ -403,7 +403,7 @@ def release(
         status,
         reason,
         summary,
-        Source.SCHEDULER,
+        Source.DELIVERY,
         actor,
         now,
         {"attempt": claim.attempt},

@@ -1,9 +1,15 @@
 """Enqueue (ADR D2): validate, build the envelope, commit row and transition.
 
-Everything a caller passes is checked (SPEC B2) and the row -- id, ack token,
-the serialised envelope -- is built before any transaction; the write itself
-is :func:`~.inserts.insert_new` / :func:`~.inserts.insert_plain`. Concurrent
-plain enqueues of a process share one group commit and two bulk statements.
+Every dispatch, however it is enqueued -- :func:`enqueue_dispatch` and
+:func:`enqueue_many` here, :mod:`trio_dispatch.sync` on a caller's own
+connection, a schedule's fire (:mod:`trio_dispatch.schedules.runs`) -- is
+made by one entry point, :meth:`EnqueueCall.new`: its arguments checked
+(SPEC B2), its body held to the store's ``max_body_bytes``, its ``create``
+span started (SPEC 16) and its row -- id, ack token, the serialised
+envelope -- built. For the API calls that happens before any transaction;
+the write itself is :func:`~.inserts.insert_new` /
+:func:`~.inserts.insert_plain`. Concurrent plain enqueues of a process
+share one group commit and two bulk statements.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from types import TracebackType
 from typing import Any, Final, TypedDict, Unpack
 
 from .. import tracing
+from ..lifecycle import ACTOR_ENQUEUE, Source
 from ..signal import dispatch_envelope_json, uuid7_bytes
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
 from ..validate import (
@@ -86,11 +94,16 @@ def prepare(
     args: Mapping[str, object],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     metadata: Mapping[str, Any] | None = None,
+    source: Source = Source.SYSTEM,
+    actor: str = ACTOR_ENQUEUE,
+    note: str = "{}",
 ) -> NewDispatch:
     """Validate one enqueue's arguments (an :class:`EnqueueArgs`) and build
     its row (id, token and serialised envelope, with ``metadata`` in the
-    envelope's metadata), all before any transaction. An unknown or
-    missing argument raises ``TypeError`` naming it."""
+    envelope's metadata; ``source``, ``actor`` and ``note`` for its first
+    transition). An unknown or missing argument raises ``TypeError`` naming
+    it. The step under :meth:`EnqueueCall.new`, which every enqueue goes
+    through (it adds the ``create`` span)."""
     unknown = set(args) - ENQUEUE_KEYS
     if unknown:
         raise TypeError(f"unknown enqueue argument {show(sorted(map(str, unknown))[0])}")
@@ -133,38 +146,119 @@ def prepare(
         schedule_run_id=run,
         expires_at=expiry,
         ordering_key=ordering_key,
+        source=source,
+        actor=actor,
+        note=note,
     )
 
 
-def prepare_items(
-    items: Iterable[Mapping[str, Any]],
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    spans: tracing.Creations | None = None,
-) -> list[NewDispatch]:
-    """:func:`prepare` for each item of an :func:`enqueue_many` call; an
-    invalid item raises naming its index, before anything is written. With
-    ``spans``, each item's ``create`` span starts before its envelope is
-    built, which carries the span's context."""
-    if isinstance(items, Mapping | str | bytes):
-        raise TypeError(f"items must be an iterable of mappings, got {show(items)}")
-    batch: list[NewDispatch] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, Mapping):
-            raise TypeError(
-                f"item {index} must be a mapping of enqueue arguments, got {show(item)}"
-            )
-        try:
-            metadata = None if spans is None else spans.start(item.get("kind"))
-            batch.append(prepare(item, max_body_bytes, metadata))
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"item {index}: {exc}") from None
-    return batch
-
-
 def body_limit(db: object) -> int:
-    """The ``max_body_bytes`` of a store or transaction handle."""
+    """The ``max_body_bytes`` of a store or transaction handle (the
+    default for anything else: a caller's own connection)."""
     limit = getattr(db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
     return limit if isinstance(limit, int) else DEFAULT_MAX_BODY_BYTES
+
+
+class EnqueueCall:
+    """One enqueue call, however it comes in, and the one place its
+    dispatches are made (see the module's docstring).
+
+    :meth:`new` checks one dispatch's arguments and builds its row, the body
+    held to :attr:`max_body_bytes`; with tracing on it first starts the
+    dispatch's ``create`` span, whose context the envelope carries ahead of
+    any other metadata. Entered as a context manager, the call ends those
+    spans when it ends -- with an error status if it raised -- and
+    :meth:`written` names each span's message once the ids are known. Made
+    with ``traced=False`` it starts none (a caller that cannot end them)."""
+
+    __slots__ = ("max_body_bytes", "spans")
+
+    def __init__(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, traced: bool = True) -> None:
+        self.max_body_bytes = max_body_bytes
+        """The most bytes of JSON a body may take (the store's limit)."""
+        self.spans = tracing.creations() if traced and tracing.ACTIVE else None
+        """The call's ``create`` spans; None when none is due."""
+
+    @classmethod
+    def on(cls, db: object) -> EnqueueCall:
+        """A call on a store or transaction handle, held to its limit."""
+        return cls(body_limit(db))
+
+    def new(
+        self,
+        args: Mapping[str, object],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        source: Source = Source.SYSTEM,
+        actor: str = ACTOR_ENQUEUE,
+        note: str = "{}",
+    ) -> NewDispatch:
+        """One dispatch of this call: ``args`` (an :class:`EnqueueArgs`)
+        checked, its ``create`` span started, its row built with
+        ``metadata`` in the envelope and ``source``, ``actor`` and ``note``
+        for its first transition. A bad argument raises ``TypeError`` or
+        ``ValueError`` naming it (its span, if any, ends with the call,
+        marked failed)."""
+        spans = self.spans
+        if spans is not None:
+            # The trace context first: it is read back from the envelope's head.
+            context = spans.start(args.get("kind"))
+            metadata = context if metadata is None else {**context, **metadata}
+        return prepare(args, self.max_body_bytes, metadata, source, actor, note)
+
+    def batch(self, items: Iterable[Mapping[str, Any]]) -> list[NewDispatch]:
+        """:meth:`new` for each item of an :func:`enqueue_many` call, in
+        order; an invalid item raises naming its index, before anything is
+        written."""
+        if isinstance(items, Mapping | str | bytes):
+            raise TypeError(f"items must be an iterable of mappings, got {show(items)}")
+        made: list[NewDispatch] = []
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"item {index} must be a mapping of enqueue arguments, got {show(item)}"
+                )
+            try:
+                made.append(self.new(item))
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"item {index}: {exc}") from None
+        return made
+
+    @property
+    def started(self) -> int:
+        """How many ``create`` spans the call has started so far."""
+        return 0 if self.spans is None else len(self.spans.spans)
+
+    def restart(self) -> None:
+        """Forget every span started so far, never to end or export it: a
+        unit of work that makes its dispatches inside the transaction (a
+        schedule's fire) and is run again starts them anew."""
+        if self.spans is not None:
+            self.spans.restart()
+
+    def forget(self, kept: int) -> None:
+        """Forget the spans started after the first ``kept``: the part of a
+        unit of work that made those dispatches was rolled back."""
+        if self.spans is not None:
+            self.spans.forget(kept)
+
+    def written(self, ids: Sequence[str]) -> None:
+        """Name each dispatch's span by the id the call returns for it, in
+        the order they were made."""
+        if self.spans is not None:
+            self.spans.written(ids)
+
+    def __enter__(self) -> EnqueueCall:
+        return self
+
+    def __exit__(
+        self,
+        typ: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.spans is not None:
+            self.spans.__exit__(typ, exc, tb)
 
 
 async def enqueue_dispatch(
@@ -181,13 +275,9 @@ async def enqueue_dispatch(
     propagates as the driver's error, with nothing written.
     Passed a transaction handle, the row commits or rolls back with it.
     """
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        return await _commit_one(db, prepare(args, body_limit(db)), now)
-    with spans:
-        new = prepare(args, body_limit(db), spans.start(args.get("kind")))
-        dispatch_id = await _commit_one(db, new, now)
-        spans.written([dispatch_id])
+    with EnqueueCall.on(db) as call:
+        dispatch_id = await _commit_one(db, call.new(args), now)
+        call.written([dispatch_id])
         return dispatch_id
 
 
@@ -227,12 +317,8 @@ async def enqueue_many(
     anything is written; then no item is written.
     """
     clock = clock_from(now)
-    spans = tracing.creations() if tracing.ACTIVE else None
-    if spans is None:
-        batch = prepare_items(items, body_limit(db))
-        return await commit_new(db, batch, clock, name_items=True) if batch else []
-    with spans:
-        batch = prepare_items(items, body_limit(db), spans)
+    with EnqueueCall.on(db) as call:
+        batch = call.batch(items)
         results = await commit_new(db, batch, clock, name_items=True) if batch else []
-        spans.written([result.id for result in results])
+        call.written([result.id for result in results])
         return results

@@ -68,7 +68,7 @@ def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
         Status.EXPIRED,
         Reason.DEADLINE,
         f"expires_at {row['expires_at']} passed before attempt {row['attempt'] + 1}",
-        Source.SCHEDULER,
+        Source.DELIVERY,
         actor,
         now,
         {"expires_at": row["expires_at"], "attempt": row["attempt"]},
@@ -98,7 +98,7 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
         Status.DEAD_LETTER,
         Reason.MAX_ATTEMPTS,
         f"lease expired during attempt {attempt - row['throttles']} of {row['max_attempts']}",
-        Source.SCHEDULER,
+        Source.DELIVERY,
         actor,
         now,
         {"attempt": attempt},
@@ -185,7 +185,7 @@ def claim_batch(
         if not group:
             continue
         for row in group:  # every edge checked before the UPDATE runs
-            check_edge(row["id"], previous, Status.DELIVERING, source=Source.SCHEDULER)
+            check_edge(row["id"], previous, Status.DELIVERING, source=Source.DELIVERY)
         # Selected in this same write transaction, so (status, attempt) are
         # still what was read, and the row key still names the same row; the
         # status guard restates it for the record.
@@ -207,7 +207,7 @@ def claim_batch(
                     previous,
                     Reason.ATTEMPT,
                     "lease expired; " if recovered else "",
-                    Source.SCHEDULER,
+                    Source.DELIVERY,
                     actor,
                     repr(lease_until),
                     at,
@@ -249,7 +249,7 @@ def claim_batch(
                     Reason.ATTEMPT,
                     f"{'lease expired; ' if recovered else ''}attempt {row['attempt']} of "
                     f"{row['max_attempts']}",
-                    Source.SCHEDULER,
+                    Source.DELIVERY,
                     actor,
                     at,
                     f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}',

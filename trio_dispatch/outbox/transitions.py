@@ -60,8 +60,8 @@ class NewDispatch:
     expires_at: float | None
     ordering_key: str | None = None
     source: Source = Source.SYSTEM
-    """Who enqueued it, for its first transition: ``system``, or ``scheduler``
-    for a schedule's tick."""
+    """Who enqueued it, for its first transition: :attr:`Source.SYSTEM`, or
+    :attr:`Source.SCHEDULES` (stored ``scheduler``) for a schedule's fire."""
     actor: str = ACTOR_ENQUEUE
     note: str = "{}"
     """The first transition's metadata (JSON text)."""

@@ -3,7 +3,9 @@
 - :mod:`.spec`: a :class:`Schedule`'s fields and checks, its ticks (cron by
   ``cronsim``, or ``every``), and the plan for missed ticks.
 - :mod:`.runs`: firing a tick (its run and its dispatch in one
-  transaction), manual runs, pause and resume, the operators' listing.
+  transaction, the dispatch made by the outbox's
+  :class:`~trio_dispatch.outbox.enqueue.EnqueueCall`), manual runs, pause
+  and resume, the operators' listing.
 - :mod:`.service`: the worker service that sleeps until the next tick.
 """
 

@@ -5,7 +5,11 @@ A tick fires in one transaction: the schedule's cursor moves past it (only
 if no one moved it there already, the schedule is not paused and the tick
 is due by the store's clock: the database server's on PostgreSQL), its
 ``schedule_runs`` row goes in (unique on ``(schedule, scheduled_for)``) and
-its dispatch with ``schedule_run_id`` pointing at the run. A worker that
+its dispatch with ``schedule_run_id`` pointing at the run, made by the
+outbox's one entry point (:class:`~trio_dispatch.outbox.enqueue.EnqueueCall`:
+its checks, the store's body limit, the ``create`` span) and written by the
+outbox's insert, source :attr:`~trio_dispatch.lifecycle.Source.SCHEDULES`
+and actor ``schedule:NAME``. A worker that
 loses the race changes nothing, so any number of workers, processes or
 hosts give one dispatch per tick. Every function here takes a connection
 inside a transaction (a unit of work of ``Database.write``/``read``).
@@ -30,13 +34,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .. import tracing
 from ..lifecycle import Source
-from ..outbox.enqueue import prepare
+from ..outbox.enqueue import EnqueueCall
 from ..outbox.inserts import insert_new
 from ..outbox.ordering import lock_keys
+from ..outbox.transitions import NewDispatch
 from ..signal import uuid7_bytes
-from ..store.base import DEFAULT_MAX_BODY_BYTES, Conn, KeyOrderConflict
+from ..store.base import Conn, KeyOrderConflict
 from .spec import Schedule
 
 _SEE: Final = (
@@ -237,13 +241,11 @@ def reconcile(
 
 
 def _dispatch(
-    schedule: Schedule,
-    run_id: str,
-    scheduled_for: float,
-    origin: str,
-    max_body: int,
-    spans: tracing.Creations | None = None,
-) -> Any:
+    call: EnqueueCall, schedule: Schedule, run_id: str, scheduled_for: float, origin: str
+) -> NewDispatch:
+    """The run's dispatch, made by the outbox's one entry point (its checks,
+    the body limit, the ``create`` span): the schedule's enqueue arguments,
+    its envelope metadata and its provenance for the first transition."""
     args: dict[str, Any] = {
         "kind": schedule.kind,
         "deliver_to": schedule.deliver_to,
@@ -263,12 +265,10 @@ def _dispatch(
     }
     if origin == "manual":
         metadata["manual"] = True
-    # The trace context first: it is read back from the envelope's head.
-    traced = metadata if spans is None else {**spans.start(schedule.kind), **metadata}
-    new = prepare(args, max_body, traced)
-    return dataclasses.replace(
-        new,
-        source=Source.SCHEDULER,
+    return call.new(
+        args,
+        metadata,
+        source=Source.SCHEDULES,
         actor=f"schedule:{schedule.name}",
         note=json.dumps({**metadata, "schedule_run_id": run_id}),
     )
@@ -276,17 +276,16 @@ def _dispatch(
 
 def _write_run(
     conn: Conn,
+    call: EnqueueCall,
     schedule: Schedule,
     scheduled_for: float,
     origin: str,
     now: float,
-    max_body: int,
-    spans: tracing.Creations | None = None,
 ) -> Fired | None:
     run_id = uuid7_bytes().hex()
     if conn.query_one(_INSERT_RUN, (run_id, now, schedule.name, scheduled_for, origin)) is None:
         return None  # the tick has its run already
-    new = _dispatch(schedule, run_id, scheduled_for, origin, max_body, spans)
+    new = _dispatch(call, schedule, run_id, scheduled_for, origin)
     result = insert_new(conn, new, now)
     return Fired(schedule.name, scheduled_for, origin, run_id, result.id)
 
@@ -295,8 +294,7 @@ def fire(
     conn: Conn,
     work: Sequence[tuple[Schedule, Sequence[tuple[float, bool]], float | None]],
     now: float,
-    max_body: int = DEFAULT_MAX_BODY_BYTES,
-    spans: tracing.Creations | None = None,
+    call: EnqueueCall | None = None,
     failed: dict[str, Exception] | None = None,
 ) -> list[Fired]:
     """Fire planned ticks: for each schedule, its ``(tick, backfilled)``
@@ -305,9 +303,10 @@ def fire(
     not paused and the tick is due by the store's clock (``now`` on SQLite,
     the database server's on PostgreSQL; the cursor moves in the same
     statement); otherwise it was fired elsewhere or is not due, and nothing
-    of it is written. With ``spans``, each
-    dispatch written gets a ``create`` span, in the order of the result
-    (the caller ends them after the commit).
+    of it is written. Each dispatch is made by ``call`` (the store's body
+    limit, a ``create`` span each, in the order of the result, which the
+    caller ends after the commit); without one, by an untraced call held to
+    the default limit.
 
     An error propagates, and the caller's unit of work rolls back whole;
     with ``failed``, each schedule's writes are instead made inside a
@@ -316,8 +315,8 @@ def fire(
     ``failed`` by name, while the others are written. An error that
     leaves no transaction to go on in (a lost connection) still
     propagates."""
-    if spans is not None:
-        spans.restart()  # a unit of work run again drops its earlier spans
+    call = EnqueueCall(traced=False) if call is None else call
+    call.restart()  # a unit of work run again drops its earlier spans
     if failed is not None:
         failed.clear()
     fired: list[Fired] = []
@@ -327,19 +326,18 @@ def fire(
     lock_keys(conn, [schedule.ordering_key for schedule, _, _ in work])
     for schedule, ticks, handled in work:
         if failed is None:
-            fired += _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
+            fired += _fire_schedule(conn, call, schedule, ticks, handled, now)
             continue
-        started = 0 if spans is None else len(spans.spans)
+        started = call.started
         conn.execute("SAVEPOINT schedule")
         try:
-            runs = _fire_schedule(conn, schedule, ticks, handled, now, max_body, spans)
+            runs = _fire_schedule(conn, call, schedule, ticks, handled, now)
         except KeyOrderConflict:
             raise  # not this schedule's fault: the group commit runs the unit again
         except Exception as exc:  # this schedule's own failure: the others go on
             conn.execute("ROLLBACK TO SAVEPOINT schedule")
             conn.execute("RELEASE SAVEPOINT schedule")
-            if spans is not None:
-                spans.forget(started)
+            call.forget(started)
             failed[schedule.name] = exc
             continue
         conn.execute("RELEASE SAVEPOINT schedule")
@@ -349,19 +347,18 @@ def fire(
 
 def _fire_schedule(
     conn: Conn,
+    call: EnqueueCall,
     schedule: Schedule,
     ticks: Sequence[tuple[float, bool]],
     handled: float | None,
     now: float,
-    max_body: int,
-    spans: tracing.Creations | None,
 ) -> list[Fired]:
     fired: list[Fired] = []
     for tick, backfilled in ticks:
         if not _advance(conn, schedule, tick, now):
             continue  # fired by another worker, paused, or not due yet
         origin = "backfilled" if backfilled else "tick"
-        run = _write_run(conn, schedule, tick, origin, now, max_body, spans)
+        run = _write_run(conn, call, schedule, tick, origin, now)
         if run is not None:
             fired.append(run)
     if handled is not None:
@@ -387,12 +384,15 @@ def _advance(conn: Conn, schedule: Schedule, tick: float, now: float) -> bool:
 
 
 def fire_manual(
-    conn: Conn, schedule: Schedule, now: float, max_body: int = DEFAULT_MAX_BODY_BYTES
+    conn: Conn, schedule: Schedule, now: float, call: EnqueueCall | None = None
 ) -> Fired:
     """One extra run of ``schedule`` now (``schedules run NAME``): not a
-    tick, so the schedule's cursor and its ticks are left as they are."""
+    tick, so the schedule's cursor and its ticks are left as they are. Its
+    dispatch is made by ``call`` as in :func:`fire`."""
+    call = EnqueueCall(traced=False) if call is None else call
+    call.restart()  # a unit of work run again drops its earlier span
     see(conn, [schedule.name], now)
-    run = _write_run(conn, schedule, now, "manual", now, max_body)
+    run = _write_run(conn, call, schedule, now, "manual", now)
     assert run is not None  # manual runs are outside the tick index
     return run
 

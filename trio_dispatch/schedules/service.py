@@ -33,7 +33,6 @@ when it starts failing, a line when it fires again), counted in
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -48,9 +47,9 @@ from typing import Final
 import anyio
 import anyio.lowlevel
 
-from .. import tracing
+from ..outbox.enqueue import EnqueueCall, body_limit
 from ..redact import one_line
-from ..store.base import DEFAULT_MAX_BODY_BYTES, Store
+from ..store.base import Store
 from .runs import Fired, Reconciled, State, fire, iso, reconcile, states_at, store_time
 from .spec import MAX_BACKFILL_RUNS, Plan, Schedule, planning
 
@@ -159,9 +158,10 @@ class Scheduler:
         duplicate = next((name for name in names if names.count(name) > 1), None)
         if duplicate is not None:
             raise ValueError(f"schedule name {duplicate!r} is used twice")
-        limit = getattr(db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
+        self.max_body_bytes = body_limit(db)
+        """The store's limit on a body, which each tick's dispatch is held to."""
         for schedule in schedules:
-            schedule.check_body_size(limit)
+            schedule.check_body_size(self.max_body_bytes)
         self.db = db
         self.schedules = {schedule.name: schedule for schedule in schedules}
         self.clock = clock
@@ -404,20 +404,17 @@ class Scheduler:
     async def _fire_work(
         self, work: list[Work], now: float, failed: dict[str, Exception] | None
     ) -> list[Fired]:
-        limit = getattr(self.db, "max_body_bytes", DEFAULT_MAX_BODY_BYTES)
-        spans = tracing.creations() if tracing.ACTIVE else None
         # Shielded: runs that committed are counted and logged even when the
         # worker is being cancelled meanwhile (the write is bounded by the
         # store's busy timeout).
         with anyio.CancelScope(shield=True):
-            # A create span per dispatch written, ended after the commit;
-            # root spans: a tick has no caller.
-            with contextlib.nullcontext() if spans is None else spans:
+            # The outbox's enqueue call: a create span per dispatch written,
+            # ended after the commit; root spans: a tick has no caller.
+            with EnqueueCall(self.max_body_bytes) as call:
                 runs: list[Fired] = await self.db.write(
-                    partial(fire, work=work, now=now, max_body=limit, spans=spans, failed=failed)
+                    partial(fire, work=work, now=now, call=call, failed=failed)
                 )
-                if spans is not None:
-                    spans.written([run.dispatch_id for run in runs])
+                call.written([run.dispatch_id for run in runs])
         return runs
 
     def _failed(self, name: str, error: Exception, now: float) -> None:

@@ -28,6 +28,7 @@ from ..errors import ConfigError
 from ..outbox.ordering import require_ordering_key
 from ..validate import (
     require_body,
+    require_body_size,
     require_bool,
     require_int,
     require_kind,
@@ -229,12 +230,11 @@ class Schedule:
         """Raise ``ValueError`` naming the schedule, its body's size and
         ``setting`` when the body is over ``limit`` bytes of JSON: every
         tick's enqueue would be refused."""
-        if self.body_bytes > limit:
-            at = self.where or f"schedule {self.name!r}: "
-            raise ValueError(
-                f"{at}body is {self.body_bytes:,} bytes of JSON, over the limit of "
-                f"{limit:,} bytes ({setting})"
-            )
+        at = self.where or f"schedule {self.name!r}: "
+        try:
+            require_body_size(self.body_bytes, limit, setting)
+        except ValueError as exc:
+            raise ValueError(f"{at}{exc}") from None
 
     @property
     def interval_seconds(self) -> int | None:

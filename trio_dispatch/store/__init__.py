@@ -1,4 +1,10 @@
-"""Stores: where dispatches live. :func:`open_store` picks the engine."""
+"""Stores: where dispatches live. :func:`open_store` picks the engine.
+
+The engines' connection adapters (:class:`~.sqlite.SQLiteConn`,
+:class:`~.pg_session.PostgresConn`) also drive a caller's own connection
+for :mod:`trio_dispatch.sync`, borrowed: nothing of its settings changed
+(``SQLiteConn(conn, borrowed=True)``,
+:class:`~.pg_session.BorrowedPostgresConn`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """One PostgreSQL session of the store: a psycopg connection seen as a
 :class:`~trio_dispatch.store.base.Conn`, how it is opened and configured,
 whether it is still alive, and the deadline on each of its round trips
-(see :mod:`.postgres` for the store that holds them); and every rule of a
-``postgresql://`` URL and of the schema it names (:func:`check_url`,
-:func:`store_schema`, :func:`check_schema_name`), which the
-engine-independent modules import from here when a target is
-PostgreSQL's, so they never load psycopg for SQLite."""
+(see :mod:`.postgres` for the store that holds them); the same adapter
+over a caller's own connection, borrowed (:class:`BorrowedPostgresConn`,
+for :mod:`trio_dispatch.sync`); and every rule of a ``postgresql://`` URL
+and of the schema it names (:func:`check_url`, :func:`store_schema`,
+:func:`check_schema_name`), which the engine-independent modules import
+from here when a target is PostgreSQL's, so they never load psycopg for
+SQLite."""
 
 from __future__ import annotations
 
@@ -356,6 +358,29 @@ class PostgresConn:
     def announce_enqueue(self) -> None:
         # Delivered to listeners when (and only if) this transaction commits.
         self.execute(POSTGRES.notify)
+
+
+class BorrowedPostgresConn(PostgresConn):
+    """A caller's own psycopg connection (:mod:`trio_dispatch.sync`) seen as
+    the store's :class:`PostgresConn`: the same statements, placeholders and
+    rows, sent as they are -- no deadline, no ``BEGIN`` of its own, a lost
+    connection left as the driver's error for the caller -- and nothing of
+    the connection's settings changed. Inside a pipeline (:attr:`pipeline`)
+    each statement's result is synced at once: the enqueue reads it next."""
+
+    __slots__ = ("pipeline",)
+
+    def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
+        super().__init__(conn, where)
+        self.pipeline: psycopg.Pipeline | None = None
+        """The pipeline the caller's transaction runs in now, or None."""
+
+    def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
+        send()
+        if self.pipeline is not None:
+            # The statement's result -- or its error -- is wanted now: it
+            # goes out with whatever was queued before it (the SAVEPOINT).
+            self.pipeline.sync()
 
 
 def raise_lost(reason: str, where: str) -> NoReturn:

@@ -51,19 +51,25 @@ _WAL_VERSION: Final = 2  # file header bytes 18 and 19 in WAL mode
 
 
 class SQLiteConn:
-    """A :class:`~trio_dispatch.store.base.Conn` over one sqlite3 connection."""
+    """A :class:`~trio_dispatch.store.base.Conn` over one sqlite3 connection:
+    the store's own, or -- ``borrowed`` -- a caller's
+    (:mod:`trio_dispatch.sync`), whose settings (text and row factories,
+    isolation level, autocommit) it leaves as the caller set them. Rows
+    come back as dicts either way."""
 
     __slots__ = ("_conn", "_db")
 
     dialect = SQLITE  # BEGIN IMMEDIATE excludes other writers: no row locks
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        # Text that is not valid UTF-8 reads as Undecodable, never as an
-        # error in the middle of a statement (one such row would fail every
-        # scan that reaches it).
-        conn.text_factory = decode_text
+    def __init__(self, conn: sqlite3.Connection, *, borrowed: bool = False) -> None:
+        if not borrowed:
+            # Text that is not valid UTF-8 reads as Undecodable, never as an
+            # error in the middle of a statement (one such row would fail
+            # every scan that reaches it). A caller's connection keeps its
+            # own text factory: its text may then come back as it says.
+            conn.text_factory = decode_text
         self._conn = conn
-        self._db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
+        self._db: sqlite_utils.Database | None = None
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         cursor = self._conn.execute(*_bound(sql, params))
@@ -86,8 +92,10 @@ class SQLiteConn:
         # open by an error while fetching (sqlite-utils' generators leave
         # it to the garbage collector) makes every later SAVEPOINT, RELEASE
         # or COMMIT on the connection fail with "SQL statements in progress".
-        cursor = self._conn.execute(*_bound(sql, params))
+        cursor = self._conn.cursor()
         try:
+            cursor.row_factory = None  # a borrowed connection's row factory is the caller's
+            cursor.execute(*_bound(sql, params))
             if cursor.description is None:
                 return []
             keys = [column[0] for column in cursor.description]
@@ -104,7 +112,13 @@ class SQLiteConn:
 
     @property
     def utils(self) -> sqlite_utils.Database:
-        """The sqlite-utils view of this connection (schema introspection)."""
+        """The sqlite-utils view of this connection (schema introspection),
+        made on first use (it refuses a connection in ``autocommit`` mode,
+        which a caller's may be)."""
+        if self._db is None:
+            self._db = sqlite_utils.Database(
+                self._conn, recursive_triggers=False, execute_plugins=False
+            )
         return self._db
 
 

@@ -27,8 +27,11 @@ from ..attempt import clean_error as clean_error
 from ..errors import Throttled
 
 TRANSPORT_TIMEOUT_SECONDS: Final = 10.0
-"""The default timeout of every transport (command, callable, webhook), in
-seconds: what one attempt may take before it is cut."""
+"""The default timeout of a transport, in seconds: what one attempt may take
+before it is cut (the command and callable transports, the worker's
+``timeout_seconds``; the webhook's own default is
+:data:`~.webhook.DEFAULT_WEBHOOK_TIMEOUT_SECONDS`). The package's code uses
+this name; :data:`NOTIFY_TIMEOUT_SECONDS` is for the public API."""
 NOTIFY_TIMEOUT_SECONDS: Final = TRANSPORT_TIMEOUT_SECONDS
 """The public name of :data:`TRANSPORT_TIMEOUT_SECONDS`, kept from the
 design this package implements (where the transport was a notify command)."""

@@ -175,7 +175,7 @@ class WebApp:
         # Which keys count as blocked: the worker's policy, else the one given
         # (the configuration's, for ``trio-dispatch web``), else the default.
         if ordering is None:
-            ordering = worker.ordering_on_dead_letter if worker is not None else None
+            ordering = worker.settings.ordering_on_dead_letter if worker is not None else None
         self.ordering: OrderingPolicy = require_policy(
             "ordering", ordering or DEFAULT_ORDERING_POLICY
         )
@@ -430,7 +430,7 @@ class WebApp:
             if statistics.in_flight >= statistics.concurrency:
                 scan_age = 0.0  # every slot busy: nothing to scan for, the loop is alive
             document["last_scan_age_seconds"] = round(max(0.0, scan_age), 3)
-            limit = 2 * self.worker.tick_seconds
+            limit = 2 * self.worker.settings.tick_seconds
             if not statistics.running:
                 reasons.append("worker: not running")
             elif scan_age > limit:

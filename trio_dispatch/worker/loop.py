@@ -157,21 +157,9 @@ class DispatchWorker:
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
         """Each destination's policy (SPEC section 17), checked."""
         self._book = DestinationBook(self.destinations)
-        self.settings = (settings or WorkerSettings()).updated(setting_values)
-        """Every setting, checked (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
-        settings = self.settings
-        self.concurrency = settings.concurrency
-        self.batch_size = settings.batch_size
-        self.tick_seconds = settings.tick_seconds
-        self.timeout_seconds = settings.timeout_seconds
-        self.grace_seconds = settings.grace_seconds
-        self.retry_jitter = settings.retry_jitter
-        self.retry_schedule = settings.retry_schedule
-        self.ordering_on_dead_letter = settings.ordering_on_dead_letter
-        self.lease_seconds = settings.lease_seconds
-        self.listen = settings.listen
-        """Wake on other processes' enqueues (PostgreSQL LISTEN/NOTIFY,
-        SQLite ``data_version`` polling); False polls on the tick only."""
+        self.settings = settings = (settings or WorkerSettings()).updated(setting_values)
+        """Every setting, checked, and the one place the worker reads them
+        (see :class:`~trio_dispatch.settings.WorkerSettings`)."""
         self.transport: Transport = (
             CommandTransport(
                 notify_template,
@@ -202,7 +190,9 @@ class DispatchWorker:
             else DestinationCaps(settings.per_destination_concurrency)
         )
         self._rules = claim_rules(
-            ordering=self.ordering_on_dead_letter, caps=self._caps, destinations=self.destinations
+            ordering=settings.ordering_on_dead_letter,
+            caps=self._caps,
+            destinations=self.destinations,
         )
         """What the worker's claims may take (:mod:`trio_dispatch.outbox.claim`)."""
         self._closing = False  # shutdown began: claim nothing more
@@ -243,7 +233,7 @@ class DispatchWorker:
         return WorkerStatistics(
             **self.counts,
             in_flight=len(self._slots),
-            concurrency=self.concurrency,
+            concurrency=self.settings.concurrency,
             scans=self._scans,
             scan_errors=self._scan_errors,
             lease_recoveries=self._lease_recoveries,
@@ -329,7 +319,7 @@ class DispatchWorker:
         listener where the store can tell (and ``listen`` is on), then what
         :meth:`add_service` added."""
         found: list[tuple[str, Callable[[], Awaitable[None]]]] = []
-        if self.listen and isinstance(self.db, Listener):
+        if self.settings.listen and isinstance(self.db, Listener):
             found.append(("listener", partial(self._listen, self.db)))
         return found + self._services
 
@@ -350,11 +340,11 @@ class DispatchWorker:
                 self.log.log(
                     logging.WARNING if failures == 1 else logging.DEBUG,
                     "cross-process wake-ups unavailable; polling every %gs",
-                    self.tick_seconds,
+                    self.settings.tick_seconds,
                     exc_info=True,
                 )
             self.wake()  # catch up on anything enqueued meanwhile
-            await anyio.sleep(self.tick_seconds)
+            await anyio.sleep(self.settings.tick_seconds)
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
         while True:
@@ -370,14 +360,14 @@ class DispatchWorker:
         return how long to wait before the next scan."""
         free = self._slots.free
         if self._closing:  # stopping (a transport's Ctrl-C): claim nothing more
-            return self.tick_seconds
+            return self.settings.tick_seconds
         paused = self._pause.remaining()
         if paused > 0:  # short of a local resource: let it recover first
             return paused
         if free <= 0:
             self._backlog = True  # a finishing delivery wakes us
-            return self.tick_seconds
-        limit = min(self.batch_size, free)
+            return self.settings.tick_seconds
+        limit = min(self.settings.batch_size, free)
         try:
             # Shielded: once claims commit they must reach a delivery task
             # (which finishes or releases them), even if the worker is being
@@ -386,15 +376,15 @@ class DispatchWorker:
                 claims, counts = await claim_due(
                     self.db,
                     limit=limit,
-                    lease_seconds=self.lease_seconds,
+                    lease_seconds=self.settings.lease_seconds,
                     actor=self.actor,
                     clock=self.clock,
                     rules=self._rules,
                 )
         except Exception:
             self._scan_errors += 1
-            self.log.exception("scan failed; retrying in %ss", self.tick_seconds)
-            return self.tick_seconds
+            self.log.exception("scan failed; retrying in %ss", self.settings.tick_seconds)
+            return self.settings.tick_seconds
         self._add_scan_counts(counts, claims)
         for claim in claims:
             # Registered before the task starts, so the next scan sees the slot taken.
@@ -423,10 +413,10 @@ class DispatchWorker:
             due = await next_due_at(self.db, rules=self._rules, now=self.clock())
         except Exception:
             self.log.exception("reading the next due time failed")
-            return self.tick_seconds
+            return self.settings.tick_seconds
         if due is None:
-            return self.tick_seconds
-        return max(0.0, min(self.tick_seconds, due - self.clock()))
+            return self.settings.tick_seconds
+        return max(0.0, min(self.settings.tick_seconds, due - self.clock()))
 
     async def _deliver(self, first: Claim) -> None:
         """Deliver ``first``; while rows are due, keep the slot and deliver
@@ -484,7 +474,7 @@ class DispatchWorker:
             if shared is not None and (stopped_at is None or shared.cut <= stopped_at):
                 result = transport_timeout_result(shared.timeout)
             elif not self._closing:
-                result = lease_timeout_result(self.lease_seconds)
+                result = lease_timeout_result(self.settings.lease_seconds)
         trace.record(result)
         next_claim: Claim | None = None
         if isinstance(result, Interrupted):
@@ -577,14 +567,12 @@ class DispatchWorker:
             self.wake()
 
     def _outcome_writer(self) -> OutcomeWriter:
-        """The writes that end an attempt, with the settings as they are now."""
+        """The writes that end an attempt, as the worker is now (stopping or not)."""
         return OutcomeWriter(
             self.db,
             self.actor,
             self.clock,
-            self.retry_jitter,
-            self.retry_schedule,
-            self.lease_seconds,
+            self.settings,
             self._rules,
             self.log,
             destinations=self._book,
@@ -616,8 +604,8 @@ class DispatchWorker:
             return
         self.log.info(
             "stopping: waiting up to %gs for %d running deliveries",
-            self.grace_seconds,
+            self.settings.grace_seconds,
             len(self._slots),
         )
-        await self._slots.wait_drained(self.grace_seconds)
+        await self._slots.wait_drained(self.settings.grace_seconds)
         self._slots.cancel_all()

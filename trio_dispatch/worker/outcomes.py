@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final
 
 import anyio
@@ -23,6 +23,7 @@ from ..outbox import (
     release_attempt,
 )
 from ..outbox.claim import ClaimRules
+from ..settings import WorkerSettings
 from ..store.base import ConnectionLostError, Store
 from ..transports import TransportResult
 from .report import AttemptResult, Interrupted
@@ -40,15 +41,14 @@ locked): a lost finish means one more send once the lease ends."""
 
 @dataclasses.dataclass(frozen=True)
 class OutcomeWriter:
-    """The store writes that end an attempt, with the worker's settings as
-    they are when the attempt ends (the worker builds one per end)."""
+    """The store writes that end an attempt, with the worker's settings (its
+    retry schedule and jitter, its lease, its ordering policy) and whether
+    it is stopping when the attempt ends (the worker builds one per end)."""
 
     db: Store
     actor: str
     clock: Callable[[], float]
-    retry_jitter: float
-    retry_schedule: Sequence[float] | None
-    lease_seconds: float
+    settings: WorkerSettings
     rules: ClaimRules
     """The worker's claim rules: the next claim's."""
     log: logging.Logger
@@ -76,10 +76,10 @@ class OutcomeWriter:
                     self.db,
                     claim,
                     result,
-                    retry_jitter=self.retry_jitter,
+                    retry_jitter=self.settings.retry_jitter,
                     actor=self.actor,
                     clock=self.clock,
-                    retry_schedule=self.retry_schedule,
+                    retry_schedule=self.settings.retry_schedule,
                     destinations=self.destinations,
                     effects=effects,
                 )
@@ -108,11 +108,11 @@ class OutcomeWriter:
                 self.db,
                 claim,
                 result,
-                lease_seconds=self.lease_seconds,
-                retry_jitter=self.retry_jitter,
+                lease_seconds=self.settings.lease_seconds,
+                retry_jitter=self.settings.retry_jitter,
                 actor=self.actor,
                 clock=self.clock,
-                retry_schedule=self.retry_schedule,
+                retry_schedule=self.settings.retry_schedule,
                 rules=self.rules,
                 destinations=self.destinations,
                 effects=effects,
