@@ -33,9 +33,11 @@ rate's ``rate_tat`` is advanced for the starts admitted and a probe is
 marked (``half_open``, ``probe_id``, ``probe_until`` = the claim's lease
 end, with its audit row). Two claims of one destination therefore decide
 one after the other, each from what the other committed: the limits hold
-however many claim at once. The rate's arithmetic reads the store's clock
-where hosts share one (PostgreSQL: the server's), so a host's clock skew
-may cost throughput, never exceed the rate.
+however many claim at once. The rate's arithmetic is done at the store's
+time where hosts share a clock (PostgreSQL: the server's), read by the
+claim's first statement, so a host's clock skew may cost throughput, never
+exceed the rate; a claim that waited for another's lock decides at the
+time it began, which can only leave it fewer starts.
 
 For the ends of attempts (throttles, the breaker's counting, closing it
 after a probe), only the state row needs writing: the next claim reads it.
@@ -75,16 +77,22 @@ UNBOUNDED: Final = sys.maxsize
 _CLOSED_TO_CLAIMS: Final = frozenset({State.PAUSED, State.THROTTLED, State.OPEN, State.DISABLED})
 
 
+def _restricts(row: str, now: str) -> str:
+    # A state row that may restrict a claim now: a stored state other than
+    # active, a throttle ahead, a rate with starts spent.
+    return f"{row}state <> '{State.ACTIVE}' OR {row}throttled_until > ? OR {row}rate_tat > {now}"
+
+
 @functools.cache
 def _restricting(clock: str) -> str:
-    # The state rows that may restrict a claim now: a stored state other
-    # than active, a throttle ahead, a rate with starts spent. The rate is
-    # read on the store's clock where it has one.
-    now = clock or "?"
-    also = f", {clock} AS now" if clock else ""
+    # Where the store has a clock of its own, one row at least, with its
+    # time (the claim's rate clock): the claim's first statement reads it.
+    if not clock:
+        return f"SELECT {COLUMNS} FROM {TABLE} WHERE {_restricts('', '?')}"
+    columns = ", ".join(f"d.{column.strip()}" for column in COLUMNS.split(","))
     return (
-        f"SELECT {COLUMNS}{also} FROM {TABLE} "
-        f"WHERE state <> '{State.ACTIVE}' OR throttled_until > ? OR rate_tat > {now}"
+        f"SELECT c.now, {columns} FROM (SELECT {clock} AS now) AS c "
+        f"LEFT JOIN {TABLE} d ON {_restricts('d.', 'c.now')}"
     )
 
 
@@ -119,9 +127,8 @@ def _ensure(arrays: ArrayForms | None, count: int) -> str:
 
 @functools.cache
 def _lock(dialect: Dialect, count: int) -> str:
-    also = f", {dialect.clock} AS now" if dialect.clock else ""
     return (
-        f"SELECT {COLUMNS}{also} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
+        f"SELECT {COLUMNS} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
         f"ORDER BY name{dialect.row_lock}"
     )
 
@@ -141,6 +148,13 @@ class _Noted:
     """Destinations whose breaker may send its probe now."""
     settled: frozenset[str]
     """Destinations whose pause ended by itself, not yet recorded."""
+    now: float
+    """The claim's rate clock: the store's time as the claim began (its
+    first statement), or the claim's own time where the store has no
+    clock. Every rate decision of the claim is made at this time, even one
+    made after waiting for a lock: later decisions of others then see a
+    time no later than theirs, which can only leave fewer starts, and the
+    starts are stamped (their transitions' time) as they are decided."""
 
 
 class DestinationAdmission(ClaimRule):
@@ -153,6 +167,10 @@ class DestinationAdmission(ClaimRule):
         self.policies: dict[str, Destination] = dict(policies or {})
         self._concurrency = any(p.concurrency is not None for p in self.policies.values())
         self._key = tuple(sorted(self.policies.items()))
+        self._rows: set[str] = set()
+        """Destinations this process saw with a state row: no row is ever
+        removed, so the claim need not create theirs again (a lost update
+        of this set only costs one more statement)."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DestinationAdmission) and other._key == self._key
@@ -185,7 +203,9 @@ class DestinationAdmission(ClaimRule):
         out, with when each is lifted where that is known; the room of the
         rest."""
         clock = conn.dialect.clock
-        rows = conn.query(_restricting(clock), (at,) if clock else (at, at))
+        found = conn.query(_restricting(clock), (at,) if clock else (at, at))
+        now = float(found[0]["now"]) if clock and found else at
+        rows = [row for row in found if row["name"] is not None]
         skip: set[str] = set()
         lifts: dict[str, float] = {}
         fixed: dict[str, int] = {}
@@ -193,7 +213,6 @@ class DestinationAdmission(ClaimRule):
         settled: set[str] = set()
         for row in rows:
             name = str(row["name"])
-            now = float(row["now"]) if clock else at
             seen = effective(row, at)
             if seen.state in _CLOSED_TO_CLAIMS:
                 skip.add(name)
@@ -233,7 +252,7 @@ class DestinationAdmission(ClaimRule):
                 left = min(left, policy.concurrency - running.get(destination, 0))
             return max(0, left)
 
-        noted = _Noted(frozenset(probes), frozenset(settled))
+        noted = _Noted(frozenset(probes), frozenset(settled), now)
         # Without policies, only a probe bounds a destination's room.
         bounded = bool(self.policies or fixed)
         return Bounds(frozenset(skip), room if bounded else None, lifts, noted)
@@ -246,6 +265,7 @@ class DestinationAdmission(ClaimRule):
         noted = claiming.bounds.of(self).note
         probes = noted.probes if isinstance(noted, _Noted) else frozenset()
         settled = noted.settled if isinstance(noted, _Noted) else frozenset()
+        now = noted.now if isinstance(noted, _Noted) else claiming.at
         if not (self.policies or probes or settled):
             return rows  # nothing to decide under a lock: the bounds said it all
         names = {str(row["deliver_to"]) for row in rows}
@@ -255,13 +275,7 @@ class DestinationAdmission(ClaimRule):
         if not guarded:
             return rows
         at = claiming.at
-        dialect = conn.dialect
-        arrays = dialect.arrays
-        conn.execute(_ensure(arrays, len(guarded)), _values(arrays, guarded))
-        locked = {
-            str(row["name"]): row
-            for row in conn.query(_lock(dialect, len(guarded)), _values(arrays, guarded))
-        }
+        locked = self._lock_rows(conn, guarded)
         counted = [name for name in guarded if self.policy(name).concurrency is not None]
         running = self.running(conn, at, counted) if counted else {}
         allowed: dict[str, int] = {}
@@ -269,7 +283,7 @@ class DestinationAdmission(ClaimRule):
         for name in guarded:
             state = locked[name]
             settle(conn, name, state, at)
-            allowed[name] = self._allowed(name, state, running.get(name, 0), at)
+            allowed[name] = self._allowed(name, state, running.get(name, 0), at, now)
             if allowed[name] and effective(state, at).state is State.HALF_OPEN:
                 # The probe is the destination's oldest due row, read after
                 # the lock: a claimant holding another row of it sends none
@@ -288,12 +302,30 @@ class DestinationAdmission(ClaimRule):
                 taken[name] += 1
                 first.setdefault(name, row)
             admitted.append(row)
-        self._started(conn, locked, taken, first, claiming)
+        self._started(conn, locked, taken, first, claiming, now)
         return admitted
 
-    def _allowed(self, name: str, state: Row, running: int, at: float) -> int:
-        """How many attempts ``name`` may start now, from its locked
-        ``state`` row and the attempts ``running``."""
+    def _lock_rows(self, conn: Conn, names: list[str]) -> dict[str, Row]:
+        """The state rows of ``names`` (sorted), created where absent, locked
+        in name order until the transaction ends (where rows lock)."""
+        arrays = conn.dialect.arrays
+        fresh = [name for name in names if name not in self._rows]
+        if fresh:
+            conn.execute(_ensure(arrays, len(fresh)), _values(arrays, fresh))
+        statement = _lock(conn.dialect, len(names))
+        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
+        if len(locked) < len(names):  # a row this process saw is gone: make it again
+            conn.execute(_ensure(arrays, len(names)), _values(arrays, names))
+            locked = {str(r["name"]): r for r in conn.query(statement, _values(arrays, names))}
+        if len(self._rows) > 10_000:
+            self._rows.clear()
+        self._rows.update(locked)
+        return locked
+
+    def _allowed(self, name: str, state: Row, running: int, at: float, now: float) -> int:
+        """How many attempts ``name`` may start at ``at`` (``now`` on the
+        rate's clock), from its locked ``state`` row and the attempts
+        ``running``."""
         seen = effective(state, at)
         if seen.state in _CLOSED_TO_CLAIMS:
             return 0
@@ -305,7 +337,6 @@ class DestinationAdmission(ClaimRule):
             left = 1
         rate = policy.gcra_rate
         if rate is not None:
-            now = float(state["now"]) if "now" in state else at
             left = min(left, gcra.room(rate, policy.burst, state["rate_tat"], now))
         if policy.concurrency is not None:
             left = min(left, policy.concurrency - running)
@@ -318,6 +349,7 @@ class DestinationAdmission(ClaimRule):
         taken: Mapping[str, int],
         first: Mapping[str, Row],
         claiming: Claiming,
+        now: float,
     ) -> None:
         """Write what the admitted starts change: each rate's ``rate_tat``
         and each probe."""
@@ -327,7 +359,6 @@ class DestinationAdmission(ClaimRule):
             state = locked[name]
             rate = self.policy(name).gcra_rate
             if rate is not None and starts:
-                now = float(state["now"]) if "now" in state else at
                 advances.append((gcra.advanced(rate, state["rate_tat"], now, starts), at, name))
             if starts and effective(state, at).state is State.HALF_OPEN:
                 probe = str(first[name]["id"])
