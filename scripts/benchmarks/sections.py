@@ -14,6 +14,7 @@ from typing import Final
 from . import (
     capped,
     core,
+    destinations,
     huey_section,
     ordering,
     postgres,
@@ -41,4 +42,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "ordering": ordering.run_ordering,
     "schedules": schedules.run_schedules,
     "tracing": tracing_section.run_tracing,
+    "destinations": destinations.run_destinations,
 }
