@@ -42,9 +42,7 @@ from .store.base import (
     DURABILITIES,
     check_busy_timeout,
     check_network_timeout,
-    check_schema_name,
     parse_target,
-    store_schema,
 )
 from .transports import ChildEnvironment, is_valid_template
 from .transports.command import CommandOptions as CommandOptions
@@ -281,7 +279,11 @@ def _check_store(key: str, value: object) -> str:
 
 
 def _check_schema(key: str, value: object) -> str | None:
-    return None if value is None else check_schema_name(value, key)
+    if value is None:
+        return None
+    from .store.pg_session import check_schema_name  # the engine's rule, loaded when used
+
+    return check_schema_name(value, key)
 
 
 def _check_durability(key: str, value: object) -> str:
@@ -473,6 +475,8 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
         if engine != "postgres" and values["schema"] is not None:
             problems.append("schema applies to a PostgreSQL store only")
         elif engine == "postgres":
+            from .store.pg_session import store_schema
+
             try:
                 schema = store_schema(values["store"], values["schema"])
             except ValueError as exc:

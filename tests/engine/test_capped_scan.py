@@ -17,9 +17,9 @@ import pytest
 
 from trio_dispatch import open_store
 from trio_dispatch.outbox import claim_due, next_due_at
-from trio_dispatch.outbox.caps import DestinationCaps
+from trio_dispatch.outbox.claim import Bounds, ClaimRule, ClaimRules, DestinationCaps, claim_rules
+from trio_dispatch.outbox.claim.scan import next_due, select_due
 from trio_dispatch.outbox.machine import claim_batch
-from trio_dispatch.outbox.scan import next_due, select_due
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn
 from trio_dispatch.store.schema import DESTINATION_INDEX, MIGRATIONS, SCHEMA_VERSION
@@ -126,8 +126,8 @@ class Reads:
 
 def _scan(caps: DestinationCaps, limit: int) -> Any:
     def unit(conn: Conn) -> tuple[list[str], float | None]:
-        claims, _ = claim_batch(conn, NOW, limit, 30.0, "test", caps=caps)
-        return [claim.deliver_to for claim in claims], next_due(conn, caps.full(NOW))
+        claims, _ = claim_batch(conn, NOW, limit, 30.0, "test", rules=claim_rules(caps=caps))
+        return [claim.deliver_to for claim in claims], next_due(conn, ClaimRules((caps,)), at=NOW)
 
     return unit
 
@@ -181,9 +181,14 @@ async def test_a_scan_behind_a_capped_backlog_claims_the_others_rows_in_due_orde
     assert claims == [] and counts["attempted"] == 0
     # The idle path: the earliest row of a destination below its cap, even
     # one not due yet, behind the whole backlog.
-    assert await next_due_at(store, skip=["hung", "a", "b", "c"]) == NOW + 100
-    assert await next_due_at(store, skip=["hung", "a", "b", "c", "d"]) is None
-    assert await next_due_at(store, skip=["b"]) == T0
+    assert await _next_due_at(store, "hung", "a", "b", "c") == NOW + 100
+    assert await _next_due_at(store, "hung", "a", "b", "c", "d") is None
+    assert await _next_due_at(store, "b") == T0
+
+
+async def _next_due_at(store: SQLiteStore, *full: str) -> float | None:
+    """The idle path's read, with ``full`` at their cap."""
+    return await next_due_at(store, rules=ClaimRules((capped(*full),)), now=NOW)
 
 
 def _reference(
@@ -203,10 +208,23 @@ def _reference(
     return kept[:limit]
 
 
+class _Bounded(ClaimRule):
+    """A rule of the test's own through the claim's interface: ``skip``
+    left out, ``room`` each (``limit`` for the others)."""
+
+    def __init__(self, skip: set[str], room: dict[str, int], limit: int) -> None:
+        self.left_out, self.room, self.limit = frozenset(skip), room, limit
+
+    def bounds(self, conn: Conn, at: float) -> Bounds:
+        return Bounds(self.left_out, lambda d: self.room.get(d, self.limit))
+
+
 def _select(
     conn: Conn, *, now: float, limit: int, skip: set[str], room: dict[str, int]
 ) -> list[dict[str, Any]]:
-    return select_due(conn, now, limit, COLUMNS, skip=skip, room=lambda d: room.get(d, limit))
+    rules = ClaimRules((_Bounded(skip, room, limit),))
+    # Unshared (fair=False): the rows in claim order, as the plain read gives them.
+    return select_due(conn, now, limit, COLUMNS, rules=rules, fair=False)
 
 
 def _cases(seed: int) -> Iterator[tuple[int, float, set[str], dict[str, int]]]:

@@ -16,7 +16,7 @@ import secrets
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import pytest
@@ -35,6 +35,7 @@ from trio_dispatch import (
 from trio_dispatch.destinations.outcomes import DestinationBook, Effects
 from trio_dispatch.destinations.policy import MAX_THROTTLES_PER_ROW
 from trio_dispatch.outbox import Claim, Outcome, claim_due, finish_attempt, release_attempt
+from trio_dispatch.outbox.claim import ClaimRules, OrderingKeys
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import CommandTransport, TransportResult
 from trio_dispatch.transports.webhook import WebhookTransport, parse_endpoints
@@ -410,6 +411,12 @@ BREAKER = Breaker(
 )
 
 
+CLAIMED_BEFORE: Final = ClaimRules((OrderingKeys(),))
+"""A claim that does not look at its destination's state: an attempt
+claimed before the breaker's state it ends in (what an end does is this
+file's; what the claim lets through is test_destination_admission.py's)."""
+
+
 def breaker_book(**changes: Any) -> DestinationBook:
     fields = {**BREAKER.__dict__, **changes}
     return DestinationBook({"b": Destination(breaker=Breaker(**fields))})
@@ -428,7 +435,7 @@ async def attempt(
     with ``probe``, the claim side first made it the half-open breaker's
     probe (what the claim writes when it lets the probe go)."""
     dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="b", now=at)
-    [claim], _ = await claim_due(store, now=at, ids=[dispatch_id])
+    [claim], _ = await claim_due(store, now=at, ids=[dispatch_id], rules=CLAIMED_BEFORE)
     if probe is not None:
         probe.execute(
             "UPDATE dispatch_destinations SET state = 'half_open', probe_id = ?, probe_until = ? "
@@ -553,7 +560,7 @@ async def test_the_probe_succeeding_closes_the_breaker_and_no_other_success_does
         "UPDATE dispatch_destinations SET probe_id = ?, probe_until = ? WHERE name = 'b'",
         (probe.dispatch_id, probe.lease_until + 1),
     )
-    [again], _ = await claim_due(store, now=T0 + 200, ids=[probe.dispatch_id])
+    [again], _ = await claim_due(store, now=T0 + 200, ids=[probe.dispatch_id], rules=CLAIMED_BEFORE)
     await finish_attempt(store, again, OK, now=T0 + 200, destinations=book)
     state = destination(raw, "b")
     assert state is not None and state["state"] == "half_open"  # not this lease's probe

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trio_dispatch.backoff import check_retry_schedule, retry_delay
-from trio_dispatch.outbox.caps import DestinationCaps
+from trio_dispatch.outbox.claim import DestinationCaps
 
 T0 = 1_000_000.0
 

@@ -21,7 +21,7 @@ import anyio
 from ..config import Config, parse_config
 from ..redact import SecretFilter, register_secrets, scrubbed_logger, url_secrets
 from ..store import open_store
-from ..store.base import Store, parse_target, store_schema
+from ..store.base import Store, parse_target
 from ..web.binding import DEFAULT_HOST, DEFAULT_PORT, Listen, check_binding, parse_listen
 from ..worker import DispatchWorker
 from .checkconfig import config_warnings
@@ -137,6 +137,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     register_secrets(url_secrets(config.store_target()))
     try:
         if parse_target(config.store_target())[0] == "postgres":
+            from ..store.pg_session import store_schema  # the engine's rule
+
             schema = store_schema(config.store_target(), config.schema)
             config = dataclasses.replace(config, schema=schema)
     except ValueError as exc:

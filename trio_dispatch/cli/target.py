@@ -30,7 +30,6 @@ from ..store.base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
     DEFAULT_NETWORK_TIMEOUT_SECONDS,
     parse_target,
-    store_schema,
 )
 from .output import UsageError
 
@@ -103,6 +102,8 @@ def resolve_store(
     try:
         engine, location = parse_target(target)
         if engine == "postgres":
+            from ..store.pg_session import store_schema  # the engine's rule
+
             schema = store_schema(target, schema)
     except ValueError as exc:
         raise UsageError(f"{origin}: {exc}") from None

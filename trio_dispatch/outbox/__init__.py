@@ -5,8 +5,11 @@ One concern per module:
 - :mod:`.machine` -- the state machine, the one place that writes a status
   (each compare-and-set with its transition row, its edge checked first);
 - :mod:`.sql` -- the statements, built from the lifecycle vocabulary;
-- :mod:`.scan` -- which due rows a claim takes, leaving out destinations at
-  their cap at a cost bounded whatever they hold;
+- :mod:`.claim` -- what a claim may take: the claim order, named once, and
+  the rules that narrow a claim (ordering keys, per-destination caps,
+  destination admission), composed through one interface; the due scan,
+  shared fairly between destinations, bounded whatever a left-out
+  destination holds;
 - :mod:`.enqueue` -- the enqueue API (ADR D2) and
   :class:`~.enqueue.EnqueueCall`, the one entry point that makes every
   dispatch (checks, body limit, ``create`` span), whoever enqueues it: the

@@ -10,16 +10,18 @@ and the worker alike.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
 from ..destinations.outcomes import DestinationBook, Effects
+from ..destinations.policy import Destination
 from ..lifecycle import ACTOR_DELIVERY
 from ..store.base import Database
 from ..validate import clock_from, require_int
-from .caps import DestinationCaps
+from .claim import ClaimRules, DestinationCaps, claim_rules
+from .claim.scan import select_due
 from .machine import (
     AttemptEnd,
     Claim,
@@ -29,8 +31,7 @@ from .machine import (
     finish_many,
     release,
 )
-from .ordering import CLAIMABLE, DEFAULT_ORDERING_POLICY, OrderingPolicy
-from .scan import select_due
+from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 
 DEFAULT_BATCH_SIZE: Final = 100
 """Most rows one scan claims (the worker's ``batch_size`` default)."""
@@ -60,36 +61,49 @@ async def claim_due(
     ids: Sequence[str] | None = None,
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+    rules: ClaimRules | None = None,
+    destinations: DestinationBook | Mapping[str, Destination] | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
-    """Scan up to ``limit`` due rows (ordered by ``next_attempt_at,
-    created_at``; or the rows ``ids`` names, those still due) and, in one
-    transaction, expire those past ``expires_at`` and claim the rest,
-    leased for ``lease_seconds`` from when the transaction runs (``clock``,
-    default the wall clock; or the fixed ``now``). Returns the claims won
-    and the counters of the scan (``attempted``, ``expired``,
-    ``dead_letter``). A row another claimant took first is skipped
-    silently. With ``caps``, no destination gets more attempts than its cap
-    allows (:class:`~.caps.DestinationCaps`). ``ordering``: the ordering keys'
-    policy for a head that ended ``dead_letter`` or ``expired``."""
+    """Scan up to ``limit`` due rows (in claim order; or the rows ``ids``
+    names, those still due) and, in one transaction, expire those past
+    ``expires_at`` and claim the rest, leased for ``lease_seconds`` from
+    when the transaction runs (``clock``, default the wall clock; or the
+    fixed ``now``). Returns the claims won and the counters of the scan
+    (``attempted``, ``expired``, ``dead_letter``). A row another claimant
+    took first is skipped silently. ``rules`` decide what the claim may
+    take (:mod:`.claim`); without them, the rules of ``ordering`` (the
+    ordering keys' policy for a head that ended ``dead_letter`` or
+    ``expired``), ``caps`` (no destination gets more attempts than its
+    cap allows: :class:`~.claim.caps.DestinationCaps`) and ``destinations``
+    (each destination's policy, SPEC 17, as a mapping or a worker's
+    :class:`~trio_dispatch.destinations.outcomes.DestinationBook`; paused,
+    throttled and open destinations are kept out without one)."""
     read_clock = clock or clock_from(now)
     limit = require_int("limit", limit, minimum=1)
+    chosen = _rules(ordering, caps, destinations) if rules is None else rules
 
     def scan_and_claim(conn: Any) -> tuple[list[Claim], dict[str, int]]:
-        return claim_batch(
-            conn, read_clock(), limit, lease_seconds, actor, ids=ids, caps=caps, ordering=ordering
-        )
+        return claim_batch(conn, read_clock(), limit, lease_seconds, actor, ids=ids, rules=chosen)
 
     return await db.write(scan_and_claim)
 
 
-def due_ids(
-    conn: Any, now: float, limit: int, ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
-) -> list[str]:
-    """The ids of up to ``limit`` rows due at ``now`` that the ordering
-    keys' claim rule allows, oldest due first: a row behind a blocked head
-    never takes the place of one that can go."""
-    columns = "id, next_attempt_at, created_at"
-    return [row["id"] for row in select_due(conn, now, limit, columns, rule=CLAIMABLE[ordering])]
+def _rules(
+    ordering: OrderingPolicy,
+    caps: DestinationCaps | None,
+    destinations: DestinationBook | Mapping[str, Destination] | None,
+) -> ClaimRules:
+    policies = destinations.policies if isinstance(destinations, DestinationBook) else destinations
+    return claim_rules(ordering=ordering, caps=caps, destinations=policies)
+
+
+def due_ids(conn: Any, now: float, limit: int, rules: ClaimRules | None = None) -> list[str]:
+    """The ids of up to ``limit`` rows due at ``now`` that ``rules``
+    (default: the ordering keys' rule, ``block``) allow, oldest due first: a
+    row behind a blocked head never takes the place of one that can go."""
+    columns = "id, status, deliver_to, next_attempt_at, created_at"
+    chosen = claim_rules() if rules is None else rules
+    return [row["id"] for row in select_due(conn, now, limit, columns, rules=chosen)]
 
 
 async def finish_attempt(
@@ -136,13 +150,16 @@ async def finish_and_claim_next(
     retry_schedule: Sequence[float] | None = None,
     caps: DestinationCaps | None = None,
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+    rules: ClaimRules | None = None,
     destinations: DestinationBook | None = None,
     effects: Effects | None = None,
 ) -> tuple[Outcome, Claim | None, dict[str, int]]:
     """:func:`finish_attempt`, and in the same transaction claim the next due
     row (if any) for the delivery slot this attempt frees: a busy worker pays
     one commit per delivery, not two, and its slot never waits for a scan.
-    Returns the outcome, the next claim or None, and that scan's counters."""
+    The rules (as :func:`claim_due` takes them) hear of the end first, then
+    decide the next claim. Returns the outcome, the next claim or None, and
+    that scan's counters."""
     delay = jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule)
     end = AttemptEnd(
         claim,
@@ -152,8 +169,7 @@ async def finish_and_claim_next(
         actor,
         next_lease=lease_seconds,
         clock=clock,
-        caps=caps,
-        ordering=ordering,
+        rules=_rules(ordering, caps, destinations) if rules is None else rules,
         destinations=destinations,
         effects=effects,
     )

@@ -35,8 +35,8 @@ from ..lifecycle import (
 )
 from ..store.base import Conn
 from . import sql
-from .caps import DestinationCaps
-from .ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, lock_keys, promote
+from .claim import ClaimRules, claim_rules
+from .ordering import lock_keys, promote
 from .transitions import (
     MAX_RETRY_AFTER_SECONDS,
     Change,
@@ -61,10 +61,9 @@ class AttemptEnd:
     """With :func:`finish_and_claim`: the lease of the slot's next claim."""
     clock: Callable[[], float] | None = None
     """With :func:`finish_and_claim`: the wall clock the next claim reads."""
-    caps: DestinationCaps | None = None
-    """With :func:`finish_and_claim`: the worker's per-destination caps."""
-    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY
-    """With :func:`finish_and_claim`: the worker's ordering-key policy."""
+    rules: ClaimRules = dataclasses.field(default_factory=claim_rules)
+    """With :func:`finish_and_claim`: the worker's claim rules (told of the
+    end, and asked by the next claim)."""
     destinations: DestinationBook | None = None
     """The worker's destination policies (throttle cap, breaker); None:
     none, every destination with the defaults."""
@@ -310,19 +309,20 @@ def _finish_rows(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     history = transition_rows(changes)  # every edge checked before the UPDATE runs
     # PostgreSQL: the transition rows are written by the finish's own
     # statement, for the ends that applied (one actor per worker's batch).
-    recorded = conn.dialect.arrays and len({end.actor for end in ends}) == 1
-    if conn.dialect.arrays:  # one array per column, the same text every time
+    arrays = conn.dialect.arrays
+    recorded = arrays is not None and len({end.actor for end in ends}) == 1
+    if arrays is not None:  # one array per column, the same text every time
         columns = [params[i::7] for i in range(7)]
         for i in (2, 4, 5):  # float8[]: one type per array, whatever the clock gave
             columns[i] = [float(v) for v in columns[i]]
         if recorded:
             columns += [[row[i] for row in history] for i in (4, 5, 9)]
             finished = conn.query(
-                sql.FINISH_ATTEMPTS_RECORDED,
+                sql.finish_attempts_recorded(arrays),
                 [*columns, ENTITY_TYPE, Source.DELIVERY, ends[0].actor],
             )
         else:
-            finished = conn.query(sql.FINISH_ATTEMPTS_ARRAYS, columns)
+            finished = conn.query(sql.finish_attempts_arrays(arrays), columns)
     else:
         finished = conn.query(sql.finish_attempts(len(ends)), params)
     applied = {row["id"] for row in finished}
@@ -332,8 +332,8 @@ def _finish_rows(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         if plan[0] is Outcome.THROTTLED and end.claim.dispatch_id in applied
     ]
     if throttled:  # the attempts keep their numbers; the budget leaves them out
-        if conn.dialect.arrays:
-            conn.execute(sql.COUNT_THROTTLES_ARRAY, [throttled])
+        if arrays is not None:
+            conn.execute(sql.count_throttles_many(arrays), [throttled])
         else:
             conn.execute(sql.count_throttles(len(throttled)), throttled)
     promote(

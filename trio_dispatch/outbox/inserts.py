@@ -75,12 +75,11 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # before any read, and a read never sees a snapshot older than the
     # winner (B3).
     lock_keys(conn, [new.ordering_key])
-    if conn.dialect.arrays:  # row, history and NOTIFY in one round trip
+    arrays = conn.dialect.arrays
+    if arrays is not None:  # row, history and NOTIFY in one round trip
         entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
-        inserted = (
-            conn.query_one(sql.INSERT_DISPATCH_RECORDED, (*_row(new, now), entity_type, *history))
-            is not None
-        )
+        statement = sql.insert_dispatch_recorded(arrays)
+        inserted = conn.query_one(statement, (*_row(new, now), entity_type, *history)) is not None
     else:
         inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
         if inserted:
@@ -112,17 +111,19 @@ def insert_plain(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list
     if any(new.ordering_key is not None for new, _ in items):
         items = sorted(items, key=lambda item: item[0].id)
         lock_keys(conn, [new.ordering_key for new, _ in items])
-    if conn.dialect.arrays:
+    arrays = conn.dialect.arrays
+    if arrays is not None:
         rows = [
             (*_row(new, now), entity_type, *history)
             for (new, now), (entity_type, _, *history) in zip(
                 items, transition_rows([_enqueued(new, now) for new, now in items]), strict=True
             )
         ]
+        statement = sql.insert_dispatch_recorded(arrays)
         if len(rows) == 1:
-            conn.execute(sql.INSERT_DISPATCH_RECORDED, rows[0])
+            conn.execute(statement, rows[0])
         else:
-            conn.executemany(sql.INSERT_DISPATCH_RECORDED, rows)
+            conn.executemany(statement, rows)
         return results
     conn.executemany(sql.INSERT_DISPATCH, [_row(new, now) for new, now in items])
     record(conn, [_enqueued(new, now) for new, now in items])

@@ -33,21 +33,16 @@ from ..lifecycle import (
 from ..redact import scrubbed_logger, visible
 from ..store.base import Conn, Row, undecodable_columns
 from . import sql
-from .caps import DestinationCaps
+from .claim import ClaimRules, claim_rules
+from .claim.rules import Claiming
+from .claim.scan import select_due
+from .claim.statements import select_if_due
 from .ends import AttemptEnd as AttemptEnd
 from .ends import finish_many as finish_many
 from .ends import give_back as give_back
 from .ends import plan_end as plan_end
 from .ends import release as release
-from .ordering import (
-    CLAIMABLE,
-    DEFAULT_ORDERING_POLICY,
-    OrderingPolicy,
-    lock_keys,
-    promote,
-    take_keys,
-)
-from .scan import select_due
+from .ordering import lock_keys, promote
 from .transitions import COUNTER_KEYS as COUNTER_KEYS
 from .transitions import MAX_RETRY_AFTER_SECONDS as MAX_RETRY_AFTER_SECONDS
 from .transitions import Change as Change
@@ -117,6 +112,8 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
     return bool(changed)
 
 
+_DEFAULT_RULES: Final = claim_rules()
+
 _SCAN_COLUMNS: Final = (
     "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
     "created_at, deliver_to, ordering_key, throttles"
@@ -131,8 +128,7 @@ def claim_batch(
     actor: str,
     *,
     ids: Sequence[str] | None = None,
-    caps: DestinationCaps | None = None,
-    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+    rules: ClaimRules | None = None,
 ) -> tuple[list[Claim], dict[str, int]]:
     """The claim: one indexed select of up to ``limit`` due rows (locked
     where rows lock) -- or, given ``ids``, those rows if they are still due
@@ -140,49 +136,48 @@ def claim_batch(
     dead-letter spent ones, and claim the rest with one statement per
     previous status, each leased until ``at + lease``. Returns the claims
     in scan order and the scan's counters (``attempted``, ``expired``,
-    ``dead_letter``; the others 0). With ``caps``, destinations at their
-    cap are left out and no more rows are claimed for one destination than
-    its cap has room for; the claims are counted against it. Only rows the
-    ordering keys' claim rule allows under ``ordering`` are read
-    (:mod:`.ordering`); a keyed row that leaves the live set here makes the
-    next row of its key due."""
+    ``dead_letter``; the others 0). ``rules`` (default
+    :func:`~.claim.claim_rules`: the ordering keys' rule, ``block``) decide
+    what the claim may take, at their five points (:mod:`.claim.rules`):
+    only rows their term allows are read, their left-out destinations are
+    never read, the candidates they do not take are left alone, the rows
+    they do not admit are not claimed, and they hear of the claims made. A
+    keyed row that leaves the live set here makes the next row of its key
+    due."""
+    rules = _DEFAULT_RULES if rules is None else rules
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
-    rule = CLAIMABLE[ordering]
+    bounds = rules.bounds(conn, at)
     if ids is None:
-        # Bounded whatever the capped destinations hold (see .scan).
-        skip = caps.full(at) if caps is not None else ()
-        room = caps.room(at) if caps is not None else None
-        rows = select_due(conn, at, limit, columns, lock=True, skip=skip, room=room, rule=rule)
+        # Bounded whatever the left-out destinations hold (see .claim.scan).
+        rows = select_due(conn, at, limit, columns, lock=True, rules=rules, bounds=bounds)
     else:
+        statement = select_if_due(columns, conn.dialect.lock_clause, rules.term)
         rows = [
             row
             for dispatch_id in ids[:limit]
-            for row in conn.query(
-                sql.select_if_due(columns, conn.dialect.lock_clause, rule), (dispatch_id, at)
-            )
+            for row in conn.query(statement, (dispatch_id, at))
+            if row["deliver_to"] not in bounds.skip
         ]
-    rows = take_keys(conn, rows, ordering)
+    claiming = Claiming(at, at + lease, actor, bounds, rules.term)
+    rows = rules.take(conn, rows, claiming)
     counts["attempted"] = len(rows)
-    fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
+    starting: list[Row] = []
     for row in rows:
         if row["expires_at"] is not None and row["expires_at"] <= at:
             counts["expired"] += expire(conn, row, at, actor)
         elif row["status"] == Status.DELIVERING and spent(row):
             counts["dead_letter"] += spend(conn, row, at, actor)
         else:
-            fresh[Status(row["status"])].append(row)
-    kept = {row["id"] for group in fresh.values() for row in group}
-    promote(conn, [row["ordering_key"] for row in rows if row["id"] not in kept], at)
-    if caps is not None:
-        candidates = {row["id"] for group in fresh.values() for row in group}
-        allowed = {row["id"] for row in caps.fit([r for r in rows if r["id"] in candidates], at)}
-        fresh = {
-            status: [row for row in group if row["id"] in allowed]
-            for status, group in fresh.items()
-        }
+            starting.append(row)
+    if len(starting) < len(rows):
+        kept = {row["id"] for row in starting}
+        promote(conn, [row["ordering_key"] for row in rows if row["id"] not in kept], at)
+    fresh: dict[Status, list[Row]] = {Status.PENDING: [], Status.DELIVERING: []}
+    for row in rules.admit(conn, starting, claiming):
+        fresh[Status(row["status"])].append(row)
     order = {row["id"]: index for index, row in enumerate(rows)}
-    lease_until = at + lease
+    lease_until = claiming.lease_until
     claims: list[Claim] = []
     spoiled: list[tuple[Claim, list[str]]] = []
     changes: list[Change] = []
@@ -196,12 +191,13 @@ def claim_batch(
         # status guard restates it for the record.
         keys = [row["row_key"] for row in group]
         recovered = previous == Status.DELIVERING
-        # PostgreSQL: the transition rows written by the same statement,
-        # from the rows it updated (the edge was checked above).
-        recorded = conn.dialect.arrays
+        # Where the engine can: the transition rows written by the same
+        # statement, from the rows it updated (the edge was checked above).
+        arrays = conn.dialect.arrays
+        recorded = arrays is not None
         won = (
             conn.query(
-                sql.CLAIM_ROWS_RECORDED,
+                sql.claim_rows_recorded(arrays),
                 (
                     lease_until,
                     at,
@@ -217,7 +213,7 @@ def claim_batch(
                     at,
                 ),
             )
-            if recorded
+            if arrays is not None
             else conn.query(
                 sql.claim_rows(conn.dialect.row_key, len(group)), (lease_until, at, *keys, previous)
             )
@@ -263,9 +259,7 @@ def claim_batch(
     if spoiled:
         counts["dead_letter"] += _dead_letter_unreadable(conn, spoiled, at, actor)
     claims.sort(key=lambda claim: order[claim.dispatch_id])
-    if caps is not None:
-        for claim in claims:
-            caps.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)
+    rules.claimed(conn, claims, claiming)
     return claims, counts
 
 
@@ -305,18 +299,16 @@ def finish_and_claim(
     outcomes = finish_many(conn, ends)
     nexts: list[Claim | None] = [None] * len(ends)
     counts = [dict.fromkeys(COUNTER_KEYS, 0) for _ in ends]
-    Key = tuple[float, str, Callable[[], float] | None, DestinationCaps | None, OrderingPolicy]
+    Key = tuple[float, str, Callable[[], float] | None, ClaimRules]
     groups: dict[Key, list[int]] = {}
     for index, end in enumerate(ends):
-        if end.caps is not None:  # the ended attempts make room first
-            end.caps.drop([(end.claim.dispatch_id, end.claim.lease_until)])
-        key = (end.next_lease, end.actor, end.clock, end.caps, end.ordering)
+        # The ended attempts make room first.
+        end.rules.ended([(end.claim.dispatch_id, end.claim.lease_until)])
+        key = (end.next_lease, end.actor, end.clock, end.rules)
         groups.setdefault(key, []).append(index)
-    for (lease, actor, clock, caps, ordering), indexes in groups.items():
+    for (lease, actor, clock, rules), indexes in groups.items():
         assert clock is not None
-        claims, scanned = claim_batch(
-            conn, clock(), len(indexes), lease, actor, caps=caps, ordering=ordering
-        )
+        claims, scanned = claim_batch(conn, clock(), len(indexes), lease, actor, rules=rules)
         counts[indexes[0]] = scanned
         for index, claim in zip(indexes, claims, strict=False):
             nexts[index] = claim

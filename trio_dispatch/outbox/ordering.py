@@ -11,8 +11,10 @@ clock) only breaks ties among rows one transaction inserted, in the order
 it inserted them; rows written before ``key_seq`` existed have 0 and keep
 their id order, ahead of every later one.
 
-Everything ordering adds to the outbox is here; the claim, the ends of
-attempts, the operators' writes and enqueue call in at four points:
+Everything ordering adds to the outbox is here but the claim's rule,
+which lives with the claim's other rules (:mod:`.claim.keys`); the claim,
+the ends of attempts, the operators' writes and enqueue call in at four
+points:
 
 - **Waiting.** A keyed row enqueued while a live (``pending`` or
   ``delivering``) row of its key has a lower id waits: its
@@ -23,7 +25,7 @@ attempts, the operators' writes and enqueue call in at four points:
   acked, dead-lettered, expired) or a row of a key is removed (purged,
   pruned), :func:`promote` makes the key's lowest live row due if it was
   waiting. The lowest live row of a key is therefore never waiting.
-- **The claim rule** (:func:`claimable`), the authority whatever the
+- **The claim rule** (:func:`.claim.keys.claimable`), the authority whatever the
   waiting marks say: a keyed row is claimable when it is ``delivering``
   already (lease recovery: it holds the key), or when no other row of its
   key is ``delivering`` and no row with a lower id is live -- or, under the
@@ -34,7 +36,7 @@ attempts, the operators' writes and enqueue call in at four points:
   holds the key's advisory lock until it commits, and a claim takes the keys
   of its candidates with try-locks, leaves a key another transaction holds to
   the next scan, and checks the rule again in a statement that starts after
-  the locks (:func:`take_keys`). Two transactions never decide for one key
+  the locks (:func:`.claim.keys.take_keys`). Two transactions never decide for one key
   from snapshots that miss each other's commit, so ``SKIP LOCKED`` cannot let
   two claimants take two rows of one key: the second claim's check runs
   after the first claim committed its row as ``delivering``. SQLite's single
@@ -43,11 +45,13 @@ attempts, the operators' writes and enqueue call in at four points:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, KeyOrderConflict, Row
+from ..store.dialect import ArrayForms
 from ..validate import require_text
 from ..values import show
 
@@ -87,31 +91,6 @@ def require_policy(name: str, value: object) -> OrderingPolicy:
     return "block" if value == "block" else "skip"
 
 
-def _ahead(policy: OrderingPolicy) -> str:
-    # What, with a lower id, keeps a row of the same key from its claim.
-    return "" if policy == "block" else f" AND k.{DUE_SQL}"
-
-
-def claimable(policy: OrderingPolicy, table: str = "dispatch_outbox") -> str:
-    """The claim rule as an SQL term on ``table`` (an unaliased
-    ``dispatch_outbox`` of the enclosing statement). Each probe repeats its
-    partial index's terms verbatim, so it reads that index only."""
-    return (
-        f"({table}.ordering_key IS NULL OR {table}.status = '{Status.DELIVERING}' OR ("
-        "NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
-        f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
-        f"AND k.{ORDERED_SQL} AND (k.key_seq, k.id) < ({table}.key_seq, {table}.id)"
-        f"{_ahead(policy)}) "
-        "AND NOT EXISTS (SELECT 1 FROM dispatch_outbox k "
-        f"WHERE k.ordering_key = {table}.ordering_key AND k.ordering_key IS NOT NULL "
-        f"AND k.{DUE_SQL} AND k.next_attempt_at < {WAITING_AT!r} "
-        f"AND k.status = '{Status.DELIVERING}' AND k.id <> {table}.id)))"
-    )
-
-
-CLAIMABLE: Final = {policy: claimable(policy) for policy in ("block", "skip")}
-"""The claim rule of each policy (``"block"``, ``"skip"``)."""
-
 PROMOTE: Final = (
     "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ("
     "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL "
@@ -120,6 +99,26 @@ PROMOTE: Final = (
 )
 """Make the lowest live row of the key (second parameter) due at the first
 parameter, if it waits."""
+
+# The key's lowest live row: a probe of the ordering index.
+_HEAD: Final = (
+    "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = u.key "
+    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.{DUE_SQL} "
+    "ORDER BY k.key_seq, k.id LIMIT 1"
+)
+
+
+@functools.cache
+def promote_many(arrays: ArrayForms) -> str:
+    """:data:`PROMOTE` for an array of keys in one statement (a probe of the
+    ordering index and a primary-key update per key; an ``IN`` or ``ANY``
+    form would read the waiting rows of the due index instead)."""
+    return (
+        "UPDATE dispatch_outbox d SET next_attempt_at = ? "
+        f"FROM {arrays.each('u', (('key', 'text'),), _HEAD, 'head')} "
+        f"WHERE d.id = head.id AND d.status = '{Status.PENDING}' "
+        f"AND d.next_attempt_at >= {WAITING_AT!r}"
+    )
 
 
 def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
@@ -156,20 +155,6 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     held.update(fresh)
 
 
-PROMOTE_ARRAY: Final = (
-    "UPDATE dispatch_outbox d SET next_attempt_at = ? "
-    "FROM unnest(?::text[]) AS u(key) CROSS JOIN LATERAL ("
-    "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = u.key "
-    f"AND k.ordering_key IS NOT NULL AND k.{ORDERED_SQL} AND k.{DUE_SQL} "
-    "ORDER BY k.key_seq, k.id LIMIT 1) AS head "
-    f"WHERE d.id = head.id AND d.status = '{Status.PENDING}' "
-    f"AND d.next_attempt_at >= {WAITING_AT!r}"
-)
-"""PostgreSQL: :data:`PROMOTE` for an array of keys in one statement (a probe
-of the ordering index and a primary-key update per key; an ``IN`` or
-``ANY`` form would read the waiting rows of the due index instead)."""
-
-
 def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
     """After rows of these keys left the live set or were removed: each key's
     lowest live row, if it waits, is due at ``now``. The caller holds the
@@ -179,55 +164,12 @@ def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
     wanted = sorted({key for key in keys if key is not None})
     if not wanted:
         return
-    if conn.dialect.arrays:
-        conn.execute(PROMOTE_ARRAY, (now, wanted))
+    arrays = conn.dialect.arrays
+    if arrays is not None:
+        conn.execute(promote_many(arrays), (now, wanted))
         return
     for key in wanted:
         conn.execute(PROMOTE, (now, key))
-
-
-def take_keys(conn: Conn, rows: Sequence[Row], policy: OrderingPolicy) -> list[Row]:
-    """The candidates of a claim that stay claimable once their keys are
-    held: unkeyed rows as they are; keyed rows only where this transaction
-    took the key's lock (PostgreSQL: without waiting; a key another
-    transaction holds waits for the next scan) and, checked again after the
-    locks, the rule still holds."""
-    keyed = [row for row in rows if row.get("ordering_key") is not None]
-    if not keyed or not conn.dialect.key_try_locks:
-        return list(rows)
-    taken = {
-        str(found["key"])
-        for found in conn.query(
-            conn.dialect.key_try_locks, (sorted({str(row["ordering_key"]) for row in keyed}),)
-        )
-    }
-    held: set[str] | None = getattr(conn, "held_keys", None)
-    if held is not None:
-        held.update(taken)
-    candidates = [str(row["id"]) for row in keyed if row["ordering_key"] in taken]
-    still = still_claimable(conn, candidates, policy)
-    return [row for row in rows if row.get("ordering_key") is None or row["id"] in still]
-
-
-def still_claimable(conn: Conn, ids: Collection[str], policy: OrderingPolicy) -> set[str]:
-    """Which of ``ids`` the claim rule allows now (a fresh statement)."""
-    if not ids:
-        return set()
-    if conn.dialect.arrays:  # one statement text, prepared once
-        found = conn.query(_STILL_ARRAY[policy], (list(ids),))
-    else:
-        marks = ", ".join("?" * len(ids))
-        found = conn.query(
-            f"SELECT id FROM dispatch_outbox WHERE id IN ({marks}) AND {CLAIMABLE[policy]}",
-            tuple(ids),
-        )
-    return {str(row["id"]) for row in found}
-
-
-_STILL_ARRAY: Final = {
-    policy: f"SELECT id FROM dispatch_outbox WHERE id = ANY(?::text[]) AND {rule}"
-    for policy, rule in CLAIMABLE.items()
-}
 
 
 # -- what operators see ------------------------------------------------------------

@@ -17,9 +17,10 @@ from ..store.base import Conn, Database, Row, Undecodable
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
+from .claim import NO_RULES, ClaimRules
+from .claim.scan import next_due
 from .ordering import (
     BLOCKED_KEYS_CAP,
-    CLAIMABLE,
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
     ahead_of,
@@ -28,7 +29,6 @@ from .ordering import (
     require_ordering_key,
     require_policy,
 )
-from .scan import next_due
 
 DEFAULT_LIST_LIMIT: Final = 50
 
@@ -119,14 +119,14 @@ async def list_transitions(db: Database, dispatch_id: str) -> list[dict[str, Any
 
 
 async def next_due_at(
-    db: Database, *, skip: Sequence[str] = (), ordering: OrderingPolicy | None = None
+    db: Database, *, rules: ClaimRules = NO_RULES, now: float | None = None
 ) -> float | None:
-    """When the earliest pending or delivering row falls due, or None;
-    rows whose ``deliver_to`` is in ``skip`` left out, and with ``ordering``
-    those the ordering keys' claim rule holds back under that policy."""
-    left_out = tuple(skip)
-    rule = "" if ordering is None else CLAIMABLE[ordering]
-    return await db.read(lambda conn: next_due(conn, left_out, rule))
+    """When the earliest pending or delivering row that a claim under
+    ``rules`` could take falls due, or None: the destinations their bounds
+    leave out at ``now`` (default: the wall clock's now) and the rows their
+    term holds back do not count."""
+    at = clock_from(now)()
+    return await db.read(lambda conn: next_due(conn, rules, at=at))
 
 
 async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:

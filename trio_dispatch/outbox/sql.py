@@ -2,16 +2,22 @@
 vocabulary. Engines share it: ``?`` placeholders and the subset of SQL that
 SQLite and PostgreSQL both speak (``RETURNING``, ``ON CONFLICT ... DO
 NOTHING``, ``UPDATE ... FROM (VALUES ...)``); an engine only translates
-placeholders. Status literals come from :mod:`trio_dispatch.lifecycle`, never
-from user input; every user value is a bound parameter.
+placeholders. Where an engine says a bulk statement in one fixed text
+(arrays, a writing ``WITH``), its
+:class:`~trio_dispatch.store.dialect.ArrayForms` spells it around the
+portable pieces here, built once per engine (the functions taking
+``arrays``). The claim's reads are :mod:`.claim.statements`. Status
+literals come from :mod:`trio_dispatch.lifecycle`, never from user input;
+every user value is a bound parameter.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
-from ..store.dialect import CHANNEL, Typed
+from ..store.dialect import ArrayForms, Typed
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
@@ -57,27 +63,15 @@ INSERT_TRANSITION: Final = (
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
-INSERT_DISPATCH_RECORDED: Final = (
-    f"WITH inserted AS ({INSERT_DISPATCH} RETURNING id), "
-    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
-    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
-    "SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM inserted RETURNING entity_id) "
-    f"SELECT entity_id AS id, pg_notify('{CHANNEL}', '') AS announced FROM recorded"
-)
-"""PostgreSQL only (SQLite has no data-modifying ``WITH``): :data:`INSERT_DISPATCH`,
-its :data:`INSERT_TRANSITION` row and the ``NOTIFY`` in one statement, one
-round trip. Parameters: the row's, then the transition's without its
-``entity_id``. Returns the new id, or no row when the dedup key is taken."""
 
-INSERT_TRANSITIONS_ARRAYS: Final = (
-    "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
-    "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
-    "SELECT t, e, p, s, r, m, so, a, ev, md, c FROM unnest(?::text[], ?::text[], ?::text[], "
-    "?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::json[], ?::json[], "
-    "?::float8[]) WITH ORDINALITY AS u(t, e, p, s, r, m, so, a, ev, md, c, n) ORDER BY n"
-)
-"""PostgreSQL only: :data:`INSERT_TRANSITION` for many rows, one array per
-column, in order (ids follow it)."""
+@functools.cache
+def insert_dispatch_recorded(arrays: ArrayForms) -> str:
+    """:data:`INSERT_DISPATCH`, its :data:`INSERT_TRANSITION` row and the
+    enqueue notice in one statement, one round trip. Parameters: the
+    row's, then the transition's without its ``entity_id``. Returns the new
+    id, or no row when the dedup key is taken."""
+    return arrays.record_insert(INSERT_DISPATCH)
+
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
 SELECT_FOR_REMOVAL: Final = (
@@ -138,101 +132,6 @@ def last_reasons(count: int) -> str:
     )
 
 
-def _and(rule: str) -> str:
-    return f" AND {rule}" if rule else ""
-
-
-def select_due(status: Status, columns: str, lock_clause: str, rule: str = "") -> str:
-    """Due rows of one live status up to the due time ``?``, oldest due
-    first (SPEC B5), at most ``?`` of them. The verbatim partial-index term
-    lets the planner read the due index in order and stop after ``LIMIT``
-    rows: the cost follows the limit, not the table. ``rule`` (the ordering
-    keys' claim rule) leaves out the rows it does not allow."""
-    return (
-        f"SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}' AND next_attempt_at <= ?{_and(rule)} "
-        f"ORDER BY next_attempt_at, created_at LIMIT ?{lock_clause}"
-    )
-
-
-def due_window(columns: str, rule: str = "") -> str:
-    """:func:`select_due` of each live status (parameters: the due time and
-    the limit, for each), unlocked, in one statement: two ordered range reads
-    of the due index, one after the other."""
-    return " UNION ALL ".join(
-        f"SELECT * FROM ({select_due(status, columns, '', rule)}) AS {status}"
-        for status in (Status.PENDING, Status.DELIVERING)
-    )
-
-
-def destination_heads(row_key: str, indexed_by: str = "") -> str:
-    """The first row in claim order (``deliver_to, next_attempt_at,
-    created_at``) of every destination that has a live row: a loose scan of
-    the destination index (one seek to the next destination name, one to its
-    first row), so the cost follows the number of destinations, never the
-    rows any of them holds."""
-    table = f"dispatch_outbox{indexed_by}"
-    return (
-        "WITH RECURSIVE destinations(destination) AS ("
-        f"SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
-        "UNION ALL "
-        f"SELECT (SELECT MIN(deliver_to) FROM {table} WHERE {DUE_SQL} "
-        "AND deliver_to > destinations.destination) "
-        "FROM destinations WHERE destinations.destination IS NOT NULL) "
-        "SELECT head.deliver_to, head.next_attempt_at, head.created_at "
-        f"FROM destinations JOIN dispatch_outbox head ON head.{row_key} = ("
-        f"SELECT {row_key} FROM {table} WHERE {DUE_SQL} "
-        "AND deliver_to = destinations.destination "
-        "ORDER BY next_attempt_at, created_at LIMIT 1)"
-    )
-
-
-# Up to a point in claim order: the row value bounds the destination
-# index's range, so a destination's rows past it are never read.
-_UP_TO: Final = "(next_attempt_at, created_at) <= (?, ?)"
-
-
-def due_of_destination(columns: str, indexed_by: str = "", rule: str = "") -> str:
-    """The live rows of one ``deliver_to`` up to the ``(next_attempt_at,
-    created_at)`` of the two parameters after it, in claim order, at most
-    ``?`` of them: a range of the destination index."""
-    return (
-        f"SELECT {columns} FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} AND deliver_to = ? "
-        f"AND {_UP_TO}{_and(rule)} ORDER BY next_attempt_at, created_at LIMIT ?"
-    )
-
-
-def due_of_destinations(columns: str, rule: str = "") -> str:
-    """PostgreSQL only: :func:`due_of_destination` for many destinations at
-    once, one range of the destination index each, through ``LATERAL``.
-    Parameters: the destinations (an array), the most rows of each (an
-    array, in the same order), then the bound."""
-    return (
-        "SELECT chosen.* FROM unnest(?::text[], ?::int8[]) AS wanted(destination, most) "
-        f"CROSS JOIN LATERAL (SELECT {columns} FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND deliver_to = wanted.destination AND {_UP_TO}{_and(rule)} "
-        "ORDER BY next_attempt_at, created_at LIMIT wanted.most) AS chosen"
-    )
-
-
-def lock_if_due(columns: str, count: int, lock_clause: str, rule: str = "") -> str:
-    """``count`` rows by id, those still due at ``?`` (after the ids), locked
-    with ``lock_clause``: the rows a scan chose without locking, taken for
-    the claim (a row another claimant holds is left out)."""
-    return (
-        f"SELECT {columns} FROM dispatch_outbox WHERE id IN ({', '.join('?' * count)}) "
-        f"AND {DUE_SQL} AND next_attempt_at <= ?{_and(rule)}{lock_clause}"
-    )
-
-
-def select_if_due(columns: str, lock_clause: str, rule: str = "") -> str:
-    """One row by id, if it is due (a live status, ``next_attempt_at <= ?``)."""
-    return (
-        f"SELECT {columns} FROM dispatch_outbox WHERE id = ? AND {DUE_SQL} "
-        f"AND next_attempt_at <= ?{_and(rule)}{lock_clause}"
-    )
-
-
 def _claim(where_key: str) -> str:
     return (
         f"UPDATE dispatch_outbox SET status = '{Status.DELIVERING}', attempt = attempt + 1, "
@@ -249,25 +148,15 @@ def claim_rows(row_key: str, count: int) -> str:
     return _claim(f"{row_key} IN ({', '.join('?' * count)})")
 
 
-CLAIM_ROWS_ARRAY: Final = _claim("id = ANY(?::text[])")
-"""PostgreSQL only: :func:`claim_rows` with the ids as one array."""
-
-CLAIM_ROWS_RECORDED: Final = Typed(
-    f"WITH claimed AS ({CLAIM_ROWS_ARRAY}), "
-    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
-    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
-    f"SELECT ?::text, id, ?::text, '{Status.DELIVERING}', ?::text, "
-    "?::text || 'attempt ' || attempt || ' of ' || max_attempts, ?::text, ?::text, '[]', "
-    "('{\"attempt\": ' || attempt || ', \"lease_until\": ' || ?::text || '}')::json, "
-    "?::float8 "
-    "FROM claimed ORDER BY id) "
-    "SELECT * FROM claimed"
-)
-"""PostgreSQL only: :data:`CLAIM_ROWS_ARRAY` and each claim's transition row
-in one statement, the row built by the server from the row it updated (the
-client sends no history). Parameters: the claim's four, then the entity
-type, the previous status, the reason code, the summary's prefix, the
-source, the actor, the lease end as text and the time."""
+@functools.cache
+def claim_rows_recorded(arrays: ArrayForms) -> Typed:
+    """:func:`claim_rows` with the ids as one array, and each claim's
+    transition row, in one statement (the row built by the server from the
+    row it updated: the client sends no history). Parameters: the lease
+    end, the time, the ids, the previous status, then the entity type, the
+    previous status, the reason code, the summary's prefix, the source, the
+    actor, the lease end as text and the time."""
+    return Typed(arrays.record_claim(_claim(arrays.any_of("id"))))
 
 
 EXPIRE: Final = (
@@ -290,39 +179,23 @@ SPEND: Final = (
 FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
 
 
-def _finish(source: str) -> str:
-    return (
-        f"WITH f(id, attempt, lease, status, next_at, now, err) AS ({source}) "
-        "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
-        "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
-        "FROM f WHERE dispatch_outbox.id = f.id "
-        f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
-        "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
-        "RETURNING dispatch_outbox.id AS id"
-    )
-
-
-FINISH_ATTEMPTS_RECORDED: Final = Typed(
-    "WITH f(id, attempt, lease, status, next_at, now, err, reason, summary, meta, n) AS ("
-    "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
-    "?::float8[], ?::text[], ?::text[], ?::text[], ?::json[]) WITH ORDINALITY), "
-    "done AS (UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
+_FINISH_COLUMNS: Final = ("id", "attempt", "lease", "status", "next_at", "now", "err")
+_FINISH_TYPES: Final = ("text", "int8", "float8", "text", "float8", "float8", "text")
+_FINISH: Final = (
+    "UPDATE dispatch_outbox SET status = f.status, next_attempt_at = f.next_at, "
     "updated_at = f.now, last_error = COALESCE(f.err, dispatch_outbox.last_error) "
     "FROM f WHERE dispatch_outbox.id = f.id "
     f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
     "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
-    "RETURNING dispatch_outbox.id AS id), "
-    "recorded AS (INSERT INTO status_transitions (entity_type, entity_id, previous_status, "
-    "status, reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
-    f"SELECT ?::text, f.id, '{Status.DELIVERING}', f.status, f.reason, f.summary, ?::text, "
-    "?::text, '[]', f.meta, f.now FROM done JOIN f ON f.id = done.id ORDER BY f.n) "
-    "SELECT id FROM done"
+    "RETURNING dispatch_outbox.id AS id"
 )
-"""PostgreSQL only: the finish of many attempts (one array per column, ids
-distinct) and the transition row of each end that applied, in one
-statement. Parameters: the seven arrays of :data:`FINISH_ATTEMPTS_ARRAYS`,
-then the reason codes, summaries and metadata (JSON text) of the
-transition rows, then the entity type, the source and the actor."""
+"""The end of many attempts, read from a row source ``f`` of
+:data:`_FINISH_COLUMNS`, each fenced on its claim; returns the ids whose
+end applied."""
+
+
+def _finish(source: str) -> str:
+    return f"WITH f({', '.join(_FINISH_COLUMNS)}) AS ({source}) {_FINISH}"
 
 
 def finish_attempts(count: int) -> str:
@@ -331,13 +204,21 @@ def finish_attempts(count: int) -> str:
     return _finish("VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?)"] * count))
 
 
-FINISH_ATTEMPTS_ARRAYS: Final = Typed(
-    _finish(
-        "SELECT * FROM unnest(?::text[], ?::int8[], ?::float8[], ?::text[], ?::float8[], "
-        "?::float8[], ?::text[])"
-    )
-)
-"""PostgreSQL only: :func:`finish_attempts` with one array per column."""
+@functools.cache
+def finish_attempts_arrays(arrays: ArrayForms) -> Typed:
+    """:func:`finish_attempts` with one array per column."""
+    return Typed(_finish(arrays.rows(_FINISH_TYPES)))
+
+
+@functools.cache
+def finish_attempts_recorded(arrays: ArrayForms) -> Typed:
+    """The finish of many attempts (one array per column, ids distinct)
+    and the transition row of each end that applied, in one statement.
+    Parameters: the seven arrays of :func:`finish_attempts_arrays`, then
+    the reason codes, summaries and metadata (JSON text) of the transition
+    rows, then the entity type, the source and the actor."""
+    return Typed(arrays.record_finish(_FINISH_COLUMNS, _FINISH_TYPES, _FINISH))
+
 
 RELEASE: Final = (
     f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"
@@ -361,10 +242,12 @@ def count_throttles(count: int) -> str:
     )
 
 
-COUNT_THROTTLES_ARRAY: Final = Typed(
-    "UPDATE dispatch_outbox SET throttles = throttles + 1 WHERE id = ANY(?::text[])"
-)
-"""PostgreSQL only: :func:`count_throttles` with the ids as one array."""
+@functools.cache
+def count_throttles_many(arrays: ArrayForms) -> Typed:
+    """:func:`count_throttles` with the ids as one array."""
+    return Typed(
+        f"UPDATE dispatch_outbox SET throttles = throttles + 1 WHERE {arrays.any_of('id')}"
+    )
 
 
 def set_status(assignments: str = "") -> str:
@@ -397,19 +280,6 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
         f"SELECT {what} FROM dispatch_outbox WHERE {FINISHED_SQL} "
         f"AND status = '{status}' AND {AGE} <= ?{limit}"
     )
-
-
-NEXT_DUE: Final = (
-    "SELECT MIN(due) AS due FROM ("
-    + " UNION ALL ".join(
-        f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{status}'"
-        for status in (Status.PENDING, Status.DELIVERING)
-    )
-    + ") AS heads"
-)
-"""When the earliest live row falls due (NULL: none): the first entry of
-the due index for each live status, two seeks whatever the table holds."""
 
 
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"

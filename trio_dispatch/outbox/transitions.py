@@ -197,10 +197,10 @@ def insert_rows(conn: Conn, rows: Sequence[tuple[Any, ...]]) -> None:
     """Insert transition rows built (and checked) by :func:`transition_rows`."""
     if len(rows) == 1:
         conn.execute(sql.INSERT_TRANSITION, rows[0])
-    elif rows and conn.dialect.arrays:  # PostgreSQL: one statement, an array per column
+    elif rows and conn.dialect.arrays is not None:  # one statement, an array per column
         *texts, created = (list(column) for column in zip(*rows, strict=True))
         # An array holds one type: a caller's clock may give ints among floats.
-        conn.execute(sql.INSERT_TRANSITIONS_ARRAYS, [*texts, [float(t) for t in created]])
+        conn.execute(conn.dialect.arrays.transitions, [*texts, [float(t) for t in created]])
     elif rows:
         conn.executemany(sql.INSERT_TRANSITION, rows)
 

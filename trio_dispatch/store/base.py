@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import (
@@ -279,99 +278,6 @@ def parse_target(target: str) -> tuple[Engine, str]:
             "sqlite:///path or postgresql://..."
         )
     return "sqlite", target
-
-
-_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def check_schema_name(value: object, name: str = "schema") -> str:
-    """``value`` if it is a PostgreSQL schema name the outbox can use as is
-    (unquoted, so every spelling of it -- a URL's ``search_path``, ``SET
-    search_path``, ``CREATE SCHEMA`` -- means the same schema); else
-    ValueError naming it."""
-    if (
-        not isinstance(value, str)
-        or not _SCHEMA_NAME.fullmatch(value)
-        or value.startswith("pg_")  # reserved for the system's own
-    ):
-        raise ValueError(
-            f"{name} must be a lowercase identifier (a-z, 0-9, _; not starting with a digit "
-            f"or pg_; at most 63 characters), got {show(value)}"
-        )
-    return value
-
-
-def _server_options(options: str) -> list[str]:
-    """libpq's ``options``, split as the server splits them: at whitespace
-    not escaped by a backslash."""
-    words: list[str] = []
-    word: list[str] = []
-    escaped = False
-    for char in options:
-        if escaped:
-            word.append(char)
-            escaped = False
-        elif char == "\\":
-            escaped = True
-        elif char.isspace():
-            if word:
-                words.append("".join(word))
-            word = []
-        else:
-            word.append(char)
-    if word:
-        words.append("".join(word))
-    return words
-
-
-def url_search_path(url: str) -> str | None:
-    """The ``search_path`` a PostgreSQL URL sets through its ``options``
-    parameter (``?options=-csearch_path%3Dname``), or None."""
-    try:
-        from psycopg.conninfo import conninfo_to_dict
-    except ImportError:  # then read the URL's query as a URL
-        from urllib.parse import parse_qs, urlsplit
-
-        options = parse_qs(urlsplit(url).query).get("options", [""])[-1]
-    else:
-        options = str(conninfo_to_dict(url).get("options") or "")
-    words = _server_options(options)
-    found: str | None = None
-    for index, word in enumerate(words):
-        if word == "-c" and index + 1 < len(words):
-            setting = words[index + 1]
-        elif word.startswith("-c") and word != "-c":
-            setting = word[2:]
-        elif word.startswith("--"):
-            setting = word[2:]
-        else:
-            continue
-        key, equals, value = setting.partition("=")
-        if equals and key.strip().lower().replace("-", "_") == "search_path":
-            found = value  # the last one wins, as on the server
-    return found
-
-
-def store_schema(url: str, schema: str | None) -> str | None:
-    """The schema that holds a PostgreSQL store's tables: ``schema`` (the
-    store option), else the first schema of the URL's ``search_path``, else
-    None (the connection's own ``search_path``). Raises ValueError naming a
-    name the outbox cannot use, or the two when they disagree."""
-    if schema is not None:
-        check_schema_name(schema)
-    path = url_search_path(url)
-    if path is None:
-        return schema
-    first = path.split(",")[0].strip()
-    if first.startswith('"') and first.endswith('"') and len(first) > 1:
-        first = first[1:-1]
-    found = check_schema_name(first, "the URL's search_path (options=-csearch_path=...)")
-    if schema is not None and schema != found:
-        raise ValueError(
-            f"schema {show(schema)} and the URL's search_path {show(found)} name different "
-            "schemas: give one of them"
-        )
-    return found
 
 
 class Conn(Protocol):

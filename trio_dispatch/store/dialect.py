@@ -3,24 +3,27 @@
 Every statement the outbox runs is written once, in SQLite's spelling with
 ``?`` placeholders (each connection turns them into its driver's style);
 what an engine spells differently -- its DDL, how a claim locks rows, how a
-row is addressed, whether bulk statements take arrays, how other processes
-are told of an enqueue, how migrators take turns -- is a field here. A
-connection carries its dialect (:attr:`~.base.Conn.dialect`), and the
-state machine asks it instead of testing for an engine. A new engine is a
-connection module plus one :class:`Dialect`.
+row is addressed, how it says bulk work in one statement
+(:class:`ArrayForms`: PostgreSQL's are :mod:`.pg_statements`), how other
+processes are told of an enqueue, how migrators take turns -- is a field
+here. A connection carries its dialect (:attr:`~.base.Conn.dialect`), and
+the state machine asks it instead of testing for an engine: no module of
+the outbox spells an array, a cast, ``LATERAL`` or a notice. A new engine
+is a connection module plus one :class:`Dialect`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final, Protocol
+
+from .pg_statements import ARRAYS as _POSTGRES_ARRAYS
+from .pg_statements import CHANNEL as CHANNEL
+from .placeholders import Typed as Typed
 
 if TYPE_CHECKING:
     from .base import Conn
-
-CHANNEL: Final = "trio_dispatch"
-"""The PostgreSQL ``LISTEN``/``NOTIFY`` channel of enqueues."""
 MIGRATION_LOCK: Final = 727_274_001
 """The PostgreSQL advisory lock key a migrator holds: one at a time."""
 KEY_LOCK_SEED: Final = 727_274_002
@@ -28,14 +31,38 @@ KEY_LOCK_SEED: Final = 727_274_002
 advisory lock key."""
 
 
-class Typed(str):
-    """A statement whose every parameter has the type the statement gives it
-    (a cast, or the column it is assigned to or compared with). A driver
-    with a binary wire format (PostgreSQL) sends such a statement's
-    parameters in it: no quoting and escaping of each text array element,
-    a tenth of a busy worker's client CPU on the delivery path."""
+class ArrayForms(Protocol):
+    """How an engine whose parameters may be arrays, and whose ``WITH`` may
+    write, says a bulk statement in one fixed text (one round trip, prepared
+    once, whatever the batch size). The outbox builds its statements from
+    these and its own portable pieces; it never spells an array itself.
+    Types are named ``text``, ``int8``, ``float8``, ``json``. PostgreSQL's
+    are :class:`~.pg_statements.PostgresArrays`."""
 
-    __slots__ = ()
+    def __hash__(self) -> int:
+        """Hashable: the outbox keeps each statement it built per engine."""
+
+    @property
+    def transitions(self) -> str:
+        """Many ``status_transitions`` rows, one array per column."""
+
+    def any_of(self, column: str) -> str:
+        """The many-ids form: ``column`` is one of an array parameter's texts."""
+
+    def rows(self, types: Sequence[str], *, numbered: bool = False) -> str:
+        """A row per array element, one array parameter per column."""
+
+    def each(self, alias: str, columns: Sequence[tuple[str, str]], subquery: str, name: str) -> str:
+        """A ``FROM`` item running ``subquery`` once per array element."""
+
+    def record_insert(self, insert: str) -> str:
+        """An insert, its transition row and the enqueue notice at once."""
+
+    def record_claim(self, claim: str) -> str:
+        """A claim's UPDATE and the transition row of each claim at once."""
+
+    def record_finish(self, columns: Sequence[str], types: Sequence[str], update: str) -> str:
+        """The finish of many attempts and the transitions of those that applied."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +95,13 @@ class Dialect:
     in the same write transaction: ``rowid`` on SQLite (the table's own
     b-tree, no probe of the random-uuid primary key index), ``id`` on
     PostgreSQL."""
-    arrays: bool = False
-    """Whether a ``WITH`` clause may write and parameters may be arrays: then
-    an enqueue is one statement (row, history and notice), and the delivery
-    path's bulk statements take one array per column (fixed SQL text,
-    prepared once) instead of a ``VALUES`` row of placeholders per item."""
+    arrays: ArrayForms | None = None
+    """Where a ``WITH`` clause may write and parameters may be arrays, the
+    engine's one-statement forms (:class:`ArrayForms`): then an enqueue is
+    one statement (row, history and notice), and the delivery path's bulk
+    statements take one array per column (fixed SQL text, prepared once)
+    instead of a ``VALUES`` row of placeholders per item. None: the
+    portable forms."""
     notify: str = ""
     """The statement that tells other processes, once the transaction
     commits, that a dispatch was enqueued (empty: they poll)."""
@@ -204,7 +233,7 @@ POSTGRES: Final = Dialect(
     lock_clause=" FOR UPDATE SKIP LOCKED",
     row_lock=" FOR UPDATE",
     row_key="id",
-    arrays=True,
+    arrays=_POSTGRES_ARRAYS,
     schemas=True,
     notify=f"NOTIFY {CHANNEL}",
     listen=f"LISTEN {CHANNEL}",

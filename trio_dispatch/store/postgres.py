@@ -58,7 +58,6 @@ from .base import (
     StoreError,
     StoreOptions,
     T,
-    store_schema,
 )
 from .batching import BatchingStore
 from .dialect import POSTGRES
@@ -70,6 +69,7 @@ from .pg_session import (
     error_text,
     lost,
     raise_lost,
+    store_schema,
 )
 from .schema import migrate, require_current
 from .watchdog import Watch, Watchdog

@@ -129,15 +129,19 @@ _V1: Final = (
     """,
 )
 
+DUE_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
+"""The due rows by status in claim order (version 2): every claim reads it
+(:data:`~trio_dispatch.outbox.claim.order.CLAIM_ORDER`)."""
+
 _V2: Final = (
     # The due index of ADR D1, with ``created_at`` appended: the scan order
     # of SPEC B5 (``next_attempt_at, created_at``) then comes straight from
     # the index. Without it, rows sharing a due time (every row of one
     # ``enqueue_many`` does) are sorted as one block on every claim, so a
     # single claim behind a bulk enqueue of 20,000 rows cost 6 ms.
-    "DROP INDEX IF EXISTS ix_dispatch_outbox_status_next_attempt",
+    f"DROP INDEX IF EXISTS {DUE_INDEX}",
     f"""
-    CREATE INDEX ix_dispatch_outbox_status_next_attempt
+    CREATE INDEX {DUE_INDEX}
         ON dispatch_outbox (status, next_attempt_at, created_at)
         WHERE {DUE_SQL}
     """,

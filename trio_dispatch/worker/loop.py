@@ -9,7 +9,8 @@ earliest retry falls due. It claims only as many due rows as it has free
 delivery slots (:class:`.SlotTable`), so a claimed row never waits for a
 slot while its lease runs; ``concurrency`` slots bound the transports
 running at once, and ``per_destination_concurrency`` (optional) those to one
-``deliver_to`` (:class:`~trio_dispatch.outbox.caps.DestinationCaps`). Each
+``deliver_to`` (:class:`~trio_dispatch.outbox.claim.caps.DestinationCaps`,
+one of the worker's claim rules: :mod:`trio_dispatch.outbox.claim`). Each
 claimed row is delivered by its own task, cut at its own lease end (less a
 safety margin) whatever the transport does; its outcome is written through
 the store's group commit (:mod:`.outcomes`), and in the same transaction
@@ -56,7 +57,7 @@ from ..outbox import (
     require_store,
     tally,
 )
-from ..outbox.caps import DestinationCaps
+from ..outbox.claim import DestinationCaps, claim_rules
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
 from ..settings import (
@@ -188,6 +189,12 @@ class DispatchWorker:
             if settings.per_destination_concurrency is None
             else DestinationCaps(settings.per_destination_concurrency)
         )
+        self._rules = claim_rules(
+            ordering=settings.ordering_on_dead_letter,
+            caps=self._caps,
+            destinations=self.destinations,
+        )
+        """What the worker's claims may take (:mod:`trio_dispatch.outbox.claim`)."""
         self._closing = False  # shutdown began: claim nothing more
         self._interrupt: BaseException | None = None
         """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
@@ -372,8 +379,7 @@ class DispatchWorker:
                     lease_seconds=self.settings.lease_seconds,
                     actor=self.actor,
                     clock=self.clock,
-                    caps=self._caps,
-                    ordering=self.settings.ordering_on_dead_letter,
+                    rules=self._rules,
                 )
         except Exception:
             self._scan_errors += 1
@@ -398,15 +404,13 @@ class DispatchWorker:
         self._backlog = counts["attempted"] >= limit
         if self._backlog:
             return 0.0
-        # Rows of a destination at its cap wait for one of its attempts to
-        # end (which wakes the loop), not for their due time.
-        return await self._idle_delay(self._caps.full(self.clock()) if self._caps else ())
+        # Rows of a destination the rules leave out (at its cap) wait for one
+        # of its attempts to end (which wakes the loop), not for their due time.
+        return await self._idle_delay()
 
-    async def _idle_delay(self, skip: Sequence[str] = ()) -> float:
+    async def _idle_delay(self) -> float:
         try:
-            due = await next_due_at(
-                self.db, skip=skip, ordering=self.settings.ordering_on_dead_letter
-            )
+            due = await next_due_at(self.db, rules=self._rules, now=self.clock())
         except Exception:
             self.log.exception("reading the next due time failed")
             return self.settings.tick_seconds
@@ -515,8 +519,7 @@ class DispatchWorker:
                 self._stopped_by(interrupt)
             return None
         # The slot passes to the next claim without ever being free.
-        if self._caps is not None:
-            self._caps.drop([(claim.dispatch_id, claim.lease_until)])
+        self._rules.ended([(claim.dispatch_id, claim.lease_until)])
         scope = self._attempt_scope(next_claim)
         self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
@@ -557,9 +560,10 @@ class DispatchWorker:
         return anyio.CancelScope(deadline=attempt_deadline(claim, self.clock))
 
     def _free_slot(self, claim: Claim) -> None:
-        if self._caps is not None:
-            self._caps.drop([(claim.dispatch_id, claim.lease_until)])
-        if self._slots.release(claim) and (self._backlog or self._caps is not None):
+        self._rules.ended([(claim.dispatch_id, claim.lease_until)])
+        # A destination's room may have been what held rows back: look again.
+        limited = self._caps is not None or bool(self.destinations)
+        if self._slots.release(claim) and (self._backlog or limited):
             self.wake()
 
     def _outcome_writer(self) -> OutcomeWriter:
@@ -569,7 +573,7 @@ class DispatchWorker:
             self.actor,
             self.clock,
             self.settings,
-            self._caps,
+            self._rules,
             self.log,
             destinations=self._book,
             stopping=self._closing,

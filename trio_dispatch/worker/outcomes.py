@@ -22,7 +22,7 @@ from ..outbox import (
     finish_attempt,
     release_attempt,
 )
-from ..outbox.caps import DestinationCaps
+from ..outbox.claim import ClaimRules
 from ..settings import WorkerSettings
 from ..store.base import ConnectionLostError, Store
 from ..transports import TransportResult
@@ -49,7 +49,8 @@ class OutcomeWriter:
     actor: str
     clock: Callable[[], float]
     settings: WorkerSettings
-    caps: DestinationCaps | None
+    rules: ClaimRules
+    """The worker's claim rules: the next claim's."""
     log: logging.Logger
     destinations: DestinationBook | None = None
     """The destinations' policies (throttle cap, breaker)."""
@@ -112,8 +113,7 @@ class OutcomeWriter:
                 actor=self.actor,
                 clock=self.clock,
                 retry_schedule=self.settings.retry_schedule,
-                caps=self.caps,
-                ordering=self.settings.ordering_on_dead_letter,
+                rules=self.rules,
                 destinations=self.destinations,
                 effects=effects,
             )

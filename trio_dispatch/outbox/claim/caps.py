@@ -1,31 +1,39 @@
-"""Per-destination concurrency: at most ``limit`` attempts to one
-``deliver_to`` at once in one worker, so a slow destination cannot hold
-every slot while rows for the others wait (SPEC section 10).
+"""Per-destination concurrency in one worker (``per_destination_concurrency``):
+at most ``limit`` attempts to one ``deliver_to`` at once in one worker, so
+a slow destination cannot hold every slot while rows for the others wait
+(SPEC section 10). A claim rule (:class:`~.rules.ClaimRule`).
 
 The caps are read and changed where claims are made: inside the claim's
 unit of work, which the store runs one at a time on its writer thread. A
-scan leaves out destinations already at their cap (in SQL, so it does not
-spend its limit on rows it cannot take, and through the destination index,
-so their backlog costs it nothing: :mod:`.scan`) and takes at most the room
-left for each of the rest; a finishing attempt gives its place back in the
-same unit that claims its slot's next row. The worker also gives a place back when an
-attempt ends any other way (both are idempotent). A hold that outlives its
-lease -- a claim whose transaction failed after it was counted -- stops
-counting when that lease ends, so an error can only make the cap stricter
-for a while, never looser.
+claim leaves out destinations already at their cap (:meth:`~DestinationCaps.bounds`:
+in SQL, so it does not spend its limit on rows it cannot take, and through
+the destination index, so their backlog costs it nothing: :mod:`.scan`) and
+takes at most the room left for each of the rest
+(:meth:`~DestinationCaps.admit`); a finishing attempt gives its place back
+in the same unit that claims its slot's next row. The worker also gives a
+place back when an attempt ends any other way (both are idempotent). A hold
+that outlives its lease -- a claim whose transaction failed after it was
+counted -- stops counting when that lease ends, so an error can only make
+the cap stricter for a while, never looser.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..validate import require_int
+from ...store.base import Conn, Row
+from ...validate import require_int
+from .rules import Bounds, Claiming, ClaimRule
+
+if TYPE_CHECKING:
+    from ..transitions import Claim
 
 
-class DestinationCaps:
-    """The attempts each destination has running, against ``limit``."""
+class DestinationCaps(ClaimRule):
+    """The attempts each destination has running in this worker, against
+    ``limit``. Equal only to itself: one worker's caps."""
 
     def __init__(self, limit: int) -> None:
         self.limit = require_int("per_destination_concurrency", limit, minimum=1)
@@ -84,3 +92,25 @@ class DestinationCaps:
         """Attempts running per destination (for statistics and tests)."""
         with self._lock:
             return self._counts(now)
+
+    # -- as a claim rule ------------------------------------------------------------
+
+    def bounds(self, conn: Conn, at: float) -> Bounds:
+        """The destinations at their cap left out; the room of the others."""
+        with self._lock:
+            counts = self._counts(at)
+        full = frozenset(name for name, n in counts.items() if n >= self.limit)
+        return Bounds(full, lambda destination: max(0, self.limit - counts.get(destination, 0)))
+
+    def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
+        """:meth:`fit`."""
+        return self.fit(rows, claiming.at)
+
+    def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
+        """:meth:`hold` each claim until it ends or its lease does."""
+        for claim in claims:
+            self.hold(claim.dispatch_id, claim.deliver_to, claim.lease_until)
+
+    def ended(self, attempts: Iterable[tuple[str, float]]) -> None:
+        """:meth:`drop`."""
+        self.drop(attempts)

@@ -1,0 +1,363 @@
+"""Destination admission (SPEC 17): the claim rule that keeps every
+destination within its state and its shared limits, across every worker,
+process and host on the store.
+
+What it reads is the destinations' state rows (:mod:`trio_dispatch.destinations.state`,
+written by operators and by the ends of attempts) and the policies of the
+worker's configuration (:mod:`trio_dispatch.destinations.policy`). Before
+the claim reads (:meth:`DestinationAdmission.bounds`), one statement finds
+the state rows that restrict anything now, and -- only where a shared
+concurrency is configured -- one counts the attempts running per
+destination. From those, destinations are left out entirely (so their rows
+cost the claim nothing):
+
+- ``paused`` (until its end), ``throttled`` (until ``throttled_until``), an
+  ``open`` breaker (until its cool-down ends), ``half_open`` with a probe
+  whose lease has not ended, ``disabled``;
+- a ``concurrency`` reached: ``delivering`` rows of the destination whose
+  lease has not ended, of every worker, at the limit;
+- a ``rate`` exhausted (GCRA, :mod:`.gcra`).
+
+The others get a room: the rate's starts available, the concurrency left,
+one for a breaker whose cool-down ended (its probe).
+
+After the candidates are locked, in the same transaction
+(:meth:`DestinationAdmission.admit`), a destination with a shared limit or
+a probe to send has its state row created if absent and locked (``SELECT
+... FOR UPDATE`` where rows lock; SQLite's single writer serializes the
+same), in name order, and then -- in statements that start after the locks,
+so they see every claim committed before -- its state is read again, its
+running attempts counted again and its rate's ``rate_tat`` read; at most
+what they allow is admitted, oldest first, and in the same transaction the
+rate's ``rate_tat`` is advanced for the starts admitted and a probe is
+marked (``half_open``, ``probe_id``, ``probe_until`` = the claim's lease
+end, with its audit row). Two claims of one destination therefore decide
+one after the other, each from what the other committed: the limits hold
+however many claim at once. The rate's arithmetic reads the store's clock
+where hosts share one (PostgreSQL: the server's), so a host's clock skew
+may cost throughput, never exceed the rate.
+
+For the ends of attempts (throttles, the breaker's counting, closing it
+after a probe), only the state row needs writing: the next claim reads it.
+A transaction that locks state rows of several destinations takes them in
+name order, after the outbox rows it changes, as this rule does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from ...destinations.policy import Destination, policy_for
+from ...destinations.state import (
+    COLUMNS,
+    SOURCE_DELIVERY,
+    TABLE,
+    State,
+    effective,
+    record_change,
+    settle,
+)
+from ...lifecycle import DUE_SQL, Status
+from ...store.base import Conn, Row
+from ...store.dialect import ArrayForms, Dialect
+from ...store.schema import DESTINATION_INDEX, DUE_INDEX
+from . import gcra, statements
+from .rules import Bounds, Claiming, ClaimRule
+
+UNBOUNDED: Final = sys.maxsize
+"""The room of a destination nothing limits."""
+
+_CLOSED_TO_CLAIMS: Final = frozenset({State.PAUSED, State.THROTTLED, State.OPEN, State.DISABLED})
+
+
+@functools.cache
+def _restricting(clock: str) -> str:
+    # The state rows that may restrict a claim now: a stored state other
+    # than active, a throttle ahead, a rate with starts spent. The rate is
+    # read on the store's clock where it has one.
+    now = clock or "?"
+    also = f", {clock} AS now" if clock else ""
+    return (
+        f"SELECT {COLUMNS}{also} FROM {TABLE} "
+        f"WHERE state <> '{State.ACTIVE}' OR throttled_until > ? OR rate_tat > {now}"
+    )
+
+
+@functools.cache
+def _running(indexed_by: str, arrays: ArrayForms | None, count: int) -> str:
+    # Attempts running per destination: the delivering rows whose lease has
+    # not ended, a range of the due index (as many rows as run).
+    names = "" if count == 0 else f" AND {_among(arrays, 'deliver_to', count)}"
+    return (
+        f"SELECT deliver_to, COUNT(*) AS n FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} "
+        f"AND status = '{Status.DELIVERING}' AND next_attempt_at > ?{names} GROUP BY deliver_to"
+    )
+
+
+def _among(arrays: ArrayForms | None, column: str, count: int) -> str:
+    if arrays is not None:
+        return arrays.any_of(column)
+    return f"{column} IN ({', '.join('?' * count)})"
+
+
+def _values(arrays: ArrayForms | None, names: Sequence[str]) -> tuple[Any, ...]:
+    return (list(names),) if arrays is not None else tuple(names)
+
+
+@functools.cache
+def _ensure(arrays: ArrayForms | None, count: int) -> str:
+    source = (
+        arrays.rows(("text",)) if arrays is not None else "VALUES " + ", ".join(["(?)"] * count)
+    )
+    return f"INSERT INTO {TABLE} (name) {source} ON CONFLICT (name) DO NOTHING"
+
+
+@functools.cache
+def _lock(dialect: Dialect, count: int) -> str:
+    also = f", {dialect.clock} AS now" if dialect.clock else ""
+    return (
+        f"SELECT {COLUMNS}{also} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
+        f"ORDER BY name{dialect.row_lock}"
+    )
+
+
+_ADVANCE: Final = f"UPDATE {TABLE} SET rate_tat = ?, updated_at = ? WHERE name = ?"
+_PROBE: Final = (
+    f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
+    "probe_until = ?, updated_at = ? WHERE name = ?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Noted:
+    """What the bounds saw, for the admission after the lock."""
+
+    probes: frozenset[str]
+    """Destinations whose breaker may send its probe now."""
+    settled: frozenset[str]
+    """Destinations whose pause ended by itself, not yet recorded."""
+
+
+class DestinationAdmission(ClaimRule):
+    """Destination admission under ``policies`` (a ``deliver_to`` value or
+    ``"*"`` -> its :class:`~trio_dispatch.destinations.policy.Destination`).
+    Every claim has it: without policies it still keeps paused, throttled,
+    open and disabled destinations out. Equal when the policies are."""
+
+    def __init__(self, policies: Mapping[str, Destination] | None = None) -> None:
+        self.policies: dict[str, Destination] = dict(policies or {})
+        self._concurrency = any(p.concurrency is not None for p in self.policies.values())
+        self._key = tuple(sorted(self.policies.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DestinationAdmission) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __repr__(self) -> str:
+        return f"DestinationAdmission({self.policies!r})"
+
+    def policy(self, name: str) -> Destination:
+        """The policy of ``name``."""
+        return policy_for(self.policies, name)
+
+    def _limited(self, name: str) -> bool:
+        policy = self.policy(name)
+        return policy.concurrency is not None or policy.gcra_rate is not None
+
+    def running(self, conn: Conn, at: float, names: Sequence[str] = ()) -> dict[str, int]:
+        """Attempts running at ``at`` per destination (of ``names`` only,
+        if given), whoever runs them: ``delivering`` rows whose lease has
+        not ended."""
+        arrays = conn.dialect.arrays
+        statement = _running(conn.dialect.use_index(DUE_INDEX), arrays, len(names))
+        found = conn.query(statement, (at, *(_values(arrays, names) if names else ())))
+        return {str(row["deliver_to"]): int(row["n"]) for row in found}
+
+    def bounds(self, conn: Conn, at: float) -> Bounds:
+        """The destinations closed to claims now or at a shared limit, left
+        out, with when each is lifted where that is known; the room of the
+        rest."""
+        clock = conn.dialect.clock
+        rows = conn.query(_restricting(clock), (at,) if clock else (at, at))
+        skip: set[str] = set()
+        lifts: dict[str, float] = {}
+        fixed: dict[str, int] = {}
+        probes: set[str] = set()
+        settled: set[str] = set()
+        for row in rows:
+            name = str(row["name"])
+            now = float(row["now"]) if clock else at
+            seen = effective(row, at)
+            if seen.state in _CLOSED_TO_CLAIMS:
+                skip.add(name)
+                if seen.until is not None:
+                    lifts[name] = seen.until
+                continue
+            if seen.state is State.HALF_OPEN:
+                if _probing(row, at):
+                    skip.add(name)
+                    lifts[name] = float(row["probe_until"])
+                    continue
+                probes.add(name)
+                fixed[name] = 1
+            elif row["state"] == State.PAUSED:
+                settled.add(name)  # its pause ended: recorded when next locked
+            rate = self.policy(name).gcra_rate
+            if rate is not None:
+                burst = self.policy(name).burst
+                left = gcra.room(rate, burst, row["rate_tat"], now)
+                if left <= 0:
+                    skip.add(name)
+                    lifts[name] = at + gcra.next_start(rate, burst, row["rate_tat"], now) - now
+                    continue
+                fixed[name] = min(left, fixed.get(name, UNBOUNDED))
+        running = self.running(conn, at) if self._concurrency else {}
+        for name, n in running.items():
+            limit = self.policy(name).concurrency
+            if limit is not None and n >= limit:
+                skip.add(name)
+
+        def room(destination: str) -> int:
+            policy = self.policy(destination)
+            left = fixed.get(destination)
+            if left is None:
+                left = policy.burst if policy.gcra_rate is not None else UNBOUNDED
+            if policy.concurrency is not None:
+                left = min(left, policy.concurrency - running.get(destination, 0))
+            return max(0, left)
+
+        noted = _Noted(frozenset(probes), frozenset(settled))
+        # Without policies, only a probe bounds a destination's room.
+        bounded = bool(self.policies or fixed)
+        return Bounds(frozenset(skip), room if bounded else None, lifts, noted)
+
+    def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
+        """Lock the state rows of the destinations that have a shared limit
+        or a probe to send (in name order), read them and count again, and
+        admit at most what they allow of each, oldest first; advance their
+        rates and mark the probe, in this transaction."""
+        noted = claiming.bounds.of(self).note
+        probes = noted.probes if isinstance(noted, _Noted) else frozenset()
+        settled = noted.settled if isinstance(noted, _Noted) else frozenset()
+        if not (self.policies or probes or settled):
+            return rows  # nothing to decide under a lock: the bounds said it all
+        names = {str(row["deliver_to"]) for row in rows}
+        guarded = sorted(
+            name for name in names if self._limited(name) or name in probes or name in settled
+        )
+        if not guarded:
+            return rows
+        at = claiming.at
+        dialect = conn.dialect
+        arrays = dialect.arrays
+        conn.execute(_ensure(arrays, len(guarded)), _values(arrays, guarded))
+        locked = {
+            str(row["name"]): row
+            for row in conn.query(_lock(dialect, len(guarded)), _values(arrays, guarded))
+        }
+        counted = [name for name in guarded if self.policy(name).concurrency is not None]
+        running = self.running(conn, at, counted) if counted else {}
+        allowed: dict[str, int] = {}
+        probe: dict[str, str | None] = {}
+        for name in guarded:
+            state = locked[name]
+            settle(conn, name, state, at)
+            allowed[name] = self._allowed(name, state, running.get(name, 0), at)
+            if allowed[name] and effective(state, at).state is State.HALF_OPEN:
+                # The probe is the destination's oldest due row, read after
+                # the lock: a claimant holding another row of it sends none
+                # (the one holding the oldest will).
+                probe[name] = _oldest(conn, name, claiming)
+        admitted: list[Row] = []
+        taken: Counter[str] = Counter()
+        first: dict[str, Row] = {}
+        for row in rows:
+            name = str(row["deliver_to"])
+            if name in allowed:
+                if taken[name] >= allowed[name]:
+                    continue
+                if name in probe and row["id"] != probe[name]:
+                    continue
+                taken[name] += 1
+                first.setdefault(name, row)
+            admitted.append(row)
+        self._started(conn, locked, taken, first, claiming)
+        return admitted
+
+    def _allowed(self, name: str, state: Row, running: int, at: float) -> int:
+        """How many attempts ``name`` may start now, from its locked
+        ``state`` row and the attempts ``running``."""
+        seen = effective(state, at)
+        if seen.state in _CLOSED_TO_CLAIMS:
+            return 0
+        policy = self.policy(name)
+        left = UNBOUNDED
+        if seen.state is State.HALF_OPEN:
+            if _probing(state, at):
+                return 0
+            left = 1
+        rate = policy.gcra_rate
+        if rate is not None:
+            now = float(state["now"]) if "now" in state else at
+            left = min(left, gcra.room(rate, policy.burst, state["rate_tat"], now))
+        if policy.concurrency is not None:
+            left = min(left, policy.concurrency - running)
+        return max(0, left)
+
+    def _started(
+        self,
+        conn: Conn,
+        locked: Mapping[str, Row],
+        taken: Mapping[str, int],
+        first: Mapping[str, Row],
+        claiming: Claiming,
+    ) -> None:
+        """Write what the admitted starts change: each rate's ``rate_tat``
+        and each probe."""
+        at = claiming.at
+        advances = []
+        for name, starts in taken.items():
+            state = locked[name]
+            rate = self.policy(name).gcra_rate
+            if rate is not None and starts:
+                now = float(state["now"]) if "now" in state else at
+                advances.append((gcra.advanced(rate, state["rate_tat"], now, starts), at, name))
+            if starts and effective(state, at).state is State.HALF_OPEN:
+                probe = str(first[name]["id"])
+                conn.execute(_PROBE, (probe, claiming.lease_until, at, name))
+                record_change(
+                    conn,
+                    name,
+                    State(state["state"]),
+                    State.HALF_OPEN,
+                    reason=f"probe {probe}",
+                    source=SOURCE_DELIVERY,
+                    actor=claiming.actor,
+                    now=at,
+                    until=claiming.lease_until,
+                )
+        if advances:
+            conn.executemany(_ADVANCE, advances)
+
+
+def _oldest(conn: Conn, name: str, claiming: Claiming) -> str | None:
+    """The id of ``name``'s oldest row due at the claim (that the claim's
+    term allows), or None."""
+    statement = statements.oldest_of_destination(
+        conn.dialect.use_index(DESTINATION_INDEX), claiming.term
+    )
+    found = conn.query_one(statement, (name, claiming.at))
+    return None if found is None else str(found["id"])
+
+
+def _probing(state: Row, at: float) -> bool:
+    """Whether ``state`` is a half-open breaker whose probe still runs."""
+    until = state["probe_until"]
+    return state["state"] == State.HALF_OPEN and until is not None and float(until) > at

@@ -1,0 +1,126 @@
+"""PostgreSQL's one-statement forms of the outbox's bulk work: parameters
+as arrays (``unnest``), one ``LATERAL`` range per array element, and a
+``WITH`` that writes -- a row's history and the enqueue notice in the very
+statement that changes the row. One round trip and one statement text
+(prepared once by the server, whatever the batch size) where the portable
+forms send a ``VALUES`` row of placeholders per item.
+
+:data:`~.dialect.POSTGRES` carries :data:`ARRAYS` (its
+:attr:`~.dialect.Dialect.arrays`); the outbox builds each statement once
+from its own portable pieces (the insert, the claim's UPDATE, the
+finish's UPDATE, a range of an index) and never spells an array, a cast or
+a notice itself. The pieces name the lifecycle's columns and statuses
+(:mod:`trio_dispatch.lifecycle`), which this module knows as the schema
+does; it knows nothing of how the outbox decides.
+
+Array element types are named as PostgreSQL names them (``text``,
+``int8``, ``float8``, ``json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from ..lifecycle import Status
+
+CHANNEL: Final = "trio_dispatch"
+"""The PostgreSQL ``LISTEN``/``NOTIFY`` channel of enqueues."""
+
+_HISTORY: Final = (
+    "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
+    "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at)"
+)
+
+
+class PostgresArrays:
+    """PostgreSQL's :class:`~.dialect.ArrayForms`. Every method returns the
+    same text for the same arguments, so a caller may build a statement
+    once and keep it."""
+
+    __slots__ = ()
+
+    transitions: Final = (
+        f"{_HISTORY} "
+        "SELECT t, e, p, s, r, m, so, a, ev, md, c FROM unnest(?::text[], ?::text[], ?::text[], "
+        "?::text[], ?::text[], ?::text[], ?::text[], ?::text[], ?::json[], ?::json[], "
+        "?::float8[]) WITH ORDINALITY AS u(t, e, p, s, r, m, so, a, ev, md, c, n) ORDER BY n"
+    )
+    """Many ``status_transitions`` rows, one array per column in table
+    order (``entity_type`` ... ``metadata`` as text and JSON, ``created_at``
+    as float8), inserted in array order (ids follow it)."""
+
+    def any_of(self, column: str) -> str:
+        """``column`` equals one of the texts of one array parameter: the
+        many-ids form, one statement text for any number of ids."""
+        return f"{column} = ANY(?::text[])"
+
+    def rows(self, types: Sequence[str], *, numbered: bool = False) -> str:
+        """A query of one row per array element, from one array parameter
+        per column (of ``types``), in order; ``numbered`` adds the position
+        (from 1) as the last column."""
+        arrays = ", ".join(f"?::{kind}[]" for kind in types)
+        return f"SELECT * FROM unnest({arrays}){' WITH ORDINALITY' if numbered else ''}"
+
+    def each(self, alias: str, columns: Sequence[tuple[str, str]], subquery: str, name: str) -> str:
+        """A ``FROM`` item: ``subquery`` (which reads ``alias.<column>``) run
+        once for each element of the arrays -- one parameter per
+        ``(column, type)`` -- its rows named ``name``. Each run is a range of
+        an index of its own, so the cost follows the elements, not a
+        merged read."""
+        arrays = ", ".join(f"?::{kind}[]" for _, kind in columns)
+        names = ", ".join(column for column, _ in columns)
+        return f"unnest({arrays}) AS {alias}({names}) CROSS JOIN LATERAL ({subquery}) AS {name}"
+
+    def record_insert(self, insert: str) -> str:
+        """``insert`` (one row, ``ON CONFLICT ... DO NOTHING``), its
+        transition row and the enqueue notice in one statement. Parameters:
+        the insert's, then the transition's columns without ``entity_id``.
+        Answers the new id (column ``id``), or no row when nothing was
+        inserted."""
+        return (
+            f"WITH inserted AS ({insert} RETURNING id), "
+            f"recorded AS ({_HISTORY} "
+            "SELECT ?, id, ?, ?, ?, ?, ?, ?, ?, ?, ? FROM inserted RETURNING entity_id) "
+            f"SELECT entity_id AS id, pg_notify('{CHANNEL}', '') AS announced FROM recorded"
+        )
+
+    def record_claim(self, claim: str) -> str:
+        """``claim`` (an UPDATE to ``delivering`` that returns the rows it
+        claimed, ``id``, ``attempt`` and ``max_attempts`` among them) and
+        each claim's transition row, built by the server from the row it
+        updated. Parameters: the claim's, then the entity type, the
+        previous status, the reason code, the summary's prefix, the source,
+        the actor, the lease end as text and the time. Answers the claimed
+        rows."""
+        return (
+            f"WITH claimed AS ({claim}), "
+            f"recorded AS ({_HISTORY} "
+            f"SELECT ?::text, id, ?::text, '{Status.DELIVERING}', ?::text, "
+            "?::text || 'attempt ' || attempt || ' of ' || max_attempts, ?::text, ?::text, '[]', "
+            "('{\"attempt\": ' || attempt || ', \"lease_until\": ' || ?::text || '}')::json, "
+            "?::float8 "
+            "FROM claimed ORDER BY id) "
+            "SELECT * FROM claimed"
+        )
+
+    def record_finish(self, columns: Sequence[str], types: Sequence[str], update: str) -> str:
+        """``update`` -- the end of many attempts, reading a row source
+        ``f`` of ``columns`` (``id``, ``status`` and ``now`` among them) and
+        returning the ids it changed -- with the transition row of each end
+        that applied, out of ``delivering``, in one statement. Parameters:
+        one array per column (of ``types``), then the arrays of the
+        transitions' reason codes, summaries and metadata (JSON text), then
+        the entity type, the source and the actor. Answers the ids."""
+        source = self.rows((*types, "text", "text", "json"), numbered=True)
+        return (
+            f"WITH f({', '.join(columns)}, reason, summary, meta, n) AS ({source}), "
+            f"done AS ({update}), "
+            f"recorded AS ({_HISTORY} "
+            f"SELECT ?::text, f.id, '{Status.DELIVERING}', f.status, f.reason, f.summary, ?::text, "
+            "?::text, '[]', f.meta, f.now FROM done JOIN f ON f.id = done.id ORDER BY f.n) "
+            "SELECT id FROM done"
+        )
+
+
+ARRAYS: Final = PostgresArrays()
