@@ -45,10 +45,11 @@ Sections (``--section``; default: all of them, in this order):
   ``[otel]`` extra and no tracer provider, and with an SDK provider whose
   exporter drops every span, each beside no tracing (SPEC section 16).
 - ``destinations``: destination policies (SPEC 17) on SQLite and
-  PostgreSQL: a shared rate's accuracy over 4 worker processes, a paused
-  destination's 200,000-row backlog beside none (deliveries/s and one
-  claim), fair share's latency behind a 100,000-row backlog, and a rate
-  that never binds beside no policy (``benchmarks/destinations.py``).
+  PostgreSQL: 4 worker processes sharing ``rate: 200/s`` (starts beside
+  ``200 x t``, the most in any window beyond the rate beside the burst); the
+  others' deliveries and one claim beside a paused destination's 200,000
+  pending rows; B's enqueue -> start p99 behind A's 100,000-row backlog
+  (fair share) beside B alone; a rate that never binds beside no policy.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

@@ -32,6 +32,17 @@ sys.path.insert(0, str(ROOT))
 
 TERMINAL = ("delivered", "acked", "dead_letter", "expired")
 
+POLICY_ENV = "SOAK_DESTINATION_POLICY"
+"""A JSON destination policy (SPEC 17) the roles share: the producer then
+spreads its rows over three destinations and every worker runs with the
+policy as ``"*"``, so the soak crosses rates, shared concurrency and an
+opening breaker with its SIGKILLs."""
+
+
+def _policy() -> dict[str, Any] | None:
+    text = os.environ.get(POLICY_ENV)
+    return json.loads(text) if text else None
+
 
 # -- roles run as child processes ------------------------------------------------
 
@@ -55,9 +66,11 @@ def role_worker(db: str, ledger: str, fail_rate: float, seed: int) -> None:
         async with open_store(db) as store, anyio.create_task_group() as tg:
             # A 1.5 s lease margin (5 s by default): a killed worker's rows come
             # back sooner, so a run sees more lease recoveries in less time.
+            policy = _policy()
             worker = DispatchWorker(
                 store,
                 transport=send,
+                destinations=None if policy is None else {"*": policy},
                 concurrency=16,
                 batch_size=32,
                 tick_seconds=0.2,
@@ -80,6 +93,8 @@ def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
 
     from trio_dispatch import enqueue_many, open_store
 
+    spread = _policy() is not None
+
     async def main() -> None:
         async with open_store(db) as store:
             with open(ids_file, "a") as out:
@@ -89,7 +104,13 @@ def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
                     results = await enqueue_many(
                         store,
                         [
-                            {"kind": "soak", "deliver_to": f"seat-{done + i}", "max_attempts": 8}
+                            {
+                                "kind": "soak",
+                                "deliver_to": f"dest-{(done + i) % 3}"
+                                if spread
+                                else f"seat-{done + i}",
+                                "max_attempts": 8,
+                            }
                             for i in range(size)
                         ],
                     )
@@ -230,10 +251,24 @@ def _ledger_figures(ids: set[str], pairs: list[tuple[str, int]]) -> dict[str, in
 # -- the drivers -------------------------------------------------------------------
 
 
-def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> dict[str, Any]:
+def crash_soak(
+    workdir: Path,
+    n: int = 5000,
+    kills: int = 50,
+    seed: int = 1,
+    policy: dict[str, Any] | None = None,
+    fail_rate: float = 0.0,
+) -> dict[str, Any]:
     """A producer enqueues n dispatches while the worker process is SIGKILLed
-    at random moments and restarted, `kills` times; then one worker finishes."""
+    at random moments and restarted, `kills` times; then one worker finishes.
+    With ``policy`` (a destination policy, e.g. a rate and a breaker) every
+    role runs with it over three destinations; with ``fail_rate`` a seeded
+    share of sends fail (so a breaker opens and rows retry)."""
     rng = random.Random(seed)
+    if policy is None:
+        os.environ.pop(POLICY_ENV, None)
+    else:
+        os.environ[POLICY_ENV] = json.dumps(policy)
     db, ledger, ids_file = workdir / "crash.db", workdir / "crash.ledger", workdir / "crash.ids"
     log = workdir / "crash.log"
     _make_schema(db)
@@ -242,7 +277,7 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
     producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace), log=log)
     for _ in range(kills):
         sent_before = ledger.stat().st_size if ledger.exists() else 0
-        worker = _spawn("worker", str(db), str(ledger), "0", str(seed), log=log)
+        worker = _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
         # Kill while it works: once it has sent something, at a random point
         # of its claim / send / finish cycle.
         deadline = time.monotonic() + 3
@@ -254,15 +289,18 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
         worker.send_signal(signal.SIGKILL)
         worker.wait()
     producer_code = producer.wait(timeout=300)
-    final = _spawn("worker", str(db), str(ledger), "0", str(seed), log=log)
+    final = _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
     finished = _wait_terminal(db, n, timeout=60 + n / 50)
     final_code = _stop(final)
+    os.environ.pop(POLICY_ENV, None)
     ids = set(ids_file.read_text().split())
     rows = _rows(db)
     figures = {
         "driver": "crash soak",
         "n": n,
         "kills": kills,
+        "policy": policy,
+        "fail_rate": fail_rate,
         "committed_ids": len(ids),
         "lost": len(ids - set(rows))
         + sum(1 for i in ids if i in rows and rows[i]["status"] not in TERMINAL),
@@ -279,7 +317,9 @@ def crash_soak(workdir: Path, n: int = 5000, kills: int = 50, seed: int = 1) -> 
         and len(ids) == n
         and figures["missing_from_ledger"] == 0
         and figures["duplicate_pairs"] == 0
-        and figures["max_sends_of_one_id"] <= kills + 1
+        # A failing send is sent again by design; without failures an id is
+        # sent again only after a kill.
+        and (fail_rate > 0 or figures["max_sends_of_one_id"] <= kills + 1)
         and final_code == 0
     )
     return figures

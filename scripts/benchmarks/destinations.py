@@ -41,6 +41,7 @@ from trio_dispatch import (
     open_store,
     pause_destination,
 )
+from trio_dispatch.outbox import claim_due
 from trio_dispatch.store import Store
 
 from .harness import ROOT, Bench, Figure, Outcome, at_least, percentile, ratio_at_most
@@ -229,11 +230,12 @@ async def deliveries(target: str, n: int, destinations: dict[str, Any] | None = 
     return n / elapsed
 
 
-async def _claim_ms(db: Store, worker: DispatchWorker) -> float:
-    """One claim of up to 100 rows with the worker's policies, in
-    milliseconds; then (untimed) its rows go back to pending."""
+async def _claim_ms(db: Store) -> float:
+    """One ``claim_due`` of up to 100 rows (a paused destination is left
+    out with or without a policy), in milliseconds; then (untimed) its rows
+    go back to pending."""
     started = time.perf_counter()
-    claims = await worker.claim_once(CLAIM_LIMIT)
+    claims, _ = await claim_due(db, limit=CLAIM_LIMIT)
     elapsed = time.perf_counter() - started
     if len(claims) != CLAIM_LIMIT:
         raise RuntimeError(f"the claim took {len(claims)} rows, not {CLAIM_LIMIT}")
@@ -252,20 +254,13 @@ async def claim_times(big: str, empty: str) -> tuple[float, float]:
     """Median claim milliseconds with the paused backlog and without, the
     two stores taking turns."""
     times: dict[str, list[float]] = {"big": [], "empty": []}
-
-    async def noop(delivery: Delivery) -> None:
-        pass
-
     async with open_store(big) as big_db, open_store(empty) as empty_db:
-        stores = [
-            ("big", big_db, DispatchWorker(big_db, transport=noop)),
-            ("empty", empty_db, DispatchWorker(empty_db, transport=noop)),
-        ]
-        for _, db, worker in stores:
-            await _claim_ms(db, worker)
+        stores = [("big", big_db), ("empty", empty_db)]
+        for _, db in stores:
+            await _claim_ms(db)
         for turn in range(CLAIMS):
-            for name, db, worker in stores if turn % 2 else stores[::-1]:
-                times[name].append(await _claim_ms(db, worker))
+            for name, db in stores if turn % 2 else stores[::-1]:
+                times[name].append(await _claim_ms(db))
     return statistics.median(times["big"]), statistics.median(times["empty"])
 
 

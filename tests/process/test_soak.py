@@ -45,6 +45,33 @@ def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -
 
 
 @pytest.mark.slow
+def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """SIGKILLs while three destinations run under a shared rate, a shared
+    concurrency and a breaker that failures open (SPEC 17): every row ends
+    accounted for, and no (id, attempt) is sent twice."""
+    n, kills = size(300, 150), size(6, 4)
+    policy = {
+        "rate": "300/s",
+        "burst": 20,
+        "concurrency": 6,
+        "breaker": {"failures": 4, "min_span_seconds": 0, "cool_down_seconds": 0.3},
+    }
+    figures = soak.crash_soak(tmp_path, n=n, kills=kills, policy=policy, fail_rate=0.25)
+    assert figures["committed_ids"] == n
+    assert figures["lost"] == 0 and figures["all_terminal"], figures
+    assert figures["missing_from_ledger"] == 0, figures
+    assert figures["duplicate_pairs"] == 0, figures
+    assert figures["ok"], figures
+    changes = soak._query(
+        tmp_path / "crash.db",
+        "SELECT COUNT(*) AS n FROM dispatch_destination_changes WHERE state = 'open'",
+    )
+    assert changes[0]["n"] > 0, "the failing sends should have opened a breaker"
+
+
+@pytest.mark.slow
 def test_several_workers_share_one_file_without_a_double_send(tmp_path: Path) -> None:
     n = size(1500, 600)
     figures = soak.several_workers(tmp_path, n=n, workers=4, fail_rate=0.1)

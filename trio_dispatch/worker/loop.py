@@ -241,24 +241,6 @@ class DispatchWorker:
             running=self._running,
         )
 
-    async def claim_once(self, limit: int | None = None) -> list[Claim]:
-        """One claim of up to ``limit`` due rows (default: the batch size)
-        as this worker's loop makes it -- its ordering policy, caps and
-        destinations' policies (:mod:`trio_dispatch.outbox.claim`) -- without
-        delivering them: the caller owns the claims and finishes or releases
-        them (a claim left alone is recovered by any worker once its lease
-        ends, and holds its cap's place until then). For measurements and
-        tests of what the worker's claim takes."""
-        claims, _ = await claim_due(
-            self.db,
-            limit=self.settings.batch_size if limit is None else limit,
-            lease_seconds=self.settings.lease_seconds,
-            actor=self.actor,
-            clock=self.clock,
-            rules=self._rules,
-        )
-        return claims
-
     def wake(self) -> None:
         """Scan now instead of at the next tick (safe to call any time)."""
         if self._wake is not None:
