@@ -9,6 +9,7 @@ PostgreSQL server the postgres cases skip, except under CI, where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import uuid
@@ -35,6 +36,11 @@ TABLES = (
     "dispatch_destinations",
     "dispatch_destination_changes",
 )
+_SHARED: dict[str, Any] = {}
+"""The run's database (``postgres_url``) -> the one autocommit connection
+this process's :class:`PostgresRaw` reads and writes it through (None until
+first used). A connection costs the server a new backend process (3 ms and
+a fork; more under load), and ``wait_for`` polls raw reads every 10 ms."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -110,7 +116,12 @@ def postgres_url() -> Iterator[str | None]:
         yield None
         return
     base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
+    url = f"{base}/{name}"
+    _SHARED[url] = None
+    yield url
+    shared = _SHARED.pop(url)
+    if shared is not None:
+        shared.close()
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -263,6 +274,22 @@ class PostgresRaw(RawDB):
         conn.adapters.register_loader("json", TextLoader)
         return conn
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """The run's shared connection on the run's database (made anew if
+        the server ended it); on any other database, one of its own."""
+        if self.url not in _SHARED:
+            with self._connect() as conn:
+                yield conn
+            return
+        conn = _SHARED[self.url]
+        if conn is None or conn.broken or conn.closed:
+            conn = _SHARED[self.url] = self._connect()
+            # Nothing prepared: a plan kept across tests would outlive a
+            # test's change to a table.
+            conn.prepare_threshold = None
+        yield conn
+
     @staticmethod
     def _sql(sql: str) -> str:
         from trio_dispatch.store.pg_session import placeholders as _placeholders
@@ -272,17 +299,17 @@ class PostgresRaw(RawDB):
     def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
-        with self._connect() as conn, conn.cursor(row_factory=dict_row) as cursor:
+        with self._connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(self._sql(sql), params)
             return list(cursor.fetchall())
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> Any:
-        with self._connect() as conn:
+        with self._connection() as conn:
             row = conn.execute(self._sql(sql), params).fetchone()
             return None if row is None else row[0]
 
     def execute(self, sql: str, params: tuple[object, ...] = ()) -> None:
-        with self._connect() as conn:
+        with self._connection() as conn:
             conn.execute(self._sql(sql), params)
 
     def refuse_transitions(
@@ -335,7 +362,7 @@ class PostgresRaw(RawDB):
 
     def empty(self) -> None:
         """Empty every table (the schema stays; the store re-creates it if absent)."""
-        with self._connect() as conn:
+        with self._connection() as conn:
             present = {
                 r[0]
                 for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
