@@ -46,6 +46,30 @@ a fork; more under load), and ``wait_for`` polls raw reads every 10 ms."""
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs on the SQLite engine only")
     config.addinivalue_line("markers", "postgres_only: runs on the PostgreSQL engine only")
+    config.addinivalue_line(
+        "markers",
+        "diagonal: outside CI, runs as trio-sqlite and asyncio-postgres only (each engine and "
+        "each backend once); its two other pairs are marked slow, so CI runs all four",
+    )
+
+
+DIAGONAL = {("trio", "sqlite"), ("asyncio", "postgres")}
+"""The (backend, engine) pairs a ``diagonal`` test keeps in the fast loop."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``diagonal`` test's pairs off the diagonal are marked slow: for a
+    test whose time goes on real waits (ticks, timeouts) that no backend or
+    engine shortens, or a grid of inputs, one pair per engine and per backend
+    covers the behaviour in the loop run after every change."""
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if params is None or item.get_closest_marker("diagonal") is None:
+            continue
+        pair = (params.params.get("anyio_backend"), params.params.get("engine"))
+        if None not in pair and pair not in DIAGONAL:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
