@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from ..helpers import size
+from ..helpers import size as size  # re-exported: test_ordering_processes imports it from here
 
 
 def _soak() -> ModuleType:
