@@ -9,6 +9,7 @@ PostgreSQL server the postgres cases skip, except under CI, where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import uuid
@@ -35,11 +36,40 @@ TABLES = (
     "dispatch_destinations",
     "dispatch_destination_changes",
 )
+_SHARED: dict[str, Any] = {}
+"""The run's database (``postgres_url``) -> the one autocommit connection
+this process's :class:`PostgresRaw` reads and writes it through (None until
+first used). A connection costs the server a new backend process (3 ms and
+a fork; more under load), and ``wait_for`` polls raw reads every 10 ms."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: runs on the SQLite engine only")
     config.addinivalue_line("markers", "postgres_only: runs on the PostgreSQL engine only")
+    config.addinivalue_line(
+        "markers",
+        "diagonal: outside CI, runs as trio-sqlite and asyncio-postgres only (each engine and "
+        "each backend once); its two other pairs are marked slow, so CI runs all four",
+    )
+
+
+DIAGONAL = {("trio", "sqlite"), ("asyncio", "postgres")}
+"""The (backend, engine) pairs a ``diagonal`` test keeps in the fast loop."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A ``diagonal`` test's pairs off the diagonal are marked slow: for a
+    test whose time goes on real waits (ticks, timeouts) that no backend or
+    engine shortens, or a grid of inputs, one pair per engine and per backend
+    covers the behaviour in the loop run after every change."""
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if params is None or item.get_closest_marker("diagonal") is None:
+            continue
+        pair = (params.params.get("anyio_backend"), params.params.get("engine"))
+        if None not in pair and pair not in DIAGONAL:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -110,7 +140,12 @@ def postgres_url() -> Iterator[str | None]:
         yield None
         return
     base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
+    url = f"{base}/{name}"
+    _SHARED[url] = None
+    yield url
+    shared = _SHARED.pop(url)
+    if shared is not None:
+        shared.close()
     with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -263,6 +298,22 @@ class PostgresRaw(RawDB):
         conn.adapters.register_loader("json", TextLoader)
         return conn
 
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """The run's shared connection on the run's database (made anew if
+        the server ended it); on any other database, one of its own."""
+        if self.url not in _SHARED:
+            with self._connect() as conn:
+                yield conn
+            return
+        conn = _SHARED[self.url]
+        if conn is None or conn.broken or conn.closed:
+            conn = _SHARED[self.url] = self._connect()
+            # Nothing prepared: a plan kept across tests would outlive a
+            # test's change to a table.
+            conn.prepare_threshold = None
+        yield conn
+
     @staticmethod
     def _sql(sql: str) -> str:
         from trio_dispatch.store.pg_session import placeholders as _placeholders
@@ -272,17 +323,17 @@ class PostgresRaw(RawDB):
     def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
-        with self._connect() as conn, conn.cursor(row_factory=dict_row) as cursor:
+        with self._connection() as conn, conn.cursor(row_factory=dict_row) as cursor:
             cursor.execute(self._sql(sql), params)
             return list(cursor.fetchall())
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> Any:
-        with self._connect() as conn:
+        with self._connection() as conn:
             row = conn.execute(self._sql(sql), params).fetchone()
             return None if row is None else row[0]
 
     def execute(self, sql: str, params: tuple[object, ...] = ()) -> None:
-        with self._connect() as conn:
+        with self._connection() as conn:
             conn.execute(self._sql(sql), params)
 
     def refuse_transitions(
@@ -335,7 +386,7 @@ class PostgresRaw(RawDB):
 
     def empty(self) -> None:
         """Empty every table (the schema stays; the store re-creates it if absent)."""
-        with self._connect() as conn:
+        with self._connection() as conn:
             present = {
                 r[0]
                 for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
     from .conftest import RawDB
 
 
+FULL = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+"""Whether this run is CI's (every tier at full size) rather than the loop a
+developer runs after each change (scripts/test outside CI)."""
+
+
+def size(full: int, quick: int) -> int:
+    """``full`` under CI, ``quick`` in the loop after each change."""
+    return full if FULL else quick
+
+
 @dataclass(frozen=True)
 class Ran:
     """What a command printed and returned."""

@@ -526,29 +526,34 @@ def test_a_worker_whose_store_directory_is_missing_is_a_one_line_error(tmp_path:
     assert_one_line_error(done, 2, "does not exist", "missing")
 
 
-@pytest.mark.parametrize(
-    ("text", "words"),
-    [
-        ("worker:\n  concurrency: 3000000000\n", ["worker.concurrency", "2147483647"]),
-        ("worker:\n  batch_size: 2147483648\n", ["worker.batch_size"]),
-        ("worker:\n  tick_seconds: 1.0e-7\n", ["worker.tick_seconds", "0.001"]),
-        ("dispatch:\n  timeout_seconds: 1.0e-7\n", ["dispatch.timeout_seconds"]),
-        ('store: "out\\0.db"\n', ["store", "NUL"]),
-        ("store: sqlite://x.db\n", ["store", "sqlite:///"]),
-        ("store: mysql://u:pw@h/db\n", ["store", "unsupported"]),
-        ("busy_timeout_seconds: 3000000\n", ["busy_timeout_seconds", "2147483"]),
-        ("store: a.db\nstore: b.db\n", ["duplicate key", "'store'", "line 1"]),
-        ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
-        ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
-        ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
-        ('store: "postgresql://u:pw@127.0.0.1:5432/postgres?foo=bar"\n', ["store", "unknown"]),
-        ('store: "postgresql://127.0.0.1:5432/postgres?foo=bar"\n', ["store", '"foo"']),
-        ('store: "postgresql://u:pw@127.0.0.1:notaport/postgres"\n', ["store", "port"]),
-        ('store: "postgresql://127.0.0.1:notaport/postgres"\n', ["store", "'notaport'"]),
-        ('store: "out\\udc80.db"\n', ["store", "surrogate"]),
-        ("dispatch:\n  retry_schedule: [1" + "0" * 400 + "]\n", ["dispatch.retry_schedule"]),
-    ],
-)
+REFUSED_CONFIGS = [
+    ("worker:\n  concurrency: 3000000000\n", ["worker.concurrency", "2147483647"]),
+    ("worker:\n  batch_size: 2147483648\n", ["worker.batch_size"]),
+    ("worker:\n  tick_seconds: 1.0e-7\n", ["worker.tick_seconds", "0.001"]),
+    ("dispatch:\n  timeout_seconds: 1.0e-7\n", ["dispatch.timeout_seconds"]),
+    ('store: "out\\0.db"\n', ["store", "NUL"]),
+    ("store: sqlite://x.db\n", ["store", "sqlite:///"]),
+    ("store: mysql://u:pw@h/db\n", ["store", "unsupported"]),
+    ("busy_timeout_seconds: 3000000\n", ["busy_timeout_seconds", "2147483"]),
+    ("store: a.db\nstore: b.db\n", ["duplicate key", "'store'", "line 1"]),
+    ("worker:\n  concurrency: 2\n  concurrency: 3\n", ["duplicate key", "'concurrency'"]),
+    ("dispatch:\n  env:\n    allow: [PATH]\n    inherit: true\n", ["dispatch.env", "not both"]),
+    ("dispatch:\n  max_body_bytes: 0\n", ["dispatch.max_body_bytes"]),
+    ('store: "postgresql://u:pw@127.0.0.1:5432/postgres?foo=bar"\n', ["store", "unknown"]),
+    ('store: "postgresql://127.0.0.1:5432/postgres?foo=bar"\n', ["store", '"foo"']),
+    ('store: "postgresql://u:pw@127.0.0.1:notaport/postgres"\n', ["store", "port"]),
+    ('store: "postgresql://127.0.0.1:notaport/postgres"\n', ["store", "'notaport'"]),
+    ('store: "out\\udc80.db"\n', ["store", "surrogate"]),
+    ("dispatch:\n  retry_schedule: [1" + "0" * 400 + "]\n", ["dispatch.retry_schedule"]),
+]
+"""Configurations check-config refuses, each with the words its one line holds."""
+WORKER_QUICK = {0, 8, 12}
+"""The ones a real worker process also refuses in the loop after each change
+(a key of the worker's, a duplicate key, a store URL); CI starts a worker
+for every one (a process each, 0.7 s)."""
+
+
+@pytest.mark.parametrize(("text", "words"), REFUSED_CONFIGS)
 def test_check_config_refuses_what_the_worker_would_refuse(
     tmp_path: Path, text: str, words: list[str]
 ) -> None:
@@ -556,6 +561,20 @@ def test_check_config_refuses_what_the_worker_would_refuse(
     config.write_text(text)
     line = assert_one_line_error(run_cli("check-config", str(config)), 2, *words)
     assert "pw@" not in line
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        pytest.param(*refused, marks=() if n in WORKER_QUICK else pytest.mark.slow)
+        for n, refused in enumerate(REFUSED_CONFIGS)
+    ],
+)
+def test_the_worker_refuses_what_check_config_refuses(
+    tmp_path: Path, text: str, words: list[str]
+) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
     worker = cli_process("--config", str(config), "worker", timeout=30)
     assert_one_line_error(worker, 2, words[0])
 

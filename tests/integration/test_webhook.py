@@ -278,12 +278,12 @@ async def test_a_silent_server_is_cut_at_the_timeout_and_retried(
     store: SQLiteStore, raw: RawDB, server: Server
 ) -> None:
     silent = await enqueue_dispatch(store, kind="k", deliver_to="slow", now=T0)
-    transport = WebhookTransport(endpoints({"slow": server.url + "/slow"}), timeout=1)
+    transport = WebhookTransport(endpoints({"slow": server.url + "/slow"}), timeout=0.25)
     started = time.monotonic()
     counts = await deliver(store, transport)
     assert time.monotonic() - started < 2.5
     assert counts["retried"] == 1
-    assert raw.row(silent)["last_error"] == "timeout after 1s (waiting for a response)"
+    assert raw.row(silent)["last_error"] == "timeout after 0.25s (waiting for a response)"
 
 
 @pytest.mark.slow

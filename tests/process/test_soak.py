@@ -5,18 +5,13 @@ they run at the sizes below; a developer's run uses about half of each."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-FULL = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def size(full: int, quick: int) -> int:
-    return full if FULL else quick
+from ..helpers import size as size  # re-exported: test_ordering_processes imports it from here
 
 
 def _soak() -> ModuleType:

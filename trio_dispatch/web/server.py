@@ -181,7 +181,9 @@ def bind(listen: Listen) -> socket.socket:
     """A listening TCP socket on ``listen``; OSError (e.g. address in use)
     as a ValueError naming the address."""
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections whose
+    # socket says so, and without it each keep-alive answer waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         infos = socket.getaddrinfo(listen.host, listen.port, family, socket.SOCK_STREAM)
