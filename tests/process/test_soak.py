@@ -51,7 +51,14 @@ def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
         "rate": "300/s",
         "burst": 20,
         "concurrency": 6,
-        "breaker": {"failures": 3, "min_span_seconds": 0, "cool_down_seconds": 0.3},
+        # Cool-downs capped at 1 s: doubling after every failed probe would
+        # otherwise park a destination for minutes while half the sends fail.
+        "breaker": {
+            "failures": 3,
+            "min_span_seconds": 0,
+            "cool_down_seconds": 0.3,
+            "max_cool_down_seconds": 1,
+        },
     }
     # Half the sends fail: three in a row to one destination happen with
     # near certainty among the run's hundreds of sends (the breaker opens).
