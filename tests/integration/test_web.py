@@ -41,7 +41,7 @@ from trio_dispatch.worker import DispatchWorker
 from trio_dispatch.worker.metrics import DeliveryMetrics
 
 from ..conftest import PostgresRaw, RawDB
-from ..helpers import run_cli, wait_for
+from ..helpers import client_tls, run_cli, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +82,7 @@ async def populate(db: Any, raw: RawDB) -> dict[str, str]:
 async def serving(app: WebApp) -> AsyncIterator[httpx.AsyncClient]:
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_app, app, LOOPBACK)
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=10, verify=client_tls()) as client:
             yield client
         tg.cancel_scope.cancel()
 
