@@ -134,7 +134,10 @@ async def test_metrics_have_the_specified_names_types_and_labels(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=60)
         await tg.start(worker.run)
-        await wait_for(lambda: len(done) == 2)  # the pending row and the flaky one
+        # The pending row and the flaky one sent, and their ends committed
+        # (the transport's return comes before the write the metrics read).
+        await wait_for(lambda: worker.counts["delivered"] + worker.counts["retried"] == 2)
+        assert len(done) == 2
         async with serving(WebApp(store, worker=worker)) as client:
             response = await client.get("/metrics")
         tg.cancel_scope.cancel()
