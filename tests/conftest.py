@@ -90,6 +90,30 @@ def _secrets_of_this_test(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redact, "_known", set())
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _system_cas_loaded_once() -> Iterator[None]:
+    """A webhook transport verifying with the system's CAs (``verify=True``,
+    the default) has httpx load the CA bundle, 20-40 ms, and a run builds
+    some 140 transports: each process loads it once here and every such
+    transport gets that context, as a long-running worker's one transport
+    would (a CA file or a context of the caller's own is used as given)."""
+    import httpx
+
+    make = httpx.create_ssl_context
+    system: list[Any] = []
+
+    def once(*args: Any, **kwargs: Any) -> Any:
+        if args or kwargs != {"trust_env": False}:  # not tls_context's call
+            return make(*args, **kwargs)
+        if not system:
+            system.append(make(trust_env=False))
+        return system[0]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(httpx, "create_ssl_context", once)
+        yield
+
+
 @pytest.fixture
 def spans() -> Iterator[Any]:
     """An in-memory span exporter that receives this test's spans (SPEC

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -32,6 +34,16 @@ developer runs after each change (scripts/test outside CI)."""
 def size(full: int, quick: int) -> int:
     """``full`` under CI, ``quick`` in the loop after each change."""
     return full if FULL else quick
+
+
+@functools.cache
+def client_tls() -> ssl.SSLContext:
+    """One verifying TLS context for the tests' own HTTP clients: httpx loads
+    the CA bundle again for each client made without one (20-40 ms), and the
+    web tests make hundreds (to servers speaking plain HTTP on loopback)."""
+    import httpx
+
+    return httpx.create_ssl_context()
 
 
 @dataclass(frozen=True)

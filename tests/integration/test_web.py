@@ -41,7 +41,7 @@ from trio_dispatch.worker import DispatchWorker
 from trio_dispatch.worker.metrics import DeliveryMetrics
 
 from ..conftest import PostgresRaw, RawDB
-from ..helpers import run_cli, wait_for
+from ..helpers import client_tls, run_cli, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +82,7 @@ async def populate(db: Any, raw: RawDB) -> dict[str, str]:
 async def serving(app: WebApp) -> AsyncIterator[httpx.AsyncClient]:
     async with anyio.create_task_group() as tg:
         url = await tg.start(serve_app, app, LOOPBACK)
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=10, verify=client_tls()) as client:
             yield client
         tg.cancel_scope.cancel()
 
@@ -134,7 +134,10 @@ async def test_metrics_have_the_specified_names_types_and_labels(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=60)
         await tg.start(worker.run)
-        await wait_for(lambda: len(done) == 2)  # the pending row and the flaky one
+        # The pending row and the flaky one sent, and their ends committed
+        # (the transport's return comes before the write the metrics read).
+        await wait_for(lambda: worker.counts["delivered"] + worker.counts["retried"] == 2)
+        assert len(done) == 2
         async with serving(WebApp(store, worker=worker)) as client:
             response = await client.get("/metrics")
         tg.cancel_scope.cancel()
