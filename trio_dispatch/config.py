@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import yaml
-
+from .configpath import CONFIG_ENV_VAR as CONFIG_ENV_VAR
+from .configpath import DEFAULT_CONFIG_NAME as DEFAULT_CONFIG_NAME
+from .configpath import find_config_path as find_config_path
+from .configpath import resolve_notify_template as resolve_notify_template
 from .destinations.policy import Destination, parse_destinations
 from .errors import ConfigError as ConfigError
 from .redact import mask_url
@@ -44,7 +46,7 @@ from .store.base import (
     check_network_timeout,
     parse_target,
 )
-from .transports import ChildEnvironment, is_valid_template
+from .transports import ChildEnvironment
 from .transports.command import CommandOptions as CommandOptions
 from .transports.plugins import (
     PluginContext,
@@ -66,8 +68,6 @@ from .web.binding import (
 )
 from .yamlfile import one_line, safe_load
 
-CONFIG_ENV_VAR: Final = "TRIO_DISPATCH_CONFIG"
-DEFAULT_CONFIG_NAME: Final = "trio-dispatch.yaml"
 MAX_CONFIG_BYTES: Final = 1024 * 1024
 """A configuration file larger than this is refused unread."""
 
@@ -553,51 +553,3 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES:,} bytes: not a config file")
     return _build(safe_load(text, source), source=source, path=file.absolute())
-
-
-def find_config_path(
-    explicit: str | os.PathLike[str] | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> Path | None:
-    """Where the config file is, by SPEC order; None means run on defaults.
-
-    ``explicit`` (``--config``) wins and is returned even if the file does not
-    exist, so the caller reports it; then ``$TRIO_DISPATCH_CONFIG`` when set
-    and non-empty (also returned unchecked); then ``<cwd>/trio-dispatch.yaml``
-    if it is a file. Relative paths are taken against ``cwd`` when one is
-    given. ``environ`` and ``cwd`` default to the process's own.
-    """
-    env = os.environ if environ is None else environ
-    chosen = explicit if explicit is not None and os.fspath(explicit) else env.get(CONFIG_ENV_VAR)
-    if chosen:
-        return Path(chosen) if cwd is None else cwd / chosen
-    candidate = (Path.cwd() if cwd is None else cwd) / DEFAULT_CONFIG_NAME
-    return candidate if candidate.is_file() else None
-
-
-def resolve_notify_template(project_dir: str | Path | None = None) -> list[str] | None:
-    """The configured transport argv template, or None (ADR D3, SPEC 8).
-
-    Reads ``<project_dir>/trio-dispatch.yaml`` when a directory is given, else
-    the file :func:`find_config_path` finds. Returns a fresh list when
-    ``dispatch.notify_template`` is a non-empty list of strings. Never raises:
-    a missing, unreadable or malformed file, an invalid rest of the config, or
-    an absent or invalid template all return None, and delivery then records
-    a transport failure.
-    """
-    try:
-        path = (
-            Path(project_dir) / DEFAULT_CONFIG_NAME
-            if project_dir is not None
-            else find_config_path()
-        )
-        if path is None:
-            return None
-        data = yaml.safe_load(path.read_bytes())
-    except (OSError, ValueError, RecursionError, yaml.YAMLError):
-        return None
-    dispatch = data.get("dispatch") if isinstance(data, Mapping) else None
-    template = dispatch.get("notify_template") if isinstance(dispatch, Mapping) else None
-    return list(template) if is_valid_template(template) else None

@@ -204,6 +204,34 @@ _CLOSED: Final[Mapping[str, Any]] = {
 closed and counting afresh."""
 
 
+def _move(
+    conn: Conn,
+    name: str,
+    previous: State,
+    assignments: Mapping[str, Any],
+    *,
+    reason: str | None,
+    actor: str,
+    now: float,
+    source: str = SOURCE_OPERATOR,
+) -> None:
+    """Write ``assignments`` to ``name``'s row and the audit row of its
+    change from ``previous`` to the state they set."""
+    _set(conn, name, assignments, now)
+    until = assignments.get("state_until")
+    record_change(
+        conn,
+        name,
+        previous,
+        State(assignments["state"]),
+        reason=reason,
+        source=source,
+        actor=actor,
+        now=now,
+        until=until,
+    )
+
+
 def pause(
     conn: Conn, name: str, until: float | None, reason: str | None, actor: str, now: float
 ) -> Seen:
@@ -211,23 +239,8 @@ def pause(
     state it had. A pause replaces whatever the breaker was doing; resume
     starts it afresh."""
     before = effective(lock_row(conn, name), now)
-    _set(
-        conn,
-        name,
-        {**_CLOSED, "state": str(State.PAUSED), "state_until": until, "reason": reason},
-        now,
-    )
-    record_change(
-        conn,
-        name,
-        before.state,
-        State.PAUSED,
-        reason=reason,
-        source=SOURCE_OPERATOR,
-        actor=actor,
-        now=now,
-        until=until,
-    )
+    paused = {**_CLOSED, "state": str(State.PAUSED), "state_until": until, "reason": reason}
+    _move(conn, name, before.state, paused, reason=reason, actor=actor, now=now)
     return before
 
 
@@ -240,17 +253,7 @@ def resume(conn: Conn, name: str, reason: str | None, actor: str, now: float) ->
     if before.state is not State.PAUSED:
         settle(conn, name, row, now)
         return None
-    _set(conn, name, _CLOSED, now)
-    record_change(
-        conn,
-        name,
-        State.PAUSED,
-        State.ACTIVE,
-        reason=reason,
-        source=SOURCE_OPERATOR,
-        actor=actor,
-        now=now,
-    )
+    _move(conn, name, State.PAUSED, _CLOSED, reason=reason, actor=actor, now=now)
     return before
 
 
@@ -262,17 +265,7 @@ def enable(conn: Conn, name: str, reason: str | None, actor: str, now: float) ->
     before = effective(row, now)
     if State(row["state"]) not in (State.DISABLED, State.OPEN, State.HALF_OPEN):
         return None
-    _set(conn, name, _CLOSED, now)
-    record_change(
-        conn,
-        name,
-        before.state,
-        State.ACTIVE,
-        reason=reason,
-        source=SOURCE_OPERATOR,
-        actor=actor,
-        now=now,
-    )
+    _move(conn, name, before.state, _CLOSED, reason=reason, actor=actor, now=now)
     return before
 
 
@@ -285,16 +278,15 @@ def settle(conn: Conn, name: str, row: Mapping[str, Any] | None, now: float) -> 
     until = row["state_until"]
     if until is None or until > now:
         return
-    _set(conn, name, _CLOSED, now)
-    record_change(
+    _move(
         conn,
         name,
         State.PAUSED,
-        State.ACTIVE,
+        _CLOSED,
         reason="pause ended",
-        source=SOURCE_DELIVERY,
         actor="pause",
         now=now,
+        source=SOURCE_DELIVERY,
     )
 
 

@@ -40,7 +40,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import parse_qs, urlencode
 
-import anyio
 from anyio.abc import TaskGroup
 
 from ..outbox.operator import RETRYABLE
@@ -58,13 +57,12 @@ from ..outbox.reads import (
     list_blocked_heads,
     list_page,
     list_transitions,
-    next_due_at,
     recent_failures,
     status_label,
     status_labels,
     waiting_behind,
 )
-from ..redact import known_secrets, mask_url, one_line, scrubbed_logger, visible
+from ..redact import mask_url, scrubbed_logger, visible
 from ..schedules.runs import listing, states
 from ..store.base import Database
 from ..values import show
@@ -73,6 +71,8 @@ from .actions import Actions, FormTooLarge, Reply, action_form, client, read_for
 from .auth import Auth, Identity, Role, header
 from .binding import LOOPBACK_NAMES, AllowedHosts, Listen, parse_allowed_hosts
 from .destinations import DestinationsView
+from .health import STORE_CHECK_SECONDS as STORE_CHECK_SECONDS
+from .health import StoreProbes, health_document
 from .metrics import CONTENT_TYPE, families, render
 
 if TYPE_CHECKING:
@@ -85,8 +85,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-STORE_CHECK_SECONDS: Final = 2.0
-"""How long ``/healthz`` waits for the store to answer."""
 PAGE_SIZE: Final = DEFAULT_LIST_LIMIT
 BLOCKED_PAGE: Final = 100
 """The blocked keys' page lists at most this many heads, oldest first."""
@@ -190,15 +188,14 @@ class WebApp:
             db, destinations or {}, self.store_label, acting=self.actions is not None
         )
         self.started_at = clock()
-        self._probes: TaskGroup | None = None
-        self._probe: _Probe | None = None
+        self._probes = StoreProbes(db, clock)
 
     def attach(self, task_group: TaskGroup) -> None:
         """Run store probes in ``task_group`` (:func:`~.server.serve_app`
         does this): a probe stuck on a lock then outlives the request that
         started it, and the request still answers after
-        :data:`STORE_CHECK_SECONDS`."""
-        self._probes = task_group
+        :data:`~.health.STORE_CHECK_SECONDS`."""
+        self._probes.attach(task_group)
 
     def listening_on(self, listen: Listen) -> None:
         """A listener's address, its bound port included
@@ -415,55 +412,8 @@ class WebApp:
         """200 and ``{"status": "ok", ...}``, or 503 and the reason: the
         claim loop has not completed a scan within two ticks, or the store
         does not answer within :data:`STORE_CHECK_SECONDS`."""
-        now = self.clock()
-        reasons: list[str] = []
-        store = "ok"
-        failure = await self._probe_store()
-        if failure is not None:
-            store = failure if failure.startswith("no answer") else "error"
-            reasons.append(f"store: {failure}")
-        document: dict[str, Any] = {"status": "ok"}
-        if self.worker is not None:
-            statistics = self.worker.statistics()
-            last = statistics.last_scan_at
-            scan_age = now - (last if last is not None else self.started_at)
-            if statistics.in_flight >= statistics.concurrency:
-                scan_age = 0.0  # every slot busy: nothing to scan for, the loop is alive
-            document["last_scan_age_seconds"] = round(max(0.0, scan_age), 3)
-            limit = 2 * self.worker.settings.tick_seconds
-            if not statistics.running:
-                reasons.append("worker: not running")
-            elif scan_age > limit:
-                reasons.append(
-                    f"worker: no completed scan for {scan_age:.1f}s "
-                    f"(more than two ticks, {limit:g}s)"
-                )
-        document["store"] = store
-        if reasons:
-            document["status"] = "unhealthy"
-            document["reason"] = "; ".join(reasons)
-            return 503, document
-        return 200, document
-
-    async def _probe_store(self) -> str | None:
-        """None if the store answers a bounded read of the outbox (the due
-        index) within :data:`STORE_CHECK_SECONDS`, else why not. A read
-        blocked in its thread cannot be cancelled, so it runs as a probe of
-        its own; while one is still waiting, later checks wait on it rather
-        than pile up."""
-        if self._probes is None:  # not served by serve_app: wait in the request
-            probe = _Probe(self.clock())
-            with anyio.move_on_after(STORE_CHECK_SECONDS):
-                await probe.run(self.db)
-            return probe.outcome(self.clock())
-        if self._probe is None or self._probe.done.is_set():
-            self._probe = _Probe(self.clock())
-            self._probes.start_soon(self._probe.run, self.db)
-        probe = self._probe
-        remaining = probe.started + STORE_CHECK_SECONDS - self.clock()
-        with anyio.move_on_after(max(0.0, remaining)):
-            await probe.done.wait()
-        return probe.outcome(self.clock())
+        failure = await self._probes.check()
+        return health_document(failure, self.worker, self.started_at, self.clock())
 
     async def _overview(self, query: dict[str, str], identity: Identity) -> str:
         now = self.clock()
@@ -626,25 +576,3 @@ class WebApp:
         if not forms:
             return "<p class=note>Log in (<a href=/login>/login</a>) to act from here.</p>"
         return f"<div class=actions>{forms}</div>"
-
-
-class _Probe:
-    """One bounded read of the store, and how it went."""
-
-    def __init__(self, started: float) -> None:
-        self.started = started
-        self.done = anyio.Event()
-        self.error: str | None = None
-
-    async def run(self, db: Database) -> None:
-        try:
-            await next_due_at(db)  # one bounded, indexed read
-        except Exception as exc:
-            self.error = one_line(exc, known_secrets())[:200] or type(exc).__name__
-        finally:
-            self.done.set()
-
-    def outcome(self, now: float) -> str | None:
-        if not self.done.is_set():
-            return f"no answer within {STORE_CHECK_SECONDS:g}s"
-        return self.error

@@ -60,9 +60,7 @@ from ..outbox import (
 from ..outbox.claim import DestinationCaps, claim_rules
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
-from ..settings import (
-    WorkerSettings,
-)
+from ..settings import WorkerSettings
 from ..store.base import Listener, Store
 from ..transports import (
     ChildEnvironment,
@@ -178,11 +176,10 @@ class DispatchWorker:
         """Running totals, with the meanings of ``deliver_due_dispatches``."""
         self.metrics = DeliveryMetrics()
         """Attempts by outcome and kind, and their durations (``/metrics``)."""
-        self.destination_metrics = DestinationMetrics()
-        """Throttled attempts and breaker changes by destination (``/metrics``)."""
-        self.destination_metrics.prefer(
-            sorted(name for name in self.destinations if name != ANY_DESTINATION)
+        self.destination_metrics = DestinationMetrics(
+            preferred=sorted(name for name in self.destinations if name != ANY_DESTINATION)
         )
+        """Throttled attempts and breaker changes by destination (``/metrics``)."""
         self._slots = SlotTable(settings.concurrency)
         self._caps = (
             None
@@ -496,7 +493,10 @@ class DispatchWorker:
             outcome, next_claim = await self._settle_and_claim(claim, result, effects)
             if outcome is not None:
                 tally(self.counts, result, outcome)
-                self._count_destination(claim, result, outcome, effects)
+                if outcome is not Outcome.CONFLICT:
+                    self.destination_metrics.ended(
+                        claim.deliver_to, result.throttled, effects.transitions
+                    )
             if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK, Outcome.THROTTLED) or result.local:
                 # Its new due time may come before the loop's planned wake-up
                 # (a short retry schedule, a Retry-After; a released row is
@@ -525,17 +525,6 @@ class DispatchWorker:
         if self._closing:  # claimed as shutdown began: give it straight back
             self._slots.cut(next_claim)
         return next_claim
-
-    def _count_destination(
-        self, claim: Claim, result: TransportResult, outcome: Outcome, effects: Effects
-    ) -> None:
-        """A recorded end's place in the destinations' counters."""
-        if outcome is Outcome.CONFLICT:
-            return
-        if result.throttled:
-            self.destination_metrics.throttled(claim.deliver_to)
-        for name, state in effects.transitions:
-            self.destination_metrics.transition(name, str(state))
 
     def _stopped_by(self, interrupt: BaseException) -> None:
         """Stop the worker (grace for the other deliveries, then release)

@@ -144,12 +144,15 @@ class DestinationMetrics:
     values get a label (the configured ones first, :meth:`prefer`), the
     rest count as ``other``; a value keeps its label. Thread-safe."""
 
-    def __init__(self, max_destinations: int = MAX_DESTINATIONS) -> None:
+    def __init__(
+        self, max_destinations: int = MAX_DESTINATIONS, preferred: Iterable[str] = ()
+    ) -> None:
         self.max_destinations = max_destinations
         self._lock = threading.Lock()
         self._labelled: set[str] = set()
         self._throttled: dict[str, int] = {}
         self._transitions: dict[tuple[str, str], int] = {}
+        self.prefer(preferred)
 
     def prefer(self, names: Iterable[str]) -> None:
         """Give free labels to these destinations first."""
@@ -179,6 +182,14 @@ class DestinationMetrics:
         with self._lock:
             key = (self._label(name), to)
             self._transitions[key] = self._transitions.get(key, 0) + 1
+
+    def ended(self, name: str, throttled: bool, transitions: Iterable[tuple[str, object]]) -> None:
+        """Count a recorded attempt's end to ``name``: its throttle, and
+        the breaker changes (destination, state gone to) its finish made."""
+        if throttled:
+            self.throttled(name)
+        for destination, state in transitions:
+            self.transition(destination, str(state))
 
     def throttled_counts(self) -> dict[str, int]:
         """Throttled attempts per label."""
