@@ -24,7 +24,7 @@ BEHIND = """
 import sys, time
 import anyio
 real = time.time_ns
-time.time_ns = lambda: real() - 2_000_000_000  # this host's clock is 2 s behind
+time.time_ns = lambda: real() - 600_000_000_000  # this host's clock is 10 min behind
 from trio_dispatch import enqueue_dispatch, open_store
 
 async def main():
