@@ -21,7 +21,9 @@ id). Version 9 gives the schedules' state table its record of which
 definition of each schedule is in force (its fingerprint, the ones it
 replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
-throttled attempts.
+throttled attempts. Version 11 admits the statuses ``superseded`` and
+``cancelled`` (SPEC section 18): the status CHECK widened in place and the
+finished-age index rebuilt over every finished status.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -33,7 +35,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeAlias
 
 from ..lifecycle import (
     BLOCKING_SQL,
@@ -49,6 +52,9 @@ from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
 from .dialect import quoted
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
+Step: TypeAlias = "str | Callable[[Conn], None]"
+"""One step of a migration: a statement in SQLite's spelling, or a function
+for a change each engine makes its own way (through its dialect)."""
 FINISHED_STATUSES_SQL: Final = FINISHED_SQL
 """A query that wants the finished-age index must repeat this term verbatim."""
 
@@ -339,7 +345,30 @@ _V10: Final = (
     "ALTER TABLE dispatch_outbox ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+FINISHED_INDEX: Final = "ix_dispatch_outbox_finished_age"
+
+
+def _admit_every_status(conn: Conn) -> None:
+    conn.dialect.replace_check(conn, "dispatch_outbox", "status", STATUS_CHECK_SQL)
+
+
+_V11: Final[tuple[Step, ...]] = (
+    # Coalescing and cancel (SPEC section 18) end rows in two new statuses.
+    # The CHECK allows more values than before, so every row already
+    # there satisfies it: each engine swaps the constraint without copying
+    # the table (dialect.replace_check).
+    _admit_every_status,
+    # Retention and stats read finished rows of each status by age; the
+    # index's term lists every finished status (a query repeats it).
+    f"DROP INDEX IF EXISTS {FINISHED_INDEX}",
+    f"""
+    CREATE INDEX IF NOT EXISTS {FINISHED_INDEX}
+        ON dispatch_outbox (status, COALESCE(updated_at, created_at))
+        WHERE {FINISHED_SQL}
+    """,
+)
+
+MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
     _V3,
@@ -350,10 +379,25 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V8,
     _V9,
     _V10,
+    _V11,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def statements(*versions: int) -> tuple[str, ...]:
+    """The statements of these versions (1-based), in order: a database of
+    an earlier version, as its migrations wrote it (tests build one). A
+    version with an engine-specific step has no such form: ValueError."""
+    found: list[str] = []
+    for version in versions:
+        for step in MIGRATIONS[version - 1]:
+            if callable(step):
+                raise ValueError(f"version {version} has a step of each engine's own")
+            found.append(step)
+    return tuple(found)
+
 
 _ADDED_COLUMN: Final = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+) ")
 """A migration statement that adds a column: skipped where the column is
@@ -442,6 +486,9 @@ def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
+            if callable(statement):
+                statement(conn)
+                continue
             added = _ADDED_COLUMN.match(statement)
             if added and conn.query_one(dialect.column_exists, added.groups()) is not None:
                 continue  # adopted from a database that has it already
