@@ -73,6 +73,32 @@ async def test_the_row_page_names_the_key_and_links_the_row_it_waits_behind(
     assert f'id=behind href="/dispatch/{ids["dead"]}"' in blocked and "dead_letter" in blocked
 
 
+async def test_the_row_behind_a_blocked_head_is_waiting_and_not_the_oldest_due(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await keyed_rows(store)
+    # Promoted when its head died, the claim rule holds it; ten minutes ago.
+    assert raw.row(ids["blocked"])["next_attempt_at"] < WAITING_AT
+    raw.execute(
+        "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
+        (time.time() - 600, ids["blocked"]),
+    )
+    async with serving(WebApp(store)) as client:
+        page = (await client.get(f"/dispatch/{ids['blocked']}")).text
+        one = (await client.get("/", params={"ordering_key": "order-2"})).text
+        metrics = metrics_of((await client.get("/metrics")).text)
+        destination = (
+            await client.get("/destinations/detail?name=ok", headers={"accept": "application/json"})
+        ).json()["destination"]
+    assert destination["pending"] == 2  # the blocked row and "behind"; neither is due
+    assert destination["oldest_due_age_seconds"] is None
+    gauge = metrics["trio_dispatch_oldest_due_seconds"].samples[0].value
+    assert "<dt>next attempt</dt><dd>waiting</dd>" in page
+    row = next(line for line in one.split("<tr>") if ids["blocked"] in line)
+    assert "<td class=when>waiting</td>" in row
+    assert gauge == 0  # nothing else is due for a minute (the retrying head's backoff)
+
+
 async def test_the_list_shows_and_filters_by_ordering_key(store: SQLiteStore, raw: RawDB) -> None:
     ids = await keyed_rows(store)
     async with serving(WebApp(store)) as client:

@@ -63,9 +63,11 @@ ID_HELP: Final = (
 
 
 WAITING_HELP: Final = (
-    "A keyed row waiting behind its ordering key's head has no next attempt time: "
-    'its NEXT shows "waiting"; in --json its next_attempt_at is the stored mark '
-    '(1e15) and "waiting" is true (false for every other row).'
+    "A keyed row waiting for its ordering key (behind a live row of its key, or, under "
+    "dispatch.ordering.on_dead_letter block, behind a dead or expired head) has no next "
+    'attempt time: its NEXT shows "waiting"; in --json "waiting" is true (false for every '
+    "other row) and its next_attempt_at is not a time to read (the stored mark, 1e15, or "
+    "when it was due before its key's head blocked)."
 )
 
 

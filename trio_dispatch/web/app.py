@@ -51,6 +51,7 @@ from ..outbox.ordering import (
 )
 from ..outbox.reads import (
     DEFAULT_LIST_LIMIT,
+    WAITING,
     bounded_stats,
     frequent_kinds,
     get_dispatch,
@@ -61,6 +62,7 @@ from ..outbox.reads import (
     status_label,
     status_labels,
     waiting_behind,
+    waiting_ids,
 )
 from ..redact import mask_url, scrubbed_logger, visible
 from ..schedules.runs import listing, states
@@ -185,7 +187,11 @@ class WebApp:
         if destinations is None and worker is not None:  # the worker's, else the ones given
             destinations = worker.destinations
         self.destinations = DestinationsView(
-            db, destinations or {}, self.store_label, acting=self.actions is not None
+            db,
+            destinations or {},
+            self.store_label,
+            acting=self.actions is not None,
+            waiting=WAITING[self.ordering],
         )
         self.started_at = clock()
         self._probes = StoreProbes(db, clock)
@@ -501,6 +507,7 @@ class WebApp:
             here=here,
             schedules=schedules,
             destinations=await self.destinations.summary(),
+            waiting=await waiting_ids(self.db, rows, self.ordering),
         )
         body = await self._toolbar(identity, status, kind, ordering_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
@@ -556,11 +563,13 @@ class WebApp:
         # The newest transition says whether the row waits for an ack.
         label = behind = None
         buttons = ""
+        waiting = False
         if row is not None:
             label = status_label(row, str(history[-1]["reason_code"]) if history else None)
             behind = await waiting_behind(self.db, row, self.ordering)
+            waiting = row["id"] in await waiting_ids(self.db, [row], self.ordering)
             buttons = self._row_actions(str(row["id"]), str(row["status"]), identity)
-        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons)
+        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons, waiting)
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
     def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import datetime
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
 from ..lifecycle import STATUSES, Status
-from ..outbox.ordering import is_waiting
 from ..outbox.reads import AWAITING_ACK
 from ..redact import MASK, visible
 from ..times import relative_time
@@ -138,11 +137,13 @@ def overview(
     here: Mapping[str, str] | None = None,
     schedules: Mapping[str, int] | None = None,
     destinations: Mapping[str, int] | None = None,
+    waiting: Collection[str] = (),
 ) -> str:
     """Counts per status, oldest due age, dead letters of the last 24 h,
     blocked ordering keys, the recent failures, and one page of the list
     filtered by status, kind and ordering key (``labels``: each row's status
-    label, "awaiting ack" included). With ``here`` (the page's query), a
+    label, "awaiting ack" included; ``waiting``: the ids of the rows waiting
+    for their ordering key). With ``here`` (the page's query), a
     link that turns auto-refresh on or off; with ``schedules`` (``count``
     and ``paused``), a card linking to the schedules' page; with
     ``destinations`` (``count`` and ``not_active``), one linking to theirs."""
@@ -163,7 +164,7 @@ def overview(
     )
     cards.append(
         f"<div class=card><div class=n>{age(stats['oldest_due_pending_age_seconds'])}</div>"
-        "<div class=l>oldest due, waiting</div></div>"
+        "<div class=l>oldest due, unclaimed</div></div>"
     )
     if "blocked_keys" in stats:
         blocked_n = int(stats["blocked_keys"])
@@ -218,7 +219,7 @@ def overview(
         f"<h2>Recent failures <span class=muted>(newest first)</span></h2>"
         f"{failures_table(failures, now)}"
         f"<h2>{heading} <span class=muted>(newest first)</span></h2>{form}"
-        f"{dispatch_table(rows, now, labels)}"
+        f"{dispatch_table(rows, now, labels, waiting)}"
     )
     if next_page:
         body += f'<div class=pager><a id=older href="{text(next_page)}">Older &rarr;</a></div>'
@@ -284,10 +285,12 @@ def _id_cell(dispatch_id: object) -> str:
     return f'<td class=mono title="{shown}"><a href="/dispatch/{shown}">{shown}</a></td>'
 
 
-def next_attempt(row: Mapping[str, Any], now: float) -> str:
-    """A row's next attempt: its time while live, "waiting" for a keyed row
-    waiting behind its key's head (its mark is not a time), else "-"."""
-    if is_waiting(row):
+def next_attempt(row: Mapping[str, Any], now: float, waiting: bool = False) -> str:
+    """A row's next attempt: "waiting" for a row ``waiting`` for its
+    ordering key (:func:`~trio_dispatch.outbox.reads.waiting_term`: its
+    ``next_attempt_at`` is not a time to read), else its time while live,
+    else "-"."""
+    if waiting:
         return "waiting"
     live = row["status"] in (Status.PENDING, Status.DELIVERING)
     return when(row["next_attempt_at"], now) if live else "-"
@@ -314,9 +317,13 @@ def attempts_text(row: Mapping[str, Any]) -> str:
 
 
 def dispatch_table(
-    rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    now: float,
+    labels: Sequence[str] | None = None,
+    waiting: Collection[str] = (),
 ) -> str:
-    """One page of the list; a column of ordering keys when a row is keyed."""
+    """One page of the list; a column of ordering keys when a row is keyed;
+    ``waiting``: the ids of the rows waiting for their ordering key."""
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
     keyed = any(row.get("ordering_key") is not None for row in rows)
@@ -342,7 +349,7 @@ def dispatch_table(
             f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
             f"{attempts_cell(row)}"
-            f"<td class=when>{next_attempt(row, now)}</td>"
+            f"<td class=when>{next_attempt(row, now, row['id'] in waiting)}</td>"
             f"{key_cell}"
             f"{cut(row.get('last_error') or '', classes='err')}"
             "</tr>"
@@ -472,12 +479,14 @@ def detail(
     label: str | None = None,
     behind: Mapping[str, str] | None = None,
     actions: str = "",
+    waiting: bool = False,
 ) -> str:
     """A dispatch's fields, payload (ack token masked) and history, every
     value whole (long ones wrap); ``label``: its status label ("awaiting
     ack" included), by default its status; ``behind``: the ``id`` and
-    ``status`` of the row it waits behind in its ordering key; ``actions``:
-    the operator's buttons (HTML), under the heading."""
+    ``status`` of the row it waits behind in its ordering key; ``waiting``:
+    whether it waits for its key; ``actions``: the operator's buttons
+    (HTML), under the heading."""
     parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>{actions}"]
     if row is None:
         parts.append("<p class=muted>No such dispatch (purged or never enqueued).</p>")
@@ -491,7 +500,7 @@ def detail(
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
             ("attempt", attempts_text(row)),
-            ("next attempt", next_attempt(row, now)),
+            ("next attempt", next_attempt(row, now, waiting)),
             ("created", when(row["created_at"], now)),
             ("updated", when(row["updated_at"], now)),
             ("expires", when(row["expires_at"], now)),
