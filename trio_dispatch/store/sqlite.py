@@ -362,14 +362,17 @@ class SQLiteStore(BatchingStore):
             mode="rwc" if self.migrate else "rw",
             durability=self.durability,
             busy_timeout=self.busy_timeout,
-            wal=self.migrate,
+            wal=False,
         )
         try:
+            # Only a file that is (now) an outbox is put in WAL mode, a
+            # change the file keeps: a migration refused (a service's own
+            # table in the way, a newer schema) leaves the file as it was.
             if self.migrate:
                 self.found_schema_version = _migrate(writer, self.path)
-            else:  # only an existing outbox may be put in WAL mode
+            else:
                 self.found_schema_version = require_current(SQLiteConn(writer), where)
-                _use_wal(writer, self.path)
+            _use_wal(writer, self.path)
             if self.path != ":memory:":
                 reader = _connect(
                     self.path, mode="rw", durability=self.durability, busy_timeout=self.busy_timeout
