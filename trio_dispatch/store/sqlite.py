@@ -178,7 +178,8 @@ def _file_header(path: str) -> bytes:
         with open(path, "rb") as file:
             return file.read(100)
     except FileNotFoundError:
-        raise StoreError(f"store {path!r} does not exist") from None
+        where = "" if Path(path).is_absolute() else f" (no file at {Path(path).absolute()})"
+        raise StoreError(f"store {path!r} does not exist{where}") from None
     except IsADirectoryError:
         raise StoreError(f"store {path!r} is a directory, not a SQLite file") from None
 
