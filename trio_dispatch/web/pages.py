@@ -104,16 +104,36 @@ def age(seconds: float | None) -> str:
 
 def page(title: str, body: str, store: str, *, refresh: int | None = None) -> str:
     """A whole page; with ``refresh``, one the browser reloads every that
-    many seconds (a meta refresh: no script)."""
+    many seconds (a meta refresh: no script). ``store`` (the store's masked
+    address) goes in the header; empty, nothing does (the login page shows
+    nothing about the store before a role is proven)."""
     reload = f'<meta http-equiv=refresh content="{int(refresh)}">' if refresh else ""
+    shown = f"<span class=store>{text(store)}</span>" if store else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
         f"{reload}"
         f"<title>{text(title)} - trio_dispatch</title><style>{STYLE}</style></head><body>"
-        f'<header><a href="/">trio_dispatch</a><span class=store>{text(store)}</span></header>'
+        f'<header><a href="/">trio_dispatch</a>{shown}</header>'
         f"<main>{body}</main></body></html>"
     )
+
+
+def with_notice(document: bytes, notice: str) -> bytes:
+    """A rendered :func:`page` with a one-time ``notice`` (what an action
+    just did) at the top of its main part."""
+    shown = f"<main><p class=notice id=notice role=status>{text(notice)}</p>"
+    return document.replace(b"<main>", shown.encode(), 1)
+
+
+DISPATCH_PATH: Final = "/dispatches/"
+"""A row's page is ``/dispatches/ID``, where its actions are too
+(``/dispatches/ID/retry``); ``/dispatch/ID``, its former address, redirects."""
+
+
+def dispatch_link(dispatch_id: object) -> str:
+    """The (escaped) address of a row's page."""
+    return text(DISPATCH_PATH + str(dispatch_id))
 
 
 def _link(params: Mapping[str, str | None]) -> str:
@@ -282,7 +302,7 @@ def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
 
 def _id_cell(dispatch_id: object) -> str:
     shown = text(dispatch_id)
-    return f'<td class=mono title="{shown}"><a href="/dispatch/{shown}">{shown}</a></td>'
+    return f'<td class=mono title="{shown}"><a href="{dispatch_link(dispatch_id)}">{shown}</a></td>'
 
 
 def next_attempt(row: Mapping[str, Any], now: float, waiting: bool = False) -> str:
@@ -414,8 +434,10 @@ def schedules(entries: Sequence[Any], now: float) -> str:
             paused = bool(entry.state and entry.state.paused)
             lines.append(
                 "<tr>"
-                f"{cut(schedule.name, classes='mono')}{cut(schedule.cadence, classes='mono')}"
-                f"{cut(schedule.timezone)}{cut(schedule.kind)}{cut(schedule.deliver_to)}"
+                f"{cut(schedule.name, classes='mono wrap')}"
+                f"{cut(schedule.cadence, classes='mono wrap')}"
+                f"{cut(schedule.timezone, classes='wrap')}{cut(schedule.kind, classes='wrap')}"
+                f"{cut(schedule.deliver_to, classes='wrap')}"
                 f"<td>{badge('paused' if paused else 'active')}"
                 f"{' ' + badge('other definition') if entry.differs else ''}</td>"
                 f"<td class=when>{when(None if last is None else last['scheduled_for'], now)}</td>"
@@ -426,7 +448,10 @@ def schedules(entries: Sequence[Any], now: float) -> str:
             )
         parts.append(
             "<table id=schedules>"
-            + columns("12%", "12%", "9%", "10%", "10%", "6em", "11.5em", "11.5em", "7em", "")
+            # Every time column as wide as its stamp (the next fire took what
+            # was left, and wrapped and cut it); the text columns share the
+            # rest and wrap (a few rows: nothing is cut).
+            + columns("", "", "", "", "", "6em", "11.5em", "11.5em", "6em", "11.5em")
             + "<tr><th>name</th><th>schedule</th><th>timezone</th><th>kind</th>"
             "<th>deliver_to</th><th>state</th><th>last tick</th><th>fired at</th>"
             "<th>origin</th><th>next fire</th></tr>" + "".join(lines) + "</table>"
@@ -514,7 +539,7 @@ def detail(
             fields.append(
                 (
                     "waiting behind",
-                    f'<a class=mono id=behind href="/dispatch/{text(behind["id"])}">'
+                    f'<a class=mono id=behind href="{dispatch_link(behind["id"])}">'
                     f"{text(behind['id'])}</a> {badge(behind['status'])}",
                 )
             )
