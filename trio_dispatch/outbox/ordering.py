@@ -24,7 +24,10 @@ points:
 - **Promotion.** Whenever a keyed row leaves the live set (delivered,
   acked, dead-lettered, expired) or a row of a key is removed (purged,
   pruned), :func:`promote` makes the key's lowest live row due if it was
-  waiting. The lowest live row of a key is therefore never waiting.
+  waiting. The lowest live row of a key therefore never carries the mark;
+  under the ``block`` policy the one right behind a dead or expired head
+  still waits, held by the claim rule alone (what operators see as waiting
+  is both: :func:`~trio_dispatch.outbox.reads.waiting_term`).
 - **The claim rule** (:func:`.claim.keys.claimable`), the authority whatever the
   waiting marks say: a keyed row is claimable when it is ``delivering``
   already (lease recovery: it holds the key), or when no other row of its
@@ -46,8 +49,8 @@ points:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal
+from collections.abc import Iterable
+from typing import Final, Literal
 
 from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, KeyOrderConflict, Row
@@ -211,17 +214,6 @@ def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPoli
 BLOCKED_KEYS_CAP: Final = 1000
 """Blocked keys are counted up to this many (metrics, the dashboard): at the
 cap, the real count is this or more."""
-
-
-def is_waiting(row: Mapping[str, Any]) -> bool:
-    """Whether ``row`` is a keyed row waiting behind its key's head: its
-    ``next_attempt_at`` (:data:`~trio_dispatch.lifecycle.WAITING_AT`) is a
-    mark, not a time, and is never shown as a date."""
-    return (
-        row.get("status") == Status.PENDING
-        and row.get("next_attempt_at") is not None
-        and float(row["next_attempt_at"]) >= WAITING_AT
-    )
 
 
 def count_blocked_keys(conn: Conn, cap: int = BLOCKED_KEYS_CAP) -> int:

@@ -283,10 +283,23 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
 
 
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
-OLDEST_DUE_PENDING: Final = (
-    f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-    f"AND status = '{Status.PENDING}' AND next_attempt_at <= ?"
-)
+
+
+@functools.cache
+def oldest_due_pending(waiting: str) -> str:
+    """When the pending row due the longest fell due (column ``due``; no row
+    when none is due at the parameter), among the rows the SQL term
+    ``waiting`` (rows waiting for their ordering key) leaves: a range of the
+    due index in due order that stops at its first such row. The rows it
+    steps over are the few promoted rows right behind blocked heads (a
+    marked row is never due)."""
+    return (
+        f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
+        f"AND status = '{Status.PENDING}' AND next_attempt_at <= ? AND NOT {waiting} "
+        "ORDER BY next_attempt_at LIMIT 1"
+    )
+
+
 DEAD_LETTERS_SINCE: Final = (
     f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_SQL} "
     f"AND status = '{Status.DEAD_LETTER}' AND {AGE} >= ?"

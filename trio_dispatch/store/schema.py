@@ -49,7 +49,7 @@ from ..lifecycle import (
 )
 from .base import Conn, SchemaError, check_schema_version
 from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
-from .dialect import quoted
+from .dialect import Dialect, quoted
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
 Step: TypeAlias = "str | Callable[[Conn], None]"
@@ -415,8 +415,9 @@ REFERENCED_TABLES: Final = (
     ("sessions", "dispatch_outbox.session_id"),
     ("schedule_runs", "dispatch_outbox.schedule_run_id"),
 )
-"""The tables the outbox's foreign keys point at, created only if absent:
-a table of the same name that is already there must fit them."""
+"""The tables the outbox's foreign keys point at, created with the outbox's
+own: a table of one of these names that is there before ``dispatch_outbox``
+is someone else's and is refused (see :func:`check_referenced_tables`)."""
 OWN_TABLES: Final = (
     "dispatch_outbox",
     "status_transitions",
@@ -430,20 +431,52 @@ OWN_TABLES: Final = (
 """Every table the outbox creates."""
 
 
-def check_referenced_tables(conn: Conn, where: str) -> None:
-    """Raise :class:`~trio_dispatch.store.base.SchemaError` naming the first
-    existing ``sessions``/``schedule_runs`` table that the outbox's foreign
-    keys cannot point at (a service's own table of the same name, say);
-    reads only."""
+def _own_schema_hint(dialect: Dialect, own_connection: bool) -> str:
+    """How to keep the outbox's tables apart from a service's own."""
+    if not dialect.schemas:
+        return "give the outbox a database file of its own, or rename your table"
+    if own_connection:
+        return (
+            "give the outbox a schema of its own: on this connection CREATE SCHEMA outbox "
+            "and SET search_path TO outbox, public (or SET LOCAL, per transaction) before "
+            "install_schema and every enqueue, and give the worker the store option "
+            "schema: outbox"
+        )
+    return (
+        "give the outbox a schema of its own: the store option schema (schema: outbox in "
+        "the configuration), and SET search_path TO outbox, public on connections of "
+        "yours that enqueue"
+    )
+
+
+def check_referenced_tables(conn: Conn, where: str, *, own_connection: bool = False) -> None:
+    """Raise :class:`~trio_dispatch.store.base.SchemaError` (one line, naming
+    the table and the fix) for the first ``sessions``/``schedule_runs``
+    table in the way of the outbox's foreign keys; reads only.
+
+    Before ``dispatch_outbox`` exists, any table of those names is a
+    service's own: adopting it would point the outbox's foreign key at the
+    service's rows, and deleting one a dispatch names would then fail
+    wherever foreign keys are enforced. Once ``dispatch_outbox`` exists its
+    keys point where they point (a store the outbox made, or one adopted
+    from an earlier implementation), and only a table that has changed so
+    that they cannot (no unique ``id``, say) is refused. ``own_connection``:
+    the caller's own connection (:mod:`trio_dispatch.sync`), whose fix is a
+    ``search_path`` rather than a store option."""
     dialect = conn.dialect
+    outbox = conn.query_one(dialect.column_exists, ("dispatch_outbox", "id")) is not None
     for table, column in REFERENCED_TABLES:
         problem = dialect.key_problem(conn, table)
         if problem is not None:
             raise SchemaError(
                 f'{where}: table "{table}" exists but {problem}, and the outbox\'s '
-                f"{column} references it; give the outbox a database"
-                f"{' or a schema (the store option schema)' if dialect.schemas else ''} "
-                "of its own"
+                f"{column} references it; {_own_schema_hint(dialect, own_connection)}"
+            )
+        if not outbox and conn.query_one(dialect.column_exists, (table, "id")) is not None:
+            raise SchemaError(
+                f'{where}: table "{table}" exists without the outbox\'s dispatch_outbox: a '
+                f"table of yours, which {column} would reference (deleting a row of it that a "
+                f"dispatch names would then fail); {_own_schema_hint(dialect, own_connection)}"
             )
 
 
@@ -456,15 +489,18 @@ def schema_version(conn: Conn) -> int | None:
     return int(row["version"] or 0) if row else 0
 
 
-def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
+def migrate(
+    conn: Conn, where: str, schema: str | None = None, *, own_connection: bool = False
+) -> int | None:
     """Bring the schema to :data:`SCHEMA_VERSION`, forward only; return the
     version found before (None: there was no outbox schema). Runs inside the
     caller's write transaction, which must exclude other migrators (SQLite:
     ``BEGIN IMMEDIATE``; PostgreSQL: an advisory lock). PostgreSQL: the
     tables go in the first existing schema of the connection's
     ``search_path``; ``schema`` (already on that path) is created first if
-    absent. A newer schema, or an existing ``sessions``/``schedule_runs``
-    table the foreign keys cannot use, raises
+    absent. A newer schema, or a ``sessions``/``schedule_runs`` table in the
+    way of the foreign keys (:func:`check_referenced_tables`; its hint for
+    ``own_connection``, a caller's own), raises
     :class:`~trio_dispatch.store.base.SchemaError` before anything of the
     outbox is written."""
     if schema is not None and conn.query_one(_SCHEMA_EXISTS, (schema,)) is None:
@@ -482,7 +518,7 @@ def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
             )
     recorded = schema_version(conn)
     check_schema_version(recorded, where, SCHEMA_VERSION, migrating=True)
-    check_referenced_tables(conn, where)
+    check_referenced_tables(conn, where, own_connection=own_connection)
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
