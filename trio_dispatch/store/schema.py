@@ -21,7 +21,10 @@ id). Version 9 gives the schedules' state table its record of which
 definition of each schedule is in force (its fingerprint, the ones it
 replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
-throttled attempts.
+throttled attempts. Version 11 adds a partial index of the live rows that
+have an ``expires_at``, by deadline: the worker's expiry sweep reads the
+rows past theirs, whichever destination or key holds them back, and
+nothing else.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -339,6 +342,26 @@ _V10: Final = (
     "ALTER TABLE dispatch_outbox ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
 )
 
+EXPIRY_INDEX: Final = "ix_dispatch_outbox_expiry"
+"""The live rows that have a deadline, by ``expires_at`` (version 11): the
+expiry sweep (:mod:`trio_dispatch.outbox.expiry`) reads those past theirs
+in deadline order. A query that wants it repeats :data:`EXPIRY_TERM`."""
+EXPIRY_TERM: Final = f"expires_at IS NOT NULL AND {DUE_SQL}"
+"""The index's term, verbatim in every query that reads it."""
+
+_V11: Final = (
+    # Rows held back from every claim (a paused, throttled, open or full
+    # destination, a worker's cap, a key's waiting rows) are never read by
+    # one, so the claim alone cannot expire them. The sweep finds those past
+    # their deadline here. Partial: rows without a deadline, and finished
+    # rows, never enter it, so they cost nothing of it.
+    f"""
+    CREATE INDEX IF NOT EXISTS {EXPIRY_INDEX}
+        ON dispatch_outbox (expires_at)
+        WHERE {EXPIRY_TERM}
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V1,
     _V2,
@@ -350,6 +373,7 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V8,
     _V9,
     _V10,
+    _V11,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
