@@ -155,6 +155,22 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     held.update(fresh)
 
 
+def try_lock_keys(conn: Conn, keys: Iterable[str | None]) -> set[str]:
+    """Of these keys, the ones this transaction now holds until it ends,
+    taken without waiting (PostgreSQL; every key where the write lock
+    serializes every writer): a key another transaction holds is left out,
+    for the caller to leave its rows to a later transaction. Never waits,
+    so it may follow the transaction's row locks."""
+    wanted = sorted({key for key in keys if key is not None})
+    if not wanted or not conn.dialect.key_try_locks:
+        return set(wanted)
+    taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (wanted,))}
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    if held is not None:
+        held.update(taken)
+    return taken
+
+
 def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
     """After rows of these keys left the live set or were removed: each key's
     lowest live row, if it waits, is due at ``now``. The caller holds the
