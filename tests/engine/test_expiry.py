@@ -1,11 +1,12 @@
 """The expiry sweep (SPEC sections 7, 13 and 17) on both engines and both
-backends: rows no claim reads -- a paused, throttled or concurrency-full
-destination's, a destination's at a worker's cap, a keyed row waiting
-behind its head -- expire at their own ``expires_at`` with the claim's
-transition, a batch a transaction; a delivering row whose lease runs is
-left to its attempt; a keyed head's expiry promotes or blocks as a claim's
-does; two sweepers write one transition per row; a version 10 database
-gains the expiry index. Asserted on the committed rows, with fixed clocks."""
+backends: rows no claim reads -- a paused or throttled destination's, one
+behind its shared concurrency or rate, one at a worker's cap, a keyed row
+waiting behind its head -- expire at their own ``expires_at`` with the
+claim's transition, a batch a transaction; a delivering row whose lease
+runs is left to its attempt; a keyed head's expiry promotes or blocks as a
+claim's does; two sweepers write one transition per row; a version 10
+database gains the expiry index. Asserted on the committed rows, with
+fixed clocks."""
 
 from __future__ import annotations
 
@@ -132,12 +133,13 @@ async def test_a_throttled_destinations_row_expires_at_its_deadline_without_a_cl
     assert reasons(raw, first)[-2:] == ["dispatch.pending.throttled", DEADLINE_REASON]
 
 
-async def test_a_full_destinations_row_expires_at_its_deadline_without_a_claim(
-    store: SQLiteStore, raw: RawDB
+@pytest.mark.parametrize("limit", [Destination(concurrency=1), Destination(rate="1/h")])
+async def test_a_destinations_row_behind_its_shared_limit_expires_without_a_claim(
+    store: SQLiteStore, raw: RawDB, limit: Destination
 ) -> None:
     running = await enqueue(store, "full", expires_at=None)
     behind = await enqueue(store, "full")
-    policies = {"full": Destination(concurrency=1)}
+    policies = {"full": limit}
     [sent] = await claim(store, T0, destinations=policies)  # holds the one place
     assert sent.dispatch_id == running
     assert await claim(store, DEADLINE + 50, destinations=policies) == []
