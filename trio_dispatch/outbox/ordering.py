@@ -13,8 +13,8 @@ their id order, ahead of every later one.
 
 Everything ordering adds to the outbox is here but the claim's rule,
 which lives with the claim's other rules (:mod:`.claim.keys`); the claim,
-the ends of attempts, the operators' writes and enqueue call in at four
-points:
+the expiry sweep, the ends of attempts, the operators' writes and enqueue
+call in at four points:
 
 - **Waiting.** A keyed row enqueued while a live (``pending`` or
   ``delivering``) row of its key has a lower id waits: its
@@ -22,9 +22,10 @@ points:
   every due time, so the claim's ordered read of the due index stops before
   it. A hundred thousand rows behind one head cost a scan nothing.
 - **Promotion.** Whenever a keyed row leaves the live set (delivered,
-  acked, dead-lettered, expired) or a row of a key is removed (purged,
-  pruned), :func:`promote` makes the key's lowest live row due if it was
-  waiting. The lowest live row of a key is therefore never waiting.
+  acked, dead-lettered, expired -- at a claim or by the expiry sweep, which
+  expires waiting rows too) or a row of a key is removed (purged, pruned),
+  :func:`promote` makes the key's lowest live row due if it was waiting.
+  The lowest live row of a key is therefore never waiting.
 - **The claim rule** (:func:`.claim.keys.claimable`), the authority whatever the
   waiting marks say: a keyed row is claimable when it is ``delivering``
   already (lease recovery: it holds the key), or when no other row of its
@@ -39,7 +40,9 @@ points:
   the locks (:func:`.claim.keys.take_keys`). Two transactions never decide for one key
   from snapshots that miss each other's commit, so ``SKIP LOCKED`` cannot let
   two claimants take two rows of one key: the second claim's check runs
-  after the first claim committed its row as ``delivering``. SQLite's single
+  after the first claim committed its row as ``delivering``. The expiry
+  sweep takes its rows' keys without waiting too (:func:`try_lock_keys`) and
+  leaves a key another transaction holds to its next batch. SQLite's single
   writer serializes the same decisions without locks.
 """
 
