@@ -6,12 +6,16 @@ two workers sweeping the same rows write one transition per row, see
 :mod:`trio_dispatch.outbox.expiry`). It looks at the expiry index (one
 read: the earliest deadline of a row it may expire), sleeps until that
 deadline, and then expires what is past due, a batch a transaction, until
-nothing is. It never sleeps longer than its ``check_seconds`` (at most
-:data:`CHECK_SECONDS`, or the worker's ``tick_seconds`` if shorter): a row
-enqueued after a look with an earlier deadline, a delivering row whose
-lease ends after its deadline, a row another transaction held. So a row
-expires at its deadline when the sweeper knew of it, and at most
-``check_seconds`` (plus the batch's own write) after it otherwise.
+nothing is, pausing after each full batch (:data:`PACE`) so that the
+claims keep most of the store's writes. It never sleeps longer than its
+``check_seconds`` (at most :data:`CHECK_SECONDS`, or the worker's
+``tick_seconds`` if shorter), for what a look cannot foresee: a row
+enqueued after it with an earlier deadline, a delivering row whose lease
+ends after its deadline, a row another transaction held. So a row expires
+at its deadline when the sweeper knew of it, and at most
+``check_seconds`` (plus the batch's own write) after it otherwise; a
+backlog of many rows past due at once is worked off at the pace
+:data:`PACE` allows.
 
 The sweep is not on the claim's path: its reads run on the store's read
 side, its writes are units of work of their own (short: at most
@@ -32,6 +36,14 @@ from ..store.base import Database
 
 CHECK_SECONDS: Final = 1.0
 """The longest the sweeper sleeps between two looks at the expiry index."""
+PACE: Final = 3.0
+"""After a full batch (more rows past due remain), the sweeper waits this
+many times as long as the batch took: working off a backlog of expired
+rows holds the store's writes a quarter of the time at most, and the
+claims keep the rest. Expiring a row writes about what finishing a
+delivery does; unpaced, a sweep of 100,000 rows cut the other
+destinations' deliveries/s to 0.2-0.3x while it ran (SQLite and
+PostgreSQL), paced 0.7-0.9x."""
 
 
 class ExpirySweeper:
@@ -95,15 +107,19 @@ class ExpirySweeper:
                 deadline = await next_expiry_at(self.db, now=now)
                 if deadline is None or deadline > now:
                     return self.check_seconds if deadline is None else self._until(deadline)
+                started = anyio.current_time()
                 swept = await expire_overdue_dispatches(
                     self.db, clock=self.clock, limit=self.batch, actor=self.actor
                 )
+                took = anyio.current_time() - started
                 expired += swept.expired
                 self.counts["expired"] += swept.expired
                 if not swept.expired:
                     # What is past due is held by another transaction (a claim,
                     # another worker's sweep): look again later, not at once.
                     return self.check_seconds
+                if swept.read >= self.batch:  # more to come: leave the writes to the claims
+                    await anyio.sleep(took * PACE)
         finally:
             if expired:  # one line per look, however many batches it took
                 self.log.info("expired %d dispatches past their expires_at", expired)
