@@ -76,8 +76,8 @@ class ExpirySweeper:
 
     async def run(self) -> None:
         """Sweep until cancelled. A store error is logged and the next look
-        tries again; cancellation lands between batches or after one has
-        committed (a batch is never cut in half)."""
+        tries again. Cancellation lands between batches: a batch that has
+        begun commits and is counted first (a batch is never cut in half)."""
         while True:
             wait = await self.look()
             await anyio.sleep(wait)
@@ -108,12 +108,15 @@ class ExpirySweeper:
                 if deadline is None or deadline > now:
                     return self.check_seconds if deadline is None else self._until(deadline)
                 started = anyio.current_time()
-                swept = await expire_overdue_dispatches(
-                    self.db, clock=self.clock, limit=self.batch, actor=self.actor
-                )
+                # Shielded: a batch that commits is counted, even as the
+                # worker stops (it waits one short batch at most).
+                with anyio.CancelScope(shield=True):
+                    swept = await expire_overdue_dispatches(
+                        self.db, clock=self.clock, limit=self.batch, actor=self.actor
+                    )
+                    self.counts["expired"] += swept.expired
                 took = anyio.current_time() - started
                 expired += swept.expired
-                self.counts["expired"] += swept.expired
                 if not swept.expired:
                     # What is past due is held by another transaction (a claim,
                     # another worker's sweep): look again later, not at once.
