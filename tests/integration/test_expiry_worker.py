@@ -2,11 +2,13 @@
 ``expires_at`` (SPEC sections 7, 13 and 17): a paused destination's, a
 throttled one's, one at the worker's cap, a keyed row behind a slow head,
 while the attempts holding them back still run; two workers on one store
-write one transition per row. Real stores, real time, both engines and
-both backends."""
+write one transition per row; a sweep that fails is rolled back whole,
+said once, and the next look expires the row. Real stores, real time, both
+engines and both backends."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 
@@ -130,4 +132,31 @@ async def test_two_workers_expire_a_paused_backlog_with_one_transition_per_row(
             (DEADLINE_REASON,),
         )
         >= deadline
+    )
+
+
+async def test_a_sweep_that_fails_is_logged_and_the_next_look_expires_the_row(
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch.worker")
+    await pause_destination(store, "paused")
+    raw.refuse_transitions("disk says no", reason_code=DEADLINE_REASON)
+    row = await enqueue_dispatch(store, kind="k", deliver_to="paused", expires_at=time.time() + 0.2)
+
+    async def send(delivery: Delivery) -> None:
+        raise AssertionError(f"{delivery.dispatch_id} was sent")
+
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=send, tick_seconds=0.2)
+        await tg.start(worker.run)
+        await wait_for(lambda: worker.expiry.failures >= 2)
+        assert raw.row(row)["status"] == "pending"  # rolled back whole: no transition, no expiry
+        failed = [r for r in caplog.records if r.getMessage().startswith("expiry sweep failed")]
+        assert [r.levelno for r in failed] == [logging.WARNING]  # said once, then at DEBUG
+        raw.allow_transitions()
+        await wait_for(lambda: expired_at_or_after_deadline(raw, row))
+        await wait_for(lambda: worker.expiry.failures == 0)
+        tg.cancel_scope.cancel()
+    assert any(
+        r.getMessage() == "expired 1 dispatches past their expires_at" for r in caplog.records
     )
