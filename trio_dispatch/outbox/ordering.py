@@ -13,8 +13,8 @@ their id order, ahead of every later one.
 
 Everything ordering adds to the outbox is here but the claim's rule,
 which lives with the claim's other rules (:mod:`.claim.keys`); the claim,
-the ends of attempts, the operators' writes and enqueue call in at four
-points:
+the expiry sweep, the ends of attempts, the operators' writes and enqueue
+call in at four points:
 
 - **Waiting.** A keyed row enqueued while a live (``pending`` or
   ``delivering``) row of its key has a lower id waits: its
@@ -22,12 +22,13 @@ points:
   every due time, so the claim's ordered read of the due index stops before
   it. A hundred thousand rows behind one head cost a scan nothing.
 - **Promotion.** Whenever a keyed row leaves the live set (delivered,
-  acked, dead-lettered, expired) or a row of a key is removed (purged,
-  pruned), :func:`promote` makes the key's lowest live row due if it was
-  waiting. The lowest live row of a key therefore never carries the mark;
-  under the ``block`` policy the one right behind a dead or expired head
-  still waits, held by the claim rule alone (what operators see as waiting
-  is both: :func:`~trio_dispatch.outbox.reads.waiting_term`).
+  acked, dead-lettered, expired -- at a claim or by the expiry sweep, which
+  expires waiting rows too) or a row of a key is removed (purged, pruned),
+  :func:`promote` makes the key's lowest live row due if it was waiting.
+  The lowest live row of a key therefore never carries the mark; under the
+  ``block`` policy the one right behind a dead or expired head still waits,
+  held by the claim rule alone (what operators see as waiting is both:
+  :func:`~trio_dispatch.outbox.reads.waiting_term`).
 - **The claim rule** (:func:`.claim.keys.claimable`), the authority whatever the
   waiting marks say: a keyed row is claimable when it is ``delivering``
   already (lease recovery: it holds the key), or when no other row of its
@@ -42,7 +43,9 @@ points:
   the locks (:func:`.claim.keys.take_keys`). Two transactions never decide for one key
   from snapshots that miss each other's commit, so ``SKIP LOCKED`` cannot let
   two claimants take two rows of one key: the second claim's check runs
-  after the first claim committed its row as ``delivering``. SQLite's single
+  after the first claim committed its row as ``delivering``. The expiry
+  sweep takes its rows' keys without waiting too (:func:`try_lock_keys`) and
+  leaves a key another transaction holds to its next batch. SQLite's single
   writer serializes the same decisions without locks.
 """
 
@@ -156,6 +159,22 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     else:
         conn.query(conn.dialect.key_locks, (fresh,))
     held.update(fresh)
+
+
+def try_lock_keys(conn: Conn, keys: Iterable[str | None]) -> set[str]:
+    """Of these keys, the ones this transaction now holds until it ends,
+    taken without waiting (PostgreSQL; every key where the write lock
+    serializes every writer): a key another transaction holds is left out,
+    for the caller to leave its rows to a later transaction. Never waits,
+    so it may follow the transaction's row locks."""
+    wanted = sorted({key for key in keys if key is not None})
+    if not wanted or not conn.dialect.key_try_locks:
+        return set(wanted)
+    taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (wanted,))}
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    if held is not None:
+        held.update(taken)
+    return taken
 
 
 def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:

@@ -23,7 +23,10 @@ replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
 throttled attempts. Version 11 admits the statuses ``superseded`` and
 ``cancelled`` (SPEC section 18): the status CHECK widened in place and the
-finished-age index rebuilt over every finished status.
+finished-age index rebuilt over every finished status. Version 12 adds a
+partial index of the live rows that have an ``expires_at``, by deadline:
+the worker's expiry sweep reads the rows past theirs, whichever
+destination or key holds them back, and nothing else.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -368,6 +371,26 @@ _V11: Final[tuple[Step, ...]] = (
     """,
 )
 
+EXPIRY_INDEX: Final = "ix_dispatch_outbox_expiry"
+"""The live rows that have a deadline, by ``expires_at`` (version 12): the
+expiry sweep (:mod:`trio_dispatch.outbox.expiry`) reads those past theirs
+in deadline order. A query that wants it repeats :data:`EXPIRY_TERM`."""
+EXPIRY_TERM: Final = f"expires_at IS NOT NULL AND {DUE_SQL}"
+"""The index's term, verbatim in every query that reads it."""
+
+_V12: Final[tuple[Step, ...]] = (
+    # Rows held back from every claim (a paused, throttled, open or full
+    # destination, a worker's cap, a key's waiting rows) are never read by
+    # one, so the claim alone cannot expire them. The sweep finds those past
+    # their deadline here. Partial: rows without a deadline, and finished
+    # rows, never enter it, so they cost nothing of it.
+    f"""
+    CREATE INDEX IF NOT EXISTS {EXPIRY_INDEX}
+        ON dispatch_outbox (expires_at)
+        WHERE {EXPIRY_TERM}
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -380,6 +403,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V9,
     _V10,
     _V11,
+    _V12,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
