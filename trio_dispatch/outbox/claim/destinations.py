@@ -24,20 +24,26 @@ one for a breaker whose cool-down ended (its probe).
 After the candidates are locked, in the same transaction
 (:meth:`DestinationAdmission.admit`), a destination with a shared limit or
 a probe to send has its state row created if absent and locked (``SELECT
-... FOR UPDATE`` where rows lock; SQLite's single writer serializes the
-same), in name order, and then -- in statements that start after the locks,
-so they see every claim committed before -- its state is read again, its
-running attempts counted again and its rate's ``rate_tat`` read; at most
-what they allow is admitted, oldest first, and in the same transaction the
-rate's ``rate_tat`` is advanced for the starts admitted and a probe is
-marked (``half_open``, ``probe_id``, ``probe_until`` = the claim's lease
-end, with its audit row). Two claims of one destination therefore decide
-one after the other, each from what the other committed: the limits hold
-however many claim at once. The rate's arithmetic is done at the store's
-time where hosts share a clock (PostgreSQL: the server's), read by the
-claim's first statement, so a host's clock skew may cost throughput, never
-exceed the rate; a claim that waited for another's lock decides at the
-time it began, which can only leave it fewer starts.
+... FOR UPDATE SKIP LOCKED`` where rows lock; SQLite's single writer
+serializes the same), in name order, and then -- in statements that start
+after the locks, so they see every claim committed before -- its state is
+read again, its running attempts counted again and its rate's ``rate_tat``
+read; at most what they allow is admitted, oldest first, and in the same
+transaction the rate's ``rate_tat`` is advanced for the starts admitted and
+a probe is marked (``half_open``, ``probe_id``, ``probe_until`` = the
+claim's lease end, with its audit row). Two claims of one destination
+therefore never decide at once, and each decides from what the other
+committed: the limits hold however many claim at once. A claim that finds
+the state row held by another claim's decision admits none of that
+destination's rows and does not wait: waiting, it would hold the row in its
+turn until its own commit, usually to admit nothing (the other took the
+room), and behind a busy rate the claims of four processes queued up so on
+the one row, each for a commit, while the rate's time fell behind the
+clock -- starts lost for good. The destination's rows go to the next claim.
+The rate's arithmetic is done at the store's time where hosts share a
+clock (PostgreSQL: the server's), read by the claim's first statement, so a
+host's clock skew may cost throughput, never exceed the rate; a claim
+decides at the time it began, which can only leave it fewer starts.
 
 For the ends of attempts (throttles, the breaker's counting, closing it
 after a probe), only the state row needs writing: the next claim reads it.
@@ -51,7 +57,7 @@ import dataclasses
 import functools
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ...destinations.policy import Destination, policy_for
@@ -127,9 +133,11 @@ def _ensure(arrays: ArrayForms | None, count: int) -> str:
 
 @functools.cache
 def _lock(dialect: Dialect, count: int) -> str:
+    # SKIP LOCKED: a state row another claim holds is passed over, not
+    # waited for (see DestinationAdmission.admit).
     return (
         f"SELECT {COLUMNS} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
-        f"ORDER BY name{dialect.row_lock}"
+        f"ORDER BY name{dialect.lock_clause}"
     )
 
 
@@ -275,12 +283,16 @@ class DestinationAdmission(ClaimRule):
         if not guarded:
             return rows
         at = claiming.at
+        self._ensure_rows(conn, guarded)
         locked = self._lock_rows(conn, guarded)
         counted = [name for name in guarded if self.policy(name).concurrency is not None]
         running = self.running(conn, at, counted) if counted else {}
         allowed: dict[str, int] = {}
         probe: dict[str, str | None] = {}
         for name in guarded:
+            if name not in locked:  # another claim decides for it now: none of its rows here
+                allowed[name] = 0
+                continue
             state = locked[name]
             settle(conn, name, state, at)
             allowed[name] = self._allowed(name, state, running.get(name, 0), at, now)
@@ -305,21 +317,35 @@ class DestinationAdmission(ClaimRule):
         self._started(conn, locked, taken, first, claiming, now)
         return admitted
 
-    def _lock_rows(self, conn: Conn, names: list[str]) -> dict[str, Row]:
-        """The state rows of ``names`` (sorted), created where absent, locked
-        in name order until the transaction ends (where rows lock)."""
-        arrays = conn.dialect.arrays
+    def _ensure_rows(self, conn: Conn, names: list[str]) -> None:
+        """Create the state rows of ``names`` this process has not seen."""
         fresh = [name for name in names if name not in self._rows]
         if fresh:
+            arrays = conn.dialect.arrays
             conn.execute(_ensure(arrays, len(fresh)), _values(arrays, fresh))
-        statement = _lock(conn.dialect, len(names))
-        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
-        if len(locked) < len(names):  # a row this process saw is gone: make it again
-            conn.execute(_ensure(arrays, len(names)), _values(arrays, names))
-            locked = {str(r["name"]): r for r in conn.query(statement, _values(arrays, names))}
+            self._remember(fresh)
+
+    def _remember(self, names: Iterable[str]) -> None:
         if len(self._rows) > 10_000:
             self._rows.clear()
-        self._rows.update(locked)
+        self._rows.update(names)
+
+    def _lock_rows(self, conn: Conn, names: list[str]) -> dict[str, Row]:
+        """The state rows of ``names`` (sorted, created already), locked in
+        name order until the transaction ends where rows lock -- passing
+        over a row another claim holds (it is not in the answer)."""
+        arrays = conn.dialect.arrays
+        statement = _lock(conn.dialect, len(names))
+        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
+        missing = [name for name in names if name not in locked]
+        if missing and conn.dialect.lock_clause:
+            # Held by another claim -- or gone: forgotten, so that the next
+            # claim of it makes it again (no row is removed but by hand).
+            self._rows.difference_update(missing)
+        elif missing:  # nothing holds rows here: gone, make it again
+            conn.execute(_ensure(arrays, len(missing)), _values(arrays, missing))
+            again = conn.query(_lock(conn.dialect, len(missing)), _values(arrays, missing))
+            locked.update((str(row["name"]), row) for row in again)
         return locked
 
     def _allowed(self, name: str, state: Row, running: int, at: float, now: float) -> int:
