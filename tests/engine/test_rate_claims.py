@@ -1,8 +1,9 @@
-"""How a claim decides a shared limit under contention (SPEC 17), on the
-real PostgreSQL, both anyio backends: a claim passes over a destination
-whose state row another claim holds, taking the others' rows instead of
-waiting; a destination paused between a claim's read and its decision gets
-nothing. Asserted on committed rows."""
+"""How a claim decides a shared limit under contention (SPEC 17), on real
+SQLite files and the real PostgreSQL, both anyio backends: a rate admits
+what its room allows of each claim, whichever way the claim decides it; a
+claim passes over a destination whose state row another claim holds,
+taking the others' rows instead of waiting; a destination paused between a
+claim's read and its decision gets nothing. Asserted on committed rows."""
 
 from __future__ import annotations
 
@@ -23,6 +24,34 @@ pytestmark = pytest.mark.anyio
 
 def destinations_of(claims: list[Claim]) -> list[str]:
     return sorted(claim.deliver_to for claim in claims)
+
+
+async def test_a_rate_admits_what_its_room_allows_of_each_claim(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    fill(raw, "api", 20, T0, step=1.0)
+    fill(raw, "free", 20, T0, step=1.0)
+    policies = {"api": Destination(rate="1/h", burst=5)}
+    postgres = str(raw.target).startswith("postgres")
+
+    async def claimed(limit: int) -> list[str]:
+        claims, _ = await claim_due(
+            store, now=NOW, limit=limit, lease_seconds=LEASE, destinations=policies
+        )
+        return destinations_of(claims)
+
+    def server_now() -> float:
+        return float(raw.scalar("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"))
+
+    began = server_now() if postgres else NOW
+    # Room for all: 2 of 5; then room for some: 3 of the 5 candidates.
+    assert await claimed(4) == ["api", "api", "free", "free"]
+    assert await claimed(10) == ["api"] * 3 + ["free"] * 7
+    assert await claimed(6) == ["free"] * 6  # none left within the hour
+    ended = server_now() if postgres else NOW
+    # Five starts moved the rate's time five intervals past the first claim's clock.
+    tat = float(raw.scalar("SELECT rate_tat FROM dispatch_destinations WHERE name = 'api'"))
+    assert began + 5 * 3600 <= tat <= ended + 5 * 3600
 
 
 @pytest.mark.postgres_only

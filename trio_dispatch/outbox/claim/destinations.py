@@ -40,6 +40,10 @@ turn until its own commit, usually to admit nothing (the other took the
 room), and behind a busy rate the claims of four processes queued up so on
 the one row, each for a commit, while the rate's time fell behind the
 clock -- starts lost for good. The destination's rows go to the next claim.
+A destination whose one limit is a rate (no concurrency to count again, no
+probe, no pause that ended) is decided in one statement instead
+(:func:`_advance_if_room`: lock, read and advance at once, the same
+arithmetic); the locked read decides whatever that statement leaves.
 The rate's arithmetic is done at the store's time where hosts share a
 clock (PostgreSQL: the server's), read by the claim's first statement, so a
 host's clock skew may cost throughput, never exceed the rate; a claim
@@ -146,6 +150,54 @@ _PROBE: Final = (
     f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
     "probe_until = ?, updated_at = ? WHERE name = ?"
 )
+_START: Final = "(CASE WHEN rate_tat IS NULL OR rate_tat < ? THEN ? ELSE rate_tat END)"
+"""``max(rate_tat, now)`` (parameters: ``now`` twice), portable."""
+_PLAINLY_ACTIVE: Final = (
+    f"state = '{State.ACTIVE}' AND (throttled_until IS NULL OR throttled_until <= ?)"
+)
+
+
+@functools.cache
+def _advance_if_room(dialect: Dialect, count: int) -> str:
+    """The quick decision of rate-only destinations, in one statement where
+    the lock, the read and the write take three: for each of ``count``
+    destinations (``destination``, candidate starts ``n``, the rate's
+    interval ``step``, its ``burst``), if its state row is plainly active,
+    admit starts by the rate at the rate's clock (``now``) and advance
+    ``rate_tat`` by them -- the arithmetic of :mod:`.gcra`, ``max(tat,
+    now) + starts * step`` while that less ``now`` is at most ``burst *
+    step``. Where rows lock (PostgreSQL) it locks the rows in name order,
+    passing over those another claim holds, admits as many of ``n`` as the
+    rate allows (at least one) and answers ``name, admitted``; elsewhere
+    (SQLite: one writer, the bounds read in this very transaction) it
+    admits all ``n`` or none and answers ``name``. Parameters: the
+    destinations' columns (arrays, or ``count`` rows of four), then
+    ``now, now, at, now`` where rows lock, else ``now, now, at, at, now,
+    now, now``."""
+    arrays = dialect.arrays
+    source = (
+        arrays.rows(("text", "int8", "float8", "float8"))
+        if arrays is not None
+        else "VALUES " + ", ".join(["(?, ?, ?, ?)"] * count)
+    )
+    wanted = f"WITH w(destination, n, step, burst) AS ({source})"
+    if dialect.lock_clause:
+        return (
+            f"{wanted}, held AS (SELECT name AS held, {_START} AS start FROM {TABLE} "
+            f"WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
+            f"ORDER BY name{dialect.lock_clause}), "
+            "room AS (SELECT held, start, step, LEAST(n, FLOOR(burst - (start - ?) / step "
+            f"+ {gcra.SLACK})) AS admitted FROM held JOIN w ON destination = held) "
+            f"UPDATE {TABLE} SET rate_tat = start + admitted * step, updated_at = ? FROM room "
+            "WHERE name = held AND admitted >= 1 RETURNING name, admitted"
+        )
+    per = "(SELECT {} FROM w WHERE destination = name)"
+    return (
+        f"{wanted} UPDATE {TABLE} SET rate_tat = {_START} + {per.format('n * step')}, "
+        f"updated_at = ? WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
+        f"AND {_START} - ? + {per.format('n * step')} "
+        f"<= {per.format(f'(burst + {gcra.SLACK}) * step')} RETURNING name"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,12 +336,19 @@ class DestinationAdmission(ClaimRule):
             return rows
         at = claiming.at
         self._ensure_rows(conn, guarded)
-        locked = self._lock_rows(conn, guarded)
-        counted = [name for name in guarded if self.policy(name).concurrency is not None]
+        candidates = Counter(str(row["deliver_to"]) for row in rows)
+        quick = [
+            name
+            for name in guarded
+            if name not in probes and name not in settled and self._rate_only(name)
+        ]
+        allowed = self._advance_if_room(conn, quick, candidates, now, at) if quick else {}
+        slow = [name for name in guarded if name not in allowed]
+        locked = self._lock_rows(conn, slow) if slow else {}
+        counted = [name for name in slow if self.policy(name).concurrency is not None]
         running = self.running(conn, at, counted) if counted else {}
-        allowed: dict[str, int] = {}
         probe: dict[str, str | None] = {}
-        for name in guarded:
+        for name in slow:
             if name not in locked:  # another claim decides for it now: none of its rows here
                 allowed[name] = 0
                 continue
@@ -314,8 +373,41 @@ class DestinationAdmission(ClaimRule):
                 taken[name] += 1
                 first.setdefault(name, row)
             admitted.append(row)
-        self._started(conn, locked, taken, first, claiming, now)
+        # The quick decisions advanced their rates already.
+        self._started(
+            conn, locked, {n: k for n, k in taken.items() if n in locked}, first, claiming, now
+        )
         return admitted
+
+    def _rate_only(self, name: str) -> bool:
+        policy = self.policy(name)
+        return policy.gcra_rate is not None and policy.concurrency is None
+
+    def _advance_if_room(
+        self, conn: Conn, names: list[str], candidates: Mapping[str, int], now: float, at: float
+    ) -> dict[str, int]:
+        """The starts admitted of the rate-only ``names`` (sorted) that
+        :func:`_advance_if_room`'s one statement decided, their rates
+        advanced; those it did not decide (held by another claim, not
+        plainly active, or, on SQLite, short of room for every candidate)
+        are left to the locked read."""
+        dialect = conn.dialect
+        columns = []
+        for name in names:
+            policy = self.policy(name)
+            rate = policy.gcra_rate
+            assert rate is not None
+            columns.append((name, candidates[name], rate.interval, float(policy.burst)))
+        if dialect.arrays is not None:
+            head: tuple[Any, ...] = tuple(list(column) for column in zip(*columns, strict=True))
+        else:
+            head = tuple(value for column in columns for value in column)
+        statement = _advance_if_room(dialect, len(names))
+        if dialect.lock_clause:
+            found = conn.query(statement, (*head, now, now, at, now, at))
+            return {str(row["name"]): int(row["admitted"]) for row in found}
+        found = conn.query(statement, (*head, now, now, at, at, now, now, now))
+        return {str(row["name"]): candidates[str(row["name"])] for row in found}
 
     def _ensure_rows(self, conn: Conn, names: list[str]) -> None:
         """Create the state rows of ``names`` this process has not seen."""
