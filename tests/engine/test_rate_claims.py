@@ -3,7 +3,8 @@ SQLite files and the real PostgreSQL, both anyio backends: a rate admits
 what its room allows of each claim, whichever way the claim decides it; a
 claim passes over a destination whose state row another claim holds,
 taking the others' rows instead of waiting; a destination paused between a
-claim's read and its decision gets nothing. Asserted on committed rows."""
+claim's read and its decision gets nothing; a state row removed by hand is
+made again. Asserted on committed rows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from trio_dispatch import Destination, open_store, pause_destination
 from trio_dispatch.outbox import Claim, claim_due
 from trio_dispatch.outbox.claim import ClaimRules, DestinationAdmission, OrderingKeys
+from trio_dispatch.outbox.claim.destinations import PASSED_OVER
 from trio_dispatch.store import SQLiteStore
 
 from ..conftest import RawDB
@@ -117,3 +119,27 @@ async def test_a_destination_paused_after_the_claims_read_gets_nothing_from_it(
         held.release.set()
     assert found == []
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == 0
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [Destination(rate="10/s", burst=50), Destination(concurrency=50)],
+    ids=["rate", "conc"],
+)
+async def test_a_state_row_removed_by_hand_is_made_again_by_a_later_claim(
+    store: SQLiteStore, raw: RawDB, policy: Destination
+) -> None:
+    fill(raw, "api", 40, T0, step=1.0)
+    rules = ClaimRules((OrderingKeys(), DestinationAdmission({"api": policy})))
+
+    async def claimed() -> list[str]:
+        claims, _ = await claim_due(store, now=NOW, limit=1, lease_seconds=LEASE, rules=rules)
+        return destinations_of(claims)
+
+    assert await claimed() == ["api"]
+    raw.execute("DELETE FROM dispatch_destinations")
+    # Where rows lock, a missing row reads as held for a few claims (it
+    # usually is); then the claim makes it again. Never a start unlimited.
+    taken = [await claimed() for _ in range(PASSED_OVER + 2)]
+    assert taken[-1] == ["api"]
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_destinations WHERE name = 'api'") == 1

@@ -81,6 +81,12 @@ from ...store.schema import DESTINATION_INDEX, DUE_INDEX
 from . import gcra, statements
 from .rules import Bounds, Claiming, ClaimRule
 
+PASSED_OVER: Final = 8
+"""Claims in a row that find a destination's state row held before one
+makes it again, in case it was removed (an ``INSERT ... ON CONFLICT DO
+NOTHING``, nothing when it is there): behind a busy rate a held row is the
+common case, and every claim would pay that statement."""
+
 UNBOUNDED: Final = sys.maxsize
 """The room of a destination nothing limits."""
 
@@ -231,6 +237,9 @@ class DestinationAdmission(ClaimRule):
         """Destinations this process saw with a state row: no row is ever
         removed, so the claim need not create theirs again (a lost update
         of this set only costs one more statement)."""
+        self._passed: Counter[str] = Counter()
+        """Claims in a row that found a destination's state row held (or
+        gone): past :data:`PASSED_OVER`, it is made again if gone."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DestinationAdmission) and other._key == self._key
@@ -343,6 +352,8 @@ class DestinationAdmission(ClaimRule):
             if name not in probes and name not in settled and self._rate_only(name)
         ]
         allowed = self._advance_if_room(conn, quick, candidates, now, at) if quick else {}
+        for name in allowed:
+            self._passed.pop(name, None)
         slow = [name for name in guarded if name not in allowed]
         locked = self._lock_rows(conn, slow) if slow else {}
         counted = [name for name in slow if self.policy(name).concurrency is not None]
@@ -430,10 +441,17 @@ class DestinationAdmission(ClaimRule):
         statement = _lock(conn.dialect, len(names))
         locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
         missing = [name for name in names if name not in locked]
+        for name in locked:
+            self._passed.pop(name, None)
         if missing and conn.dialect.lock_clause:
-            # Held by another claim -- or gone: forgotten, so that the next
-            # claim of it makes it again (no row is removed but by hand).
-            self._rows.difference_update(missing)
+            # Held by another claim -- or gone (no row is removed but by
+            # hand): after a few such claims in a row, forgotten, so that
+            # the next claim of it makes it again if need be.
+            self._passed.update(missing)
+            over = [name for name in missing if self._passed[name] >= PASSED_OVER]
+            self._rows.difference_update(over)
+            if len(self._passed) > 10_000:
+                self._passed.clear()
         elif missing:  # nothing holds rows here: gone, make it again
             conn.execute(_ensure(arrays, len(missing)), _values(arrays, missing))
             again = conn.query(_lock(conn.dialect, len(missing)), _values(arrays, missing))
