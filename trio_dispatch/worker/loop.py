@@ -247,6 +247,13 @@ class DispatchWorker:
         if self._wake is not None:
             self._wake.set()
 
+    def _enqueued(self) -> None:
+        """An enqueue notice: scan now, and let the claims' fair-share turns
+        look for a destination that was not there before."""
+        if self._rules.turns is not None:
+            self._rules.turns.news()
+        self.wake()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Deliver until cancelled; signals ``task_status`` once it listens
         for enqueues. On cancellation it stops claiming, gives running
@@ -260,7 +267,7 @@ class DispatchWorker:
         self._closing = False
         self._interrupt = None
         self._wake = anyio.Event()
-        remove = self.db.on_enqueue(self.wake)
+        remove = self.db.on_enqueue(self._enqueued)
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
@@ -335,7 +342,7 @@ class DispatchWorker:
         failures = 0
         while True:
             try:
-                await db.listen(self.wake)
+                await db.listen(self._enqueued)
             except Exception:
                 failures += 1
                 self.log.log(
@@ -344,7 +351,7 @@ class DispatchWorker:
                     self.settings.tick_seconds,
                     exc_info=True,
                 )
-            self.wake()  # catch up on anything enqueued meanwhile
+            self._enqueued()  # catch up on anything enqueued meanwhile
             await anyio.sleep(self.settings.tick_seconds)
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
