@@ -23,7 +23,10 @@ replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
 throttled attempts. Version 11 admits the statuses ``superseded`` and
 ``cancelled`` (SPEC section 18): the status CHECK widened in place and the
-finished-age index rebuilt over every finished status.
+finished-age index rebuilt over every finished status. Version 12 lets an
+operator's cancel mark a running attempt (SPEC section 18): when it was
+asked for and by whom, read by the worker that runs the attempt and by the
+fenced finish that ends it.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -368,6 +371,17 @@ _V11: Final[tuple[Step, ...]] = (
     """,
 )
 
+_V12: Final = (
+    # A delivering row an operator cancelled: the worker running its attempt
+    # cuts it and records `cancelled`, unless the attempt's finish comes
+    # first with a success. Set only on a delivering row; every write that
+    # moves a row out of `delivering` is fenced on it (NULL) or reads it.
+    "ALTER TABLE dispatch_outbox ADD COLUMN cancel_requested_at FLOAT NULL",
+    # Who asked and why (JSON: actor, reason, the client's address), for
+    # the transition that records the cancel.
+    "ALTER TABLE dispatch_outbox ADD COLUMN cancel_request TEXT NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -380,6 +394,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V9,
     _V10,
     _V11,
+    _V12,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
