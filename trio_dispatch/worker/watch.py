@@ -35,6 +35,10 @@ from .slots import SlotTable
 CANCEL_POLL_SECONDS: Final = 0.5
 """How often a worker with no listener reads the cancel marks of the
 attempts it runs."""
+LOOK_GAP_SECONDS: Final = 0.025
+"""The least time between two reads of the marks: SQLite's commit watch
+hears every commit (a busy worker's own too), so reads are held to 40 a
+second at most whatever a worker commits."""
 HEARD_KEEP_SECONDS: Final = 5.0
 """How long a cancel heard by id is remembered for a claim that reaches
 the slot table after the cancel was heard (the claim's commit came first,
@@ -106,6 +110,7 @@ class CancelWatch:
                     await self._look.wait()
                 self._look = anyio.Event()
                 await self._look_once()
+                await anyio.sleep(LOOK_GAP_SECONDS)  # what is heard meanwhile waits its turn
         finally:
             self._look = None
             remove()
