@@ -50,6 +50,10 @@ Sections (``--section``; default: all of them, in this order):
   others' deliveries and one claim beside a paused destination's 200,000
   pending rows; B's enqueue -> start p99 behind A's 100,000-row backlog
   (fair share) beside B alone; a rate that never binds beside no policy.
+- ``cancel``: an operator's cancel of a running command attempt (SPEC 18)
+  on SQLite and PostgreSQL: the p99 of 50 cancels, from the cancel to the
+  command's process group gone (killed by a worker process, reaped),
+  beside as many SIGTERMs sent straight to such a group; target 1 s.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).
