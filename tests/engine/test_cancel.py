@@ -15,11 +15,13 @@ import anyio
 import pytest
 
 from trio_dispatch import (
+    ActionRefused,
     CancelTooLate,
     Delivery,
     DispatchNotFound,
     InvalidTransition,
     cancel_dispatch,
+    cancel_dispatches,
     deliver_due_dispatches,
     enqueue_dispatch,
     get_dispatch,
@@ -322,3 +324,36 @@ async def test_a_listener_hears_a_cancel_committed_by_another_store(db_target: s
             wanted = None if db_target.endswith(".db") else dispatch_id
             await wait_for(lambda: wanted in heard[1:])
             tg.cancel_scope.cancel()
+
+
+async def test_a_bulk_cancel_takes_pending_and_running_rows_newest_first_and_a_dry_run_nothing(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    keyed = [
+        await enqueue_dispatch(store, kind="k", deliver_to="billing", ordering_key="K", now=T0)
+        for _ in range(3)
+    ]
+    [claim], _ = await claim_due(store, now=T0, ids=[keyed[0]], lease_seconds=600)
+    other = await enqueue_dispatch(store, kind="k", deliver_to="mail", now=T0)
+    before = raw.rows("SELECT * FROM dispatch_outbox ORDER BY id"), raw.counts()
+    dry = await cancel_dispatches(store, deliver_to="billing", dry_run=True, now=T0 + 1)
+    assert (dry.matched, dry.cancelled, dry.requested, dry.dry_run) == (3, 0, 0, True)
+    assert (raw.rows("SELECT * FROM dispatch_outbox ORDER BY id"), raw.counts()) == before
+    with pytest.raises(ActionRefused, match="delivered"):
+        await cancel_dispatches(store, status="delivered")
+    done = await cancel_dispatches(store, deliver_to="billing", reason="gone", now=T0 + 1)
+    assert (done.matched, done.cancelled, done.requested, done.skipped) == (3, 2, 1, 0)
+    # Newest first: the rows behind the head went before it could promote them.
+    order = raw.rows(
+        "SELECT entity_id FROM status_transitions WHERE status = 'cancelled' ORDER BY id"
+    )
+    assert [row["entity_id"] for row in order] == [keyed[2], keyed[1]]
+    assert raw.row(keyed[0])["cancel_requested_at"] == T0 + 1  # running: marked
+    assert all(raw.row(i)["next_attempt_at"] >= 1e15 for i in keyed[1:])  # never made due
+    assert raw.row(other)["status"] == "pending"
+    assert metadata(last(raw, keyed[1]))["filter"]["deliver_to"] == "billing"
+    assert await finish_attempt(store, claim, TransportResult.cut_by_cancel(), now=T0 + 2) is (
+        Outcome.CANCELLED
+    )
+    again = await cancel_dispatches(store, deliver_to="billing", now=T0 + 3)
+    assert (again.matched, again.cancelled, again.requested) == (0, 0, 0)
