@@ -246,11 +246,10 @@ async def test_a_worker_without_a_listener_reads_the_cancels_itself(
             assert (await cancel_dispatch(db, dispatch_id)).cancelled
 
 
-async def test_a_cancel_from_the_workers_own_process_is_heard_at_once(
-    store: SQLiteStore, raw: RawDB
-) -> None:
-    """The same store: its cancel listeners tell the worker, with no
-    listener at all (an in-memory database has none)."""
+async def test_a_cancel_from_the_workers_own_process_is_heard_through_its_store() -> None:
+    """An in-memory database: no other connection, so no commit watch and
+    no poll (its listener hears nothing, by design) -- only the store's own
+    cancel listeners can tell the worker."""
     started = anyio.Event()
 
     async def send(delivery: Delivery) -> bool:
@@ -258,11 +257,13 @@ async def test_a_cancel_from_the_workers_own_process_is_heard_at_once(
         await anyio.sleep(300)
         return True
 
-    async with working(store, send, listen=False) as worker:
-        dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
-        await started.wait()
-        assert (await cancel_dispatch(store, dispatch_id)).cancelled
-        assert worker.cancel_counts.snapshot()["cancelled"] == 1
+    async with open_store(":memory:") as store:
+        async with working(store, send) as worker:  # type: ignore[arg-type]
+            dispatch_id = await enqueue_dispatch(store, kind="k", deliver_to="seat")
+            await started.wait()
+            result = await cancel_dispatch(store, dispatch_id, wait_seconds=20)
+            assert result.cancelled
+            assert worker.cancel_counts.snapshot()["cancelled"] == 1
 
 
 def metric(text: str, name: str) -> Callable[[str], float]:
