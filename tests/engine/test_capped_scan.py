@@ -289,5 +289,6 @@ async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_row
     version = raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema")
     assert version == SCHEMA_VERSION == len(MIGRATIONS)
     index = raw.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (DESTINATION_INDEX,))
-    assert "(deliver_to, next_attempt_at, created_at)" in index
+    # Keyed by the claim rank since the priority migration (SPEC 18).
+    assert "(deliver_to, (next_attempt_at - head_start), created_at, next_attempt_at)" in index
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 101

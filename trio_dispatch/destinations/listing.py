@@ -29,8 +29,9 @@ from functools import partial
 from typing import Any, Final
 
 from ..lifecycle import DUE_SQL, Status
+from ..priority import earliest_due
 from ..store.base import Conn, Database, Row
-from ..store.schema import DESTINATION_INDEX
+from ..store.schema import DESTINATION_INDEX, DUE_INDEX, HELD_BACK_DESTINATION_INDEX
 from ..validate import clock_from
 from .policy import ANY_DESTINATION, UNLIMITED, Destination
 from .state import SELECT_ONE, TABLE, Seen, State, changes, effective
@@ -47,8 +48,8 @@ far below it)."""
 CHANGES_SHOWN: Final = 20
 """The audit rows one destination's page shows, newest first."""
 
-STATUS_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
-"""The due index (status, next_attempt_at, created_at)."""
+STATUS_INDEX: Final = DUE_INDEX
+"""The due index (status first)."""
 
 OWN: Final = "own"
 DEFAULTS: Final = "*"
@@ -94,12 +95,10 @@ def _pending(hint: str) -> str:
     )
 
 
-def _oldest_pending(hint: str) -> str:
-    return (
-        f"SELECT next_attempt_at FROM dispatch_outbox{hint} WHERE {DUE_SQL} "
-        f"AND deliver_to = ? AND status = '{Status.PENDING}' "
-        "ORDER BY next_attempt_at, created_at LIMIT 1"
-    )
+def _oldest_pending(main: str, held: str) -> str:
+    # When the destination's earliest pending row falls due (parameter: the
+    # name, five times): a few seeks of its claim-order indexes.
+    return earliest_due(f"deliver_to = ? AND status = '{Status.PENDING}'", main, held)
 
 
 def _has_live(hint: str) -> str:
@@ -289,8 +288,9 @@ def _entry(
         hint = conn.dialect.use_index(DESTINATION_INDEX)
         counted = conn.query_one(_pending(hint), (name, PENDING_CAP))
         pending = int(counted["n"]) if counted is not None else 0
-        head = conn.query_one(_oldest_pending(hint), (name,))
-        due = None if head is None else float(head["next_attempt_at"])
+        held = conn.dialect.use_index(HELD_BACK_DESTINATION_INDEX)
+        head = conn.query_one(_oldest_pending(hint, held), (name,) * 5)
+        due = None if head is None else _float(head["due"])
         oldest = None if due is None or due > now else now - due
     return Entry(
         name=name,

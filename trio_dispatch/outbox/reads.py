@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from ..lifecycle import ENTITY_TYPE, STATUSES, Reason, Status
 from ..store.base import Conn, Database, Row, Undecodable
+from ..store.schema import DUE_INDEX, HELD_BACK_INDEX
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
@@ -129,6 +130,15 @@ async def next_due_at(
     return await db.read(lambda conn: next_due(conn, rules, at=at))
 
 
+def oldest_due_pending(conn: Conn, at: float) -> float | None:
+    """When the longest-waiting ``pending`` row due at ``at`` fell due (None:
+    none is due), through the due indexes, bounded whatever the table holds."""
+    hint = conn.dialect.use_index
+    row = conn.query_one(sql.earliest_pending(hint(DUE_INDEX), hint(HELD_BACK_INDEX)))
+    due = None if row is None or row["due"] is None else float(row["due"])
+    return due if due is not None and due <= at else None
+
+
 async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:
     """A health summary: ``counts`` per status (all six), ``total``,
     ``oldest_due_pending_age_seconds`` (how long the longest-waiting due
@@ -142,9 +152,8 @@ async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str,
         counts: dict[str, int] = dict.fromkeys(sorted(STATUSES), 0)
         for row in conn.query(sql.COUNT_BY_STATUS):
             counts[str(row["status"])] = int(row["n"])
-        oldest = conn.query_one(sql.OLDEST_DUE_PENDING, (at,))
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE, (at - 86400.0,))
-        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        due = oldest_due_pending(conn, at)
         return {
             "counts": counts,
             "total": sum(counts.values()),
@@ -183,9 +192,8 @@ async def bounded_stats(
         for status in sorted(STATUSES):
             row = conn.query_one(sql.count_capped(Status(status)), (cap,))
             counts[status] = int(row["n"]) if row else 0
-        oldest = conn.query_one(sql.OLDEST_DUE_PENDING, (at,))
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE_CAPPED, (at - 86400.0, cap))
-        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        due = oldest_due_pending(conn, at)
         dead_letters = int(dead["n"]) if dead else 0
         blocked = count_blocked_keys(conn, BLOCKED_KEYS_CAP) if ordering == "block" else 0
         return {

@@ -17,6 +17,7 @@ import functools
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
+from ..priority import HEAD_START, earliest_due
 from ..store.dialect import ArrayForms, Typed
 
 COLUMNS: Final = (
@@ -44,16 +45,19 @@ _KEY_SEQ: Final = (
 )
 
 INSERT_DISPATCH: Final = (
-    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq) "
+    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start) "
     f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
-    f"?, ?, ?, ?, {_KEY_SEQ}) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}) "
+    "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
 then for ``next_attempt_at`` the ordering key, the due time, the key, the
 id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
-created_at, expires_at, updated_at, ordering_key, and for ``key_seq`` the
-key twice): due at once, or -- keyed and behind a live row of its key --
-waiting (:data:`WAITING_AT`), last in its key. A dedup key already
+created_at, expires_at, updated_at, ordering_key, for ``key_seq`` the
+key twice, then the priority, and for ``head_start`` the priority twice):
+due at once, or -- keyed and behind a live row of its key -- waiting
+(:data:`WAITING_AT`), last in its key; its head start the priority times
+the store's step (:mod:`trio_dispatch.priority`). A dedup key already
 committed inserts nothing (the partial unique index is the final
 authority)."""
 
@@ -96,9 +100,9 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
-READ_COLUMNS: Final = f"{COLUMNS}, throttles"
-"""What reads show of a row: every column of :data:`COLUMNS` and the
-throttled attempts (SPEC section 17)."""
+READ_COLUMNS: Final = f"{COLUMNS}, throttles, priority"
+"""What reads show of a row: every column of :data:`COLUMNS`, the
+throttled attempts (SPEC section 17) and the priority (SPEC section 18)."""
 
 
 def list_newest(where: str) -> str:
@@ -283,10 +287,17 @@ def finished_older_than(status: Status, *, count: bool = False) -> str:
 
 
 COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status"
-OLDEST_DUE_PENDING: Final = (
-    f"SELECT MIN(next_attempt_at) AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-    f"AND status = '{Status.PENDING}' AND next_attempt_at <= ?"
-)
+
+
+@functools.cache
+def earliest_pending(main: str = "", held: str = "") -> str:
+    """When the earliest ``pending`` row falls due (column ``due``; NULL:
+    none), through the due index (``main``: its hint) and the held-back one
+    (``held``): the oldest due row's due time when that is not after now.
+    Bounded whatever the table holds (:func:`~trio_dispatch.priority.earliest_due`)."""
+    return earliest_due(f"status = '{Status.PENDING}'", main, held)
+
+
 DEAD_LETTERS_SINCE: Final = (
     f"SELECT COUNT(*) AS n FROM dispatch_outbox WHERE {FINISHED_SQL} "
     f"AND status = '{Status.DEAD_LETTER}' AND {AGE} >= ?"
