@@ -327,7 +327,7 @@ def dispatch_table(
     widths = ["11.5em", "10%", "10%", "12%", "8em"]
     names = ["created", "id", "kind", "deliver_to", "status"]
     if ranked:
-        widths.append("4em")
+        widths.append("5.5em")
         names.append("priority")
     widths += ["5.5em", "11.5em"]
     names += ["attempt", "next attempt"]
