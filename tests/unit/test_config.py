@@ -515,6 +515,21 @@ def test_the_ordering_policy_is_read_checked_and_reaches_the_worker() -> None:
         parse_config({"dispatch": {"ordering": {"on_dead_letter": "drop"}}})
 
 
+def test_the_priority_step_is_read_checked_and_reaches_the_worker() -> None:
+    assert parse_config(None).worker.priority_step_seconds == 300.0  # a file's default
+    assert WorkerSettings().priority_step_seconds is None  # the library's: the store's
+    minute = parse_config({"dispatch": {"priority_step_seconds": 60}})
+    assert minute.worker_settings().priority_step_seconds == 60.0
+    kept = parse_config({"dispatch": {"priority_step_seconds": None}})
+    assert kept.worker.priority_step_seconds is None
+    with pytest.raises(
+        ConfigError,
+        match=r"dispatch\.priority_step_seconds must be a number of seconds from 1 to 86400, "
+        "got 'soon'",
+    ):
+        parse_config({"dispatch": {"priority_step_seconds": "soon"}})
+
+
 WORKER_SETTING_VALUES = [
     ("worker.tick_seconds", 0),
     ("worker.concurrency", "many"),
@@ -525,6 +540,9 @@ WORKER_SETTING_VALUES = [
     ("worker.per_destination_concurrency", 0),
     ("dispatch.retry_schedule", [1, -5]),
     ("dispatch.ordering.on_dead_letter", "drop"),
+    ("dispatch.priority_step_seconds", 0),
+    ("dispatch.priority_step_seconds", True),
+    ("dispatch.priority_step_seconds", 86401),
 ]
 
 
