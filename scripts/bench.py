@@ -50,6 +50,10 @@ Sections (``--section``; default: all of them, in this order):
   others' deliveries and one claim beside a paused destination's 200,000
   pending rows; B's enqueue -> start p99 behind A's 100,000-row backlog
   (fair share) beside B alone; a rate that never binds beside no policy.
+- ``priority``: priorities (SPEC 18) on SQLite and PostgreSQL: a drain of
+  rows of priorities -10..10 beside the same rows at 0; one claim among
+  1,000,000 finished rows beside 1,000; an idle claim among 20,000 retries
+  of mixed priorities due within 50 minutes beside the same at 0.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

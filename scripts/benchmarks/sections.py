@@ -18,6 +18,7 @@ from . import (
     huey_section,
     ordering,
     postgres,
+    priority,
     schedules,
     sync_section,
     table,
@@ -43,4 +44,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "schedules": schedules.run_schedules,
     "tracing": tracing_section.run_tracing,
     "destinations": destinations.run_destinations,
+    "priority": priority.run_priority,
 }
