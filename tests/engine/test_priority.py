@@ -169,6 +169,17 @@ async def test_retries_throttles_releases_and_operator_retries_keep_the_head_sta
     assert (await claim_one(store, T0 + 101)).dispatch_id == urgent
 
 
+async def test_a_recovered_lease_keeps_the_head_start(store: SQLiteStore) -> None:
+    urgent = await enqueue_dispatch(store, kind="k", deliver_to="a", priority=5, now=T0)
+    claims, _ = await claim_due(store, now=T0, limit=1, lease_seconds=15)
+    assert [claim.dispatch_id for claim in claims] == [urgent]
+    await enqueue_dispatch(store, kind="k", deliver_to="b", now=T0 + 5)
+    # Its worker died: at the lease's end it is due again, ahead of the
+    # row due since T0 + 5, and its recovery is claimed first.
+    recovered = await claim_one(store, T0 + 20)
+    assert (recovered.dispatch_id, recovered.recovered) == (urgent, True)
+
+
 async def test_an_ordering_key_stays_first_in_first_out_whatever_the_priorities(
     store: SQLiteStore,
 ) -> None:
