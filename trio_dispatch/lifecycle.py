@@ -30,14 +30,16 @@ class Status(enum.StrEnum):
     shutdown released the attempt; an operator retry from
     ``dead_letter``/``expired``.
     Out: a claim (``delivering``), its deadline (``expired``), a consumer's
-    ack (``acked``)."""
+    ack (``acked``), a newer enqueue with its coalesce key
+    (``superseded``), an operator's cancel (``cancelled``)."""
     DELIVERING = "delivering"
     """Claimed: one attempt owns the row until its lease ends
     (``next_attempt_at``).
     In: a claim from ``pending``, or lease recovery from ``delivering``.
     Out: the attempt's end (``delivered``, ``pending``, ``dead_letter``), its
     deadline found at the next claim (``expired``), a consumer's ack
-    (``acked``), lease recovery (``delivering``)."""
+    (``acked``), lease recovery (``delivering``), a cancel the attempt's
+    worker carries out (``cancelled``)."""
     DELIVERED = "delivered"
     """Sent, no ack required. Final. In: the delivery loop."""
     ACKED = "acked"
@@ -48,6 +50,16 @@ class Status(enum.StrEnum):
     EXPIRED = "expired"
     """``expires_at`` passed before a claim. In: the delivery loop.
     Out: an operator retry (``pending``)."""
+    SUPERSEDED = "superseded"
+    """A newer row with the same coalesce key took its place while it was
+    waiting, never claimed (SPEC section 18); its transition names the new
+    row. Final. In: enqueue (``replace``, ``debounce``)."""
+    CANCELLED = "cancelled"
+    """An operator cancelled it: at once while ``pending``; while
+    ``delivering``, by the worker running the attempt, which cuts it and
+    records this unless the attempt had already succeeded (SPEC section
+    18). Final. In: an operator (pending), the delivery loop (delivering),
+    an operator (delivering, when no worker holds the attempt's lease)."""
 
 
 PURGED: Final = "purged"
@@ -57,8 +69,16 @@ purge, when the row itself is gone."""
 STATUSES: Final = frozenset(Status)
 DUE_STATUSES: Final = (Status.PENDING, Status.DELIVERING)
 """Statuses a scan claims from (the partial due index holds only these)."""
-FINISHED_STATUSES: Final = (Status.DELIVERED, Status.ACKED, Status.DEAD_LETTER, Status.EXPIRED)
-"""Statuses with no way forward but an operator's (the finished-age index)."""
+FINISHED_STATUSES: Final = (
+    Status.DELIVERED,
+    Status.ACKED,
+    Status.DEAD_LETTER,
+    Status.EXPIRED,
+    Status.SUPERSEDED,
+    Status.CANCELLED,
+)
+"""Statuses with no way forward but an operator's (the finished-age index);
+retention prunes them."""
 TERMINAL_STATUSES: Final = frozenset(FINISHED_STATUSES)
 
 
@@ -84,7 +104,7 @@ every due time (year 31,690,000), so no scan of the due index reaches it
 until the row ahead leaves and it is made due."""
 FINISHED_SQL: Final = status_in(FINISHED_STATUSES)
 STATUS_CHECK_SQL: Final = status_in(Status)
-"""The column's CHECK constraint: the six statuses."""
+"""The column's CHECK constraint: every status."""
 
 
 class Reason(enum.StrEnum):
@@ -122,6 +142,13 @@ class Reason(enum.StrEnum):
     """Worker shutdown (or a KeyboardInterrupt) interrupted the attempt, or a
     local resource error at spawn kept it from being made (then the attempt
     is not counted); due at once."""
+    COALESCED = "dispatch.superseded.coalesced"
+    """A newer enqueue with the same coalesce key replaced the row while it
+    waited unclaimed (``replace`` or ``debounce``); the transition's metadata
+    names the new row (``superseded_by``)."""
+    CANCELLED_OPERATOR = "dispatch.cancelled.operator"
+    """An operator cancelled the dispatch: a pending row at once, a
+    delivering row when its attempt was cut (or no worker held it)."""
     PURGED_OPERATOR = "dispatch.purged.operator"
     """An operator purged one dispatch (transition status ``purged``)."""
     PURGED_RETENTION = "dispatch.purged.retention"
@@ -148,7 +175,7 @@ class Source(enum.StrEnum):
     """Who took a transition (the ``source`` column)."""
 
     SYSTEM = "system"
-    """Enqueue."""
+    """Enqueue (and a coalescing enqueue's supersede)."""
     DELIVERY = "scheduler"
     """The delivery loop: claims, attempt ends, expiry, release (SPEC
     section 7 names its stored value ``scheduler``)."""
@@ -161,7 +188,7 @@ class Source(enum.StrEnum):
     CONSUMER = "consumer"
     """The destination's acknowledgement."""
     OPERATOR = "operator"
-    """A person or tool: retry, purge, prune."""
+    """A person or tool: retry, cancel, purge, prune."""
 
 
 ENTITY_TYPE: Final = "dispatch"
@@ -171,21 +198,29 @@ ACTOR_DELIVERY: Final = "dispatch_delivery_loop"
 _DELIVERY: Final = frozenset({Source.DELIVERY})
 _CONSUMER: Final = frozenset({Source.CONSUMER})
 _OPERATOR: Final = frozenset({Source.OPERATOR})
+_ENQUEUE: Final = frozenset({Source.SYSTEM, Source.SCHEDULES})
+_CANCEL_RUNNING: Final = frozenset({Source.DELIVERY, Source.OPERATOR})
 
 # (from, to) -> the sources that may take the edge. Delivery moves rows
 # forward; only a consumer's ack reaches `acked`; only an operator revives a
-# failed row. So an operator "retry" of a row still being delivered, say, is
-# refused rather than resetting its attempt budget mid-flight.
+# failed row or cancels one; only an enqueue (a schedule's too) supersedes a
+# waiting row. A running attempt's cancel is recorded by the worker that
+# cut it, or by the operator when no worker holds its lease. So an operator
+# "retry" of a row still being delivered, say, is refused rather than
+# resetting its attempt budget mid-flight.
 _EDGES: Final[dict[tuple[str, str], frozenset[Source]]] = {
     (Status.PENDING, Status.DELIVERING): _DELIVERY,
     (Status.PENDING, Status.EXPIRED): _DELIVERY,
     (Status.PENDING, Status.ACKED): _CONSUMER,
+    (Status.PENDING, Status.SUPERSEDED): _ENQUEUE,
+    (Status.PENDING, Status.CANCELLED): _OPERATOR,
     (Status.DELIVERING, Status.DELIVERING): _DELIVERY,
     (Status.DELIVERING, Status.PENDING): _DELIVERY,
     (Status.DELIVERING, Status.DELIVERED): _DELIVERY,
     (Status.DELIVERING, Status.ACKED): _CONSUMER,
     (Status.DELIVERING, Status.DEAD_LETTER): _DELIVERY,
     (Status.DELIVERING, Status.EXPIRED): _DELIVERY,
+    (Status.DELIVERING, Status.CANCELLED): _CANCEL_RUNNING,
     (Status.DEAD_LETTER, Status.PENDING): _OPERATOR,
     (Status.EXPIRED, Status.PENDING): _OPERATOR,
 }

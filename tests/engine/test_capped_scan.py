@@ -22,7 +22,7 @@ from trio_dispatch.outbox.claim.scan import next_due, select_due
 from trio_dispatch.outbox.machine import claim_batch
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn
-from trio_dispatch.store.schema import DESTINATION_INDEX, MIGRATIONS, SCHEMA_VERSION
+from trio_dispatch.store.schema import DESTINATION_INDEX, MIGRATIONS, SCHEMA_VERSION, statements
 from trio_dispatch.store.sqlite import SQLiteConn
 
 from ..conftest import RawDB
@@ -276,7 +276,7 @@ async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_row
     db_path: Path, raw: RawDB
 ) -> None:
     conn = sqlite3.connect(db_path, isolation_level=None)
-    for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+    for statement in statements(1, 2):
         conn.execute(statement)
     conn.execute(
         "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"

@@ -594,12 +594,11 @@ async def test_a_version_7_store_keeps_its_schedules_and_the_first_worker_record
 ) -> None:
     import sqlite3
 
-    from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+    from trio_dispatch.store.schema import SCHEMA_VERSION, statements
 
     conn = sqlite3.connect(db_path, isolation_level=None)
-    for migration in MIGRATIONS[:7]:
-        for statement in migration:
-            conn.execute(statement)
+    for statement in statements(*range(1, 8)):
+        conn.execute(statement)
     conn.execute("CREATE TABLE trio_dispatch_schema (version INTEGER, applied_at FLOAT)")
     conn.executemany("INSERT INTO trio_dispatch_schema VALUES (?, 0)", [(n,) for n in range(1, 8)])
     conn.execute(

@@ -14,7 +14,7 @@ import pytest
 
 from trio_dispatch import enqueue_dispatch, get_dispatch, open_store
 from trio_dispatch.store import SchemaError, SQLiteStore
-from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+from trio_dispatch.store.schema import SCHEMA_VERSION, statements
 
 from ..conftest import RawDB
 from ..helpers import HeldWriter, wait_for
@@ -206,7 +206,7 @@ async def test_a_version_1_database_gets_the_due_index_with_created_at_and_keeps
     db_path: Path, raw: RawDB
 ) -> None:
     conn = sqlite3.connect(db_path, isolation_level=None)
-    for statement in MIGRATIONS[0]:
+    for statement in statements(1):
         conn.execute(statement)
     conn.execute(
         "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"

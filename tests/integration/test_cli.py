@@ -331,6 +331,8 @@ def test_stats_counts_each_status_and_recent_dead_letters(
         "acked": 0,
         "dead_letter": 1,
         "expired": 0,
+        "superseded": 0,
+        "cancelled": 0,
     }
     assert document["total"] == 5 and document["dead_letters_last_24h"] == 1
     age = document["oldest_due_pending_age_seconds"]

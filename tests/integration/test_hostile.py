@@ -941,7 +941,10 @@ def shell_text(draw: st.DrawFn, canary: Path, *, newlines: bool) -> str:
 # Each example spawns one real transport process; the property still runs
 # the suite's 1,000 examples per backend (the argv/stdin contract alone is
 # also covered by test_render_argv_substitutes_only_whole_token_elements).
+# About a minute on a quiet machine; a loaded one needs more than the
+# suite's default timeout.
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @given(data=st.data(), payload_in_argv=st.booleans())
 def test_routes_and_bodies_full_of_shell_syntax_reach_the_transport_verbatim(
     bridge: Bridge, tmp_path: Path, data: st.DataObject, payload_in_argv: bool

@@ -35,7 +35,7 @@ from trio_dispatch.outbox import claim_due, sql
 from trio_dispatch.outbox.reads import AWAITING_ACK, recent_failures
 from trio_dispatch.store import SQLiteStore, open_store
 from trio_dispatch.store.dialect import POSTGRES, SQLITE
-from trio_dispatch.store.schema import MIGRATIONS, SCHEMA_VERSION
+from trio_dispatch.store.schema import SCHEMA_VERSION, statements
 from trio_dispatch.web import WebApp, parse_listen, serve_app
 from trio_dispatch.worker import DispatchWorker
 from trio_dispatch.worker.metrics import DeliveryMetrics
@@ -180,6 +180,8 @@ async def test_metrics_have_the_specified_names_types_and_labels(
         "acked": 1.0,
         "dead_letter": 1.0,
         "expired": 1.0,
+        "superseded": 0.0,
+        "cancelled": 0.0,
     }
     deliveries = samples(families["trio_dispatch_deliveries"])
     assert (
@@ -474,7 +476,7 @@ async def test_a_version_2_store_gains_the_failures_index_and_keeps_its_history(
 ) -> None:
     raw = RawDB(db_path) if engine == "sqlite" else PostgresRaw(fresh_target)
     dialect = SQLITE if engine == "sqlite" else POSTGRES
-    for statement in (*MIGRATIONS[0], *MIGRATIONS[1]):
+    for statement in statements(1, 2):
         raw.execute(dialect.ddl(statement))
     raw.execute(
         "CREATE TABLE trio_dispatch_schema (version INTEGER NOT NULL, applied_at FLOAT NOT NULL)"

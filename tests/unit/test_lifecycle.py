@@ -18,7 +18,16 @@ from trio_dispatch import (
 )
 from trio_dispatch import lifecycle as lc
 
-STATUSES = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+STATUSES = (
+    "pending",
+    "delivering",
+    "delivered",
+    "acked",
+    "dead_letter",
+    "expired",
+    "superseded",  # section 18
+    "cancelled",  # section 18
+)
 
 # SPEC section 7, transcribed: (from, to) -> operator only.
 # SPEC section 7's graph, with who takes each edge: delivery edges are the
@@ -27,12 +36,15 @@ SPEC_EDGE_SOURCES = {
     ("pending", "delivering"): ("scheduler",),
     ("pending", "expired"): ("scheduler",),
     ("pending", "acked"): ("consumer",),
+    ("pending", "superseded"): ("system", "scheduler"),  # section 18: an enqueue, a schedule's
+    ("pending", "cancelled"): ("operator",),  # section 18
     ("delivering", "delivering"): ("scheduler",),
     ("delivering", "pending"): ("scheduler",),
     ("delivering", "delivered"): ("scheduler",),
     ("delivering", "acked"): ("consumer",),
     ("delivering", "dead_letter"): ("scheduler",),
     ("delivering", "expired"): ("scheduler",),
+    ("delivering", "cancelled"): ("scheduler", "operator"),  # section 18
     ("dead_letter", "pending"): ("operator",),
     ("expired", "pending"): ("operator",),
 }
@@ -56,6 +68,8 @@ SPEC_REASON_CODES = frozenset(
         "dispatch.pending.released",
         "dispatch.purged.operator",
         "dispatch.purged.retention",
+        "dispatch.superseded.coalesced",  # section 18
+        "dispatch.cancelled.operator",  # section 18
     }
 )
 

@@ -196,7 +196,7 @@ async def cmd_prune(db: Store, args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     age = (
-        "the default age (delivered/acked 7d, dead_letter/expired 30d)"
+        "the default age (delivered/acked/superseded 7d, dead_letter/expired/cancelled 30d)"
         if args.older_than is None
         else f"{args.older_than:g}s"
     )

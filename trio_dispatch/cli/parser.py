@@ -197,7 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--older-than",
         type=parse_duration,
         metavar="DURATION",
-        help="e.g. 7d, 12h (default: delivered/acked 7d, dead_letter/expired 30d)",
+        help=(
+            "e.g. 7d, 12h (default: delivered/acked/superseded 7d, "
+            "dead_letter/expired/cancelled 30d)"
+        ),
     )
     prune.add_argument(
         "--status",

@@ -38,6 +38,8 @@ DEFAULT_RETENTION_SECONDS: Final[Mapping[str, float]] = {
     Status.ACKED: 7 * 86400.0,
     Status.DEAD_LETTER: 30 * 86400.0,
     Status.EXPIRED: 30 * 86400.0,
+    Status.SUPERSEDED: 7 * 86400.0,
+    Status.CANCELLED: 30 * 86400.0,
 }
 """SPEC section 7: how long finished rows are kept by default."""
 RETRYABLE: Final = (Status.DEAD_LETTER, Status.EXPIRED)

@@ -15,6 +15,7 @@ is a connection module plus one :class:`Dialect`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -124,6 +125,11 @@ class Dialect:
     key_try_locks: str = ""
     """Like :attr:`key_locks` without waiting: answers the keys (column
     ``key``) it took; a key another transaction holds is left out."""
+    replace_check: Callable[[Conn, str, str, str], None] = lambda conn, table, column, term: None
+    """``replace_check(conn, table, column, term)`` makes ``term`` the CHECK
+    constraint on ``table.column`` in place of the one it has, without
+    rewriting the table's rows; only ever to allow more values (a new
+    status), so the rows already there satisfy it."""
     clock: str = ""
     """An expression for the store's own time in Unix seconds, where every
     host that shares the store shares its clock (the database server's):
@@ -167,6 +173,55 @@ def _sqlite_key_problem(conn: Conn, table: str) -> str | None:
             if [str(part["name"]).lower() for part in parts] == ["id"]:
                 return None
     return 'lacks a unique "id" column (neither its primary key nor a unique index)'
+
+
+_SQLITE_CHECK: Final = r"CHECK\s*\(\s*{column}\s+IN\s*\([^()]*\)\s*\)"
+
+
+def _sqlite_replace_check(conn: Conn, table: str, column: str, term: str) -> None:
+    # SQLite cannot alter a constraint. Allowing more values changes nothing
+    # stored on disk, so the table's recorded definition is edited in place
+    # (SQLite's documented procedure for such changes: writable_schema and
+    # a schema_version bump, so every connection rereads the schema) instead
+    # of copying every row into a new table. Runs in the migrator's write
+    # transaction: it commits with the rest of the migration or not at all.
+    found = conn.query_one(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    )
+    if found is None:
+        return
+    old = str(found["sql"])
+    pattern = re.compile(_SQLITE_CHECK.format(column=re.escape(column)), re.IGNORECASE)
+    new = pattern.sub(lambda _: f"CHECK ({term})", old, count=1)
+    if new == old:
+        return  # no such constraint (an adopted table without it), or it is the term already
+    version = conn.query_one("PRAGMA schema_version")
+    assert version is not None
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute(
+            "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (new, table)
+        )
+        conn.execute(f"PRAGMA schema_version = {int(version['schema_version']) + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+
+
+_POSTGRES_CHECKS: Final = r"""
+    SELECT conname AS name FROM pg_constraint
+    WHERE conrelid = to_regclass(?) AND contype = 'c'
+      AND pg_get_constraintdef(oid) ~ ('\m' || ? || '\M')
+"""
+
+
+def _postgres_replace_check(conn: Conn, table: str, column: str, term: str) -> None:
+    for constraint in conn.query(_POSTGRES_CHECKS, (table, column)):
+        name = quoted(str(constraint["name"]))
+        conn.execute(f"ALTER TABLE {quoted(table)} DROP CONSTRAINT {name}")
+    conn.execute(
+        f"ALTER TABLE {quoted(table)} ADD CONSTRAINT {quoted(f'{table}_{column}_check')} "
+        f"CHECK ({term})"
+    )
 
 
 _POSTGRES_KEY: Final = """
@@ -220,6 +275,7 @@ SQLITE: Final = Dialect(
     "SELECT 1 AS found FROM pragma_table_info(?) WHERE name = ?",
     key_problem=_sqlite_key_problem,
     index_hint=" INDEXED BY {}",
+    replace_check=_sqlite_replace_check,
 )
 POSTGRES: Final = Dialect(
     "postgres",
@@ -248,6 +304,7 @@ POSTGRES: Final = Dialect(
         "AS u(k) ORDER BY k) "
         f"AS sorted WHERE pg_try_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))"
     ),
+    replace_check=_postgres_replace_check,
     # clock_timestamp(), not now(): the time the statement runs, not the
     # time its transaction began.
     clock="EXTRACT(EPOCH FROM clock_timestamp())::float8",

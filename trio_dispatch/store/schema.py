@@ -21,11 +21,14 @@ id). Version 9 gives the schedules' state table its record of which
 definition of each schedule is in force (its fingerprint, the ones it
 replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
-throttled attempts. Version 11 orders the claim by priority (SPEC section
-18): each row's ``priority`` and ``head_start``, the store-wide settings
-that hold the step a head start is made of, the due and destination indexes
-keyed by the claim rank (``next_attempt_at - head_start``) in place of
-``next_attempt_at``, and the two small indexes of held-back rows.
+throttled attempts. Version 11 admits the statuses ``superseded`` and
+``cancelled`` (SPEC section 18): the status CHECK widened in place and the
+finished-age index rebuilt over every finished status. Version 12 orders
+the claim by priority (SPEC section 18): each row's ``priority`` and
+``head_start``, the store-wide settings that hold the step a head start is
+made of, the due and destination indexes keyed by the claim rank
+(``next_attempt_at - head_start``) in place of ``next_attempt_at``, and the
+two small indexes of held-back rows.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -37,7 +40,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeAlias
 
 from ..lifecycle import (
     BLOCKING_SQL,
@@ -62,6 +66,9 @@ from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
 from .dialect import quoted
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
+Step: TypeAlias = "str | Callable[[Conn], None]"
+"""One step of a migration: a statement in SQLite's spelling, or a function
+for a change each engine makes its own way (through its dialect)."""
 FINISHED_STATUSES_SQL: Final = FINISHED_SQL
 """A query that wants the finished-age index must repeat this term verbatim."""
 
@@ -144,7 +151,7 @@ _V1: Final = (
 
 DUE_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
 """The due rows by status in claim order (version 2; keyed by the claim
-rank since version 11, under its first name): every claim reads it
+rank since version 12, under its first name): every claim reads it
 (:data:`~trio_dispatch.outbox.claim.order.CLAIM_ORDER`)."""
 
 _V2: Final = (
@@ -175,7 +182,7 @@ _V3: Final = (
 
 DESTINATION_INDEX: Final = "ix_dispatch_outbox_destination_due"
 """The due rows by destination in claim order (version 4; keyed by the
-claim rank since version 11); SQLite is told to use it by
+claim rank since version 12); SQLite is told to use it by
 name, since without statistics it prefers the status index."""
 
 _V4: Final = (
@@ -354,13 +361,36 @@ _V10: Final = (
     "ALTER TABLE dispatch_outbox ADD COLUMN throttles INTEGER NOT NULL DEFAULT 0",
 )
 
+FINISHED_INDEX: Final = "ix_dispatch_outbox_finished_age"
+
+
+def _admit_every_status(conn: Conn) -> None:
+    conn.dialect.replace_check(conn, "dispatch_outbox", "status", STATUS_CHECK_SQL)
+
+
+_V11: Final[tuple[Step, ...]] = (
+    # Coalescing and cancel (SPEC section 18) end rows in two new statuses.
+    # The CHECK allows more values than before, so every row already
+    # there satisfies it: each engine swaps the constraint without copying
+    # the table (dialect.replace_check).
+    _admit_every_status,
+    # Retention and stats read finished rows of each status by age; the
+    # index's term lists every finished status (a query repeats it).
+    f"DROP INDEX IF EXISTS {FINISHED_INDEX}",
+    f"""
+    CREATE INDEX IF NOT EXISTS {FINISHED_INDEX}
+        ON dispatch_outbox (status, COALESCE(updated_at, created_at))
+        WHERE {FINISHED_SQL}
+    """,
+)
+
 HELD_BACK_INDEX: Final = "ix_dispatch_outbox_held_back"
 """The live rows of a negative priority by status, in claim order (version
-11): the claim's second lane (:mod:`trio_dispatch.outbox.claim.order`)."""
+12): the claim's second lane (:mod:`trio_dispatch.outbox.claim.order`)."""
 HELD_BACK_DESTINATION_INDEX: Final = "ix_dispatch_outbox_held_back_destination"
-"""The same rows by destination (version 11)."""
+"""The same rows by destination (version 12)."""
 
-_V11: Final = (
+_V12: Final[tuple[Step, ...]] = (
     # Priority (SPEC section 18). Rows from before get priority 0 and no
     # head start, so their rank is their due time: nothing moves.
     "ALTER TABLE dispatch_outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 "
@@ -413,7 +443,7 @@ _V11: Final = (
     """,
 )
 
-MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
+MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
     _V3,
@@ -425,10 +455,25 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     _V9,
     _V10,
     _V11,
+    _V12,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def statements(*versions: int) -> tuple[str, ...]:
+    """The statements of these versions (1-based), in order: a database of
+    an earlier version, as its migrations wrote it (tests build one). A
+    version with an engine-specific step has no such form: ValueError."""
+    found: list[str] = []
+    for version in versions:
+        for step in MIGRATIONS[version - 1]:
+            if callable(step):
+                raise ValueError(f"version {version} has a step of each engine's own")
+            found.append(step)
+    return tuple(found)
+
 
 _ADDED_COLUMN: Final = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+) ")
 """A migration statement that adds a column: skipped where the column is
@@ -518,6 +563,9 @@ def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:
+            if callable(statement):
+                statement(conn)
+                continue
             added = _ADDED_COLUMN.match(statement)
             if added and conn.query_one(dialect.column_exists, added.groups()) is not None:
                 continue  # adopted from a database that has it already

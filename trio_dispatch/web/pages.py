@@ -28,7 +28,16 @@ from .style import STYLE as STYLE
 from .style import STYLE_HASH as STYLE_HASH
 from .style import WIDTHS, width_class
 
-STATUS_ORDER: Final = ("pending", "delivering", "delivered", "acked", "dead_letter", "expired")
+STATUS_ORDER: Final = (
+    "pending",
+    "delivering",
+    "delivered",
+    "acked",
+    "dead_letter",
+    "expired",
+    "superseded",
+    "cancelled",
+)
 CELL_TEXT_LIMIT: Final = 300
 """A table cell holds at most this many characters of a value (its
 ``title`` and the row's page hold all of it)."""

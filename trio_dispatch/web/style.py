@@ -43,7 +43,7 @@ _BASE_STYLE: Final = (
     ".badge.delivered,.badge.acked{background:#dcfae6;color:#067647}"
     ".badge.pending{background:#d1e9ff;color:#175cd3}"
     ".badge.delivering{background:#fef0c7;color:#b54708}"
-    ".badge.expired{background:#f2f4f7;color:#475467}"
+    ".badge.expired,.badge.superseded,.badge.cancelled{background:#f2f4f7;color:#475467}"
     ".badge.awaiting_ack{background:#ebe9fe;color:#5925dc}"
     ".badge.retry{background:#fef0c7;color:#b54708}"
     ".badge.paused{background:#fef0c7;color:#b54708}"
