@@ -82,6 +82,9 @@ async def test_the_claim_order_is_read_from_the_indexes_that_serve_it_never_sort
 ) -> None:
     for destination in ("a", "b", "c"):
         fill(raw, destination, 300, T0 - 1000, step=1.0)
+    # Rows due in the next 25 minutes, as retries are: the due index's range
+    # past now holds them, so only the held-back index serves the second lane.
+    fill(raw, "later", 300, T0 + 1, step=5.0)
     # Some rows of a negative priority, so the held-back indexes hold rows.
     raw.execute("UPDATE dispatch_outbox SET priority = -3, head_start = -900 WHERE id LIKE '%-1_'")
     postgres = str(raw.target).startswith("postgres")
