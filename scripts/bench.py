@@ -49,7 +49,9 @@ Sections (``--section``; default: all of them, in this order):
   ``200 x t``, the most in any window beyond the rate beside the burst); the
   others' deliveries and one claim beside a paused destination's 200,000
   pending rows; B's enqueue -> start p99 behind A's 100,000-row backlog
-  (fair share) beside B alone; a rate that never binds beside no policy.
+  (fair share) beside B alone; a rate that never binds beside no policy;
+  the others' deliveries while the sweep expires a paused destination's
+  100,000 past-due rows, beside the same rows with deadlines ahead.
 - ``priority``: priorities (SPEC 18) on SQLite and PostgreSQL: a drain of
   rows of priorities -10..10 beside the same rows at 0; one claim among
   1,000,000 finished rows beside 1,000; an idle claim among 20,000 retries

@@ -200,7 +200,7 @@ def main() -> None:
                 dead = driver.find_element(By.CSS_SELECTOR, "a[href^='/?status=dead_letter']")
                 dead.click()
                 time.sleep(0.3)
-                first = driver.find_element(By.CSS_SELECTOR, "#dispatches a[href^='/dispatch/']")
+                first = driver.find_element(By.CSS_SELECTOR, "#dispatches a[href^='/dispatches/']")
                 row_page = first.get_attribute("href")
                 driver.get(url + "/login")
                 driver.find_element(By.NAME, "token").send_keys(OPERATOR)

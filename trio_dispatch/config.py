@@ -33,6 +33,7 @@ from .configpath import DEFAULT_CONFIG_NAME as DEFAULT_CONFIG_NAME
 from .configpath import find_config_path as find_config_path
 from .configpath import resolve_notify_template as resolve_notify_template
 from .destinations.policy import Destination, parse_destinations
+from .envsecrets import left_unread, secret_environ
 from .errors import ConfigError as ConfigError
 from .priority import DEFAULT_PRIORITY_STEP_SECONDS
 from .redact import mask_url
@@ -376,8 +377,8 @@ _SCHEMA: Final[_Schema] = {
     "worker": _worker_section(),
     "http": {
         "listen": _Rule(_check_listen, None),
-        "token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
-        "operator_token": _Rule(lambda key, value: parse_token(key, value, os.environ), None),
+        "token": _Rule(lambda key, value: parse_token(key, value, secret_environ()), None),
+        "operator_token": _Rule(lambda key, value: parse_token(key, value, secret_environ()), None),
         "max_connections": _Rule(parse_max_connections, DEFAULT_MAX_CONNECTIONS),
         "allowed_hosts": _Rule(parse_allowed_hosts, None),
     },
@@ -534,11 +535,16 @@ def parse_config(data: object, *, source: str = "<config>") -> Config:
 # --- files ------------------------------------------------------------------
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], *, secrets: bool = True) -> Config:
     """Read, safely parse and validate the config file at ``path``.
+    Without ``secrets`` (a command that serves no dashboard and signs
+    nothing), ``env:NAME`` secrets are left unread
+    (:mod:`~trio_dispatch.envsecrets`): their variables need not be set,
+    and the config holds no usable token or signing key.
 
     The returned ``Config.path`` is absolute. Raises :class:`ConfigError`
-    (message prefixed with ``path`` as given) if the file is missing or
+    (message prefixed with ``path`` as given; a missing file's names the
+    absolute path looked at) if the file is missing or
     unreadable, is not valid YAML, uses a non-plain tag, or fails
     :func:`parse_config`.
     """
@@ -553,11 +559,16 @@ def load_config(path: str | os.PathLike[str]) -> Config:
                 raise ConfigError(f"{source}: not a regular file")
             text = handle.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise ConfigError(f"{source}: config file not found") from None
+        where = "" if file.is_absolute() else f" (no file at {file.absolute()})"
+        raise ConfigError(f"{source}: config file not found{where}") from None
     except OSError as exc:
         raise ConfigError(
             f"{source}: cannot read config file: {one_line(exc.strerror or exc)}"
         ) from None
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: larger than {MAX_CONFIG_BYTES:,} bytes: not a config file")
-    return _build(safe_load(text, source), source=source, path=file.absolute())
+    data = safe_load(text, source)
+    if secrets:
+        return _build(data, source=source, path=file.absolute())
+    with left_unread():
+        return _build(data, source=source, path=file.absolute())

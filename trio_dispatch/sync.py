@@ -39,12 +39,12 @@ connection kind is how an enqueue joins the caller's transaction:
   transaction usable, a failure after the first write deletes what the
   enqueue wrote;
 - psycopg: the outbox's tables are found through the connection's
-  ``search_path`` (``SET search_path TO outbox`` for an outbox in a schema
-  of its own; ``install_schema`` creates them in the first existing schema
-  on it). Inside the caller's ``conn.pipeline()`` an enqueue first syncs
-  what the caller queued (an error of the caller's is raised then, before
-  anything of the enqueue is sent), then reads each of its results as it
-  needs them;
+  ``search_path`` (``SET search_path TO outbox, public`` for an outbox in a
+  schema of its own, your tables still in reach; ``install_schema`` creates
+  them in the first existing schema on it). Inside the caller's
+  ``conn.pipeline()`` an enqueue first syncs what the caller queued (an
+  error of the caller's is raised then, before anything of the enqueue is
+  sent), then reads each of its results as it needs them;
 - a connection in autocommit mode (``sqlite3`` with ``isolation_level=None``
   or ``autocommit=True``, psycopg ``autocommit=True``, SQLAlchemy
   ``AUTOCOMMIT``) has no transaction to join: the enqueue is its own
@@ -428,13 +428,13 @@ def install_schema(conn: object) -> None:
     (commit it afterwards; in autocommit mode it commits at once). On
     PostgreSQL they go in the first existing schema of the connection's
     ``search_path``. A newer schema, a ``search_path`` naming no existing
-    schema, or an existing ``sessions``/``schedule_runs`` table whose ``id``
-    the outbox's foreign keys cannot point at raises
-    :class:`~trio_dispatch.store.base.SchemaError` (one line, naming the
-    table) and changes nothing."""
+    schema, or a ``sessions``/``schedule_runs`` table of the service's own
+    where the outbox's foreign keys would point (one that is there before
+    ``dispatch_outbox``) raises :class:`~trio_dispatch.store.base.SchemaError`
+    (one line, naming the table and the fix) and changes nothing."""
     adapter = _adapt(conn)
     with adapter.atomic(()):
         own = adapter.conn
         if own.dialect.migration_lock:  # one migrator at a time, across hosts
             own.query_one(own.dialect.migration_lock)
-        migrate(own, adapter.where)
+        migrate(own, adapter.where, own_connection=True)

@@ -15,7 +15,11 @@ cost, on SQLite and on PostgreSQL in one run.
   every 10 ms while a worker (concurrency 16) drains: B's enqueue ->
   transport start p99 beside B alone.
 - Cost: deliveries/s (no-op, concurrency 16) with a rate configured for
-  every destination that never binds, beside no policy at all. (No policy
+  every destination that never binds, beside no policy at all.
+- Expiry: the other destinations' deliveries/s while every worker's sweep
+  expires a paused destination's 100,000 rows whose deadlines have passed,
+  beside the same rows with their deadlines an hour ahead (the sweep's
+  pace, :data:`trio_dispatch.worker.expiry.PACE`, decides this ratio). (No policy
   against this section's base commit is the ``core`` section run at both
   commits.)
 """
@@ -65,6 +69,7 @@ CLAIM_LIMIT: Final = 100
 CLAIMS: Final = 40
 COST_ROWS: Final = 20_000
 COST_ROWS_QUICK: Final = 5_000
+EXPIRING: Final = 100_000
 
 WORKER_CHILD: Final = """
 import sys, anyio, signal
@@ -112,6 +117,21 @@ def _load(target: str, destination: str, n: int, due_from: float) -> None:
         (
             (uuid.uuid4().hex, "bench", destination, "{}", "pending", 0, due, due, due)
             for due in (due_from + i * 1e-6 for i in range(n))
+        ),
+        analyze=True,
+    )
+
+
+def _load_deadlines(target: str, n: int, expires_at: float) -> None:
+    """``n`` pending rows of the destination ``paused``, due an hour ago,
+    with deadlines from ``expires_at`` on (a microsecond apart)."""
+    due = time.time() - 3600
+    load_rows(
+        target,
+        (*_COLUMNS, "expires_at"),
+        (
+            (uuid.uuid4().hex, "bench", "paused", "{}", "pending", 0, due, due, due, deadline)
+            for deadline in (expires_at + i * 1e-6 for i in range(n))
         ),
         analyze=True,
     )
@@ -367,6 +387,18 @@ def run_destinations(bench: Bench) -> Outcome:
                     percentile(go(b_latencies, alone, fair_seconds), 0.99) * 1000,
                 )
 
+                expiring, ahead = engine.fresh(0), engine.fresh(1)
+                _load_deadlines(expiring, EXPIRING, time.time() - 60)
+                _load_deadlines(ahead, EXPIRING, time.time() + 3600)
+                for target in (expiring, ahead):
+                    go(_pause, target)
+                    go(_fill, target, names, others)
+                add(
+                    f"{engine.name}/expiry",
+                    go(deliveries, expiring, others),
+                    go(deliveries, ahead, others),
+                )
+
                 plain, metered = engine.fresh(0), engine.fresh(1)
                 go(_fill, plain, names * 2, cost_rows)
                 go(_fill, metered, names * 2, cost_rows)
@@ -432,6 +464,15 @@ def run_destinations(bench: Bench) -> Outcome:
                 "no policy",
                 ">= 0.90x",
                 at_least(0.90),
+            ),
+            (
+                "expiry",
+                f"{name}: others' deliveries/s ({others:,}) while a paused destination's "
+                f"{EXPIRING:,} past-due rows expire",
+                "deliveries/s",
+                "the same rows with deadlines ahead",
+                ">= 0.70x",
+                at_least(0.70),
             ),
         ]
         for key, what, unit, baseline, target, meets in rows:

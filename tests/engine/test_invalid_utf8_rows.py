@@ -116,7 +116,7 @@ async def test_reads_and_the_dashboard_show_a_row_not_valid_utf8(
         url = await tg.start(serve_app, WebApp(db), parse_listen("test", "127.0.0.1:0"))
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             home = await client.get("/")
-            page = await client.get(f"/dispatch/{bad}")
+            page = await client.get(f"/dispatches/{bad}")
             health = await client.get("/healthz")
         tg.cancel_scope.cancel()
     assert home.status_code == 200 and bad in home.text and "k\ufffd" in home.text

@@ -25,6 +25,7 @@ from trio_dispatch import (
 from trio_dispatch.lifecycle import WAITING_AT
 from trio_dispatch.outbox import Claim, claim_due, finish_attempt
 from trio_dispatch.outbox.ordering import OrderingPolicy
+from trio_dispatch.outbox.reads import bounded_stats, dispatch_stats, list_dispatches, waiting_ids
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import TransportResult
 
@@ -132,6 +133,42 @@ async def test_a_dead_head_blocks_its_key_until_an_operator_retries_it(
     assert c.dispatch_id == head  # back first, before the rows behind it
     await finish_attempt(store, c, OK, now=T0 + 5)
     assert [c.dispatch_id for c in await claim(store, T0 + 6)] == [behind[0]]
+
+
+async def test_the_row_behind_a_blocked_head_waits_and_is_never_the_oldest_due(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    head, second, third = await keyed(store, "k", 3, max_attempts=1)
+    [c] = await claim(store)
+    await finish_attempt(store, c, FAIL, now=T0 + 1)
+    # Promotion made the row behind the dead head due at T0 + 1; the claim
+    # rule holds it (block), so every reader calls it waiting, not due.
+    assert raw.row(second)["next_attempt_at"] == T0 + 1
+    rows = await list_dispatches(store, ordering_key="k")
+    assert await waiting_ids(store, rows) == {second, third}
+    assert await waiting_ids(store, rows, "skip") == {third}
+    later = T0 + 1000
+    for stats in (
+        await dispatch_stats(store, now=later),
+        await bounded_stats(store, now=later),
+    ):
+        assert stats["oldest_due_pending_age_seconds"] is None
+    # Under skip it is due (and claimable): it counts, and so does a plain row.
+    skip = await dispatch_stats(store, now=later, ordering="skip")
+    assert skip["oldest_due_pending_age_seconds"] == 999
+    [plain] = await keyed(store, None, 1)  # due at T0
+    for stats in (
+        await dispatch_stats(store, now=later),
+        await bounded_stats(store, now=later, ordering="block"),
+    ):
+        assert stats["oldest_due_pending_age_seconds"] == 1000
+    assert [c.dispatch_id for c in await claim(store, later)] == [plain]
+    assert await retry_dispatch(store, head, now=later + 1)  # the head live again
+    assert await waiting_ids(store, await list_dispatches(store, ordering_key="k")) == {
+        second,
+        third,
+    }
+    assert (await dispatch_stats(store, now=later + 2))["oldest_due_pending_age_seconds"] == 1
 
 
 async def test_purging_a_blocked_head_lets_the_next_row_go(store: SQLiteStore) -> None:

@@ -16,8 +16,10 @@ import pytest
 
 from trio_dispatch import Delivery, DispatchWorker, enqueue_dispatch, open_store
 from trio_dispatch import sync as outbox
+from trio_dispatch.outbox import list_dispatches
 from trio_dispatch.store import SchemaError
-from trio_dispatch.store.schema import OWN_TABLES
+from trio_dispatch.store.dialect import POSTGRES, SQLITE
+from trio_dispatch.store.schema import OWN_TABLES, statements
 
 from ..helpers import assert_one_line_error, run_cli, wait_for
 
@@ -103,7 +105,7 @@ async def test_an_existing_table_the_foreign_keys_cannot_use_is_refused_before_a
 ) -> None:
     table, ddl, lacks = INCOMPATIBLE[case]
     run(engine, fresh_target, *ddl.split("; "))
-    before = tables(engine, fresh_target)
+    before, state = tables(engine, fresh_target), file_state(engine, fresh_target)
     if via == "migrate":
         done = await anyio.to_thread.run_sync(lambda: run_cli("--db", fresh_target, "migrate"))
         line = assert_one_line_error(done, 2, f'table "{table}" exists but', lacks)
@@ -115,8 +117,9 @@ async def test_an_existing_table_the_foreign_keys_cannot_use_is_refused_before_a
                 await anyio.to_thread.run_sync(install, engine, fresh_target)
         line = str(info.value)
         assert "\n" not in line and f'table "{table}" exists but' in line and lacks in line
-    assert "database" in line and (engine == "sqlite" or "schema" in line)
+    assert "of its own" in line and (engine == "sqlite" or "schema" in line)
     assert tables(engine, fresh_target) == before  # nothing of the outbox
+    assert file_state(engine, fresh_target) == state  # the file as it was (journal mode too)
 
 
 @pytest.mark.postgres_only
@@ -130,44 +133,91 @@ async def test_an_id_that_is_not_text_is_refused_on_postgres(fresh_target: str) 
     assert tables("postgres", fresh_target) == {"public.sessions"}
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-@pytest.mark.parametrize(
-    "ddl",
-    [
-        "CREATE TABLE sessions (id TEXT PRIMARY KEY, user_name TEXT NOT NULL)",
-        # Another primary key, and id unique beside it.
+SERVICE_SESSIONS = {
+    "its id the primary key": "CREATE TABLE sessions (id TEXT PRIMARY KEY, user_name TEXT)",
+    # Another primary key, and id unique beside it.
+    "its id unique beside another key": (
         "CREATE TABLE sessions (n INTEGER PRIMARY KEY, id VARCHAR(64) NOT NULL UNIQUE, "
-        "user_name TEXT NOT NULL)",
-    ],
-)
-async def test_a_sessions_table_whose_id_fits_is_adopted(
-    engine: str, fresh_target: str, ddl: str
+        "user_name TEXT)"
+    ),
+}
+
+
+def file_state(engine: str, target: str) -> tuple[bytes, str] | None:
+    """A SQLite file's bytes and journal mode (None on PostgreSQL)."""
+    if engine != "sqlite":
+        return None
+    conn = sqlite3.connect(f"file:{target}?mode=ro", uri=True)
+    try:
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+    finally:
+        conn.close()
+    return Path(target).read_bytes(), mode
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # what is checked is the database's
+@pytest.mark.parametrize("via", ["open_store", "install_schema", "migrate"])
+@pytest.mark.parametrize("case", list(SERVICE_SESSIONS))
+async def test_a_sessions_table_of_the_service_s_own_is_never_adopted(
+    engine: str, fresh_target: str, via: str, case: str
 ) -> None:
+    # Adopted, it became the target of dispatch_outbox.session_id, and the
+    # service could no longer delete a session a dispatch named.
+    run(engine, fresh_target, SERVICE_SESSIONS[case])
     run(
         engine,
         fresh_target,
-        ddl,
-        "INSERT INTO sessions (id, user_name) VALUES ('s-1', 'ada')"
-        if "n INTEGER" not in ddl
-        else "INSERT INTO sessions (n, id, user_name) VALUES (7, 's-1', 'ada')",
+        "INSERT INTO sessions (n, id) VALUES (7, 's-1')"
+        if "n INTEGER" in SERVICE_SESSIONS[case]
+        else "INSERT INTO sessions (id) VALUES ('s-1')",
     )
+    before, state = tables(engine, fresh_target), file_state(engine, fresh_target)
+    if via == "migrate":
+        done = await anyio.to_thread.run_sync(lambda: run_cli("--db", fresh_target, "migrate"))
+        line = assert_one_line_error(done, 2, 'table "sessions" exists without the outbox')
+    else:
+        with pytest.raises(SchemaError) as info:
+            if via == "open_store":
+                await open_and_close(fresh_target)
+            else:
+                await anyio.to_thread.run_sync(install, engine, fresh_target)
+        line = str(info.value)
+        assert "\n" not in line and 'table "sessions" exists without the outbox' in line
+    assert "dispatch_outbox.session_id" in line
+    if engine == "sqlite":
+        assert "a database file of its own" in line and "schema" not in line
+    elif via == "install_schema":  # a connection of the caller's own has no store option
+        assert (
+            "on this connection CREATE SCHEMA outbox and SET search_path TO outbox, public" in line
+        )
+    else:
+        assert "the store option schema" in line and "SET search_path TO outbox, public" in line
+    # Nothing of the outbox, and the file as it was: not even put in WAL mode.
+    assert tables(engine, fresh_target) == before
+    assert file_state(engine, fresh_target) == state
+    run(engine, fresh_target, "DELETE FROM sessions WHERE id = 's-1'")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_sessions_table_an_existing_outbox_points_at_stays_in_use(
+    engine: str, fresh_target: str
+) -> None:
+    """A store made before the outbox refused a service's own table (its
+    outbox adopted it): it still opens, and its keys still hold."""
+    run(engine, fresh_target, SERVICE_SESSIONS["its id the primary key"])
+    run(engine, fresh_target, "INSERT INTO sessions (id, user_name) VALUES ('s-1', 'ada')")
+    dialect = SQLITE if engine == "sqlite" else POSTGRES
+    run(engine, fresh_target, *map(dialect.ddl, statements(1)))  # version 1, no version table
     async with open_store(fresh_target) as db:
-        dispatch_id = await enqueue_dispatch(db, kind="k", deliver_to="x", session_id="s-1")
+        await enqueue_dispatch(db, kind="k", deliver_to="x", session_id="s-1")
         with pytest.raises(ValueError, match="session_id 'ghost' does not exist"):
             await enqueue_dispatch(db, kind="k", deliver_to="x", session_id="ghost")
     conn = connect(engine, fresh_target)
     try:
-        outbox.install_schema(conn)  # idempotent, and checks the same table
-        second = outbox.enqueue_dispatch(conn, kind="k", deliver_to="x", session_id="s-1")
+        outbox.install_schema(conn)  # idempotent on it too
         conn.commit()
-        mark = "?" if engine == "sqlite" else "%s"
-        rows = conn.execute(
-            f"SELECT session_id FROM dispatch_outbox WHERE id IN ({mark}, {mark})",
-            (dispatch_id, second),
-        ).fetchall()
-        assert [row[0] for row in rows] == ["s-1", "s-1"]
-        assert conn.execute("SELECT user_name FROM sessions").fetchall() == [("ada",)]
     finally:
         conn.close()
 
@@ -250,6 +300,50 @@ def test_migrate_and_the_read_commands_use_the_configured_schema(
     url = f"{fresh_target}?options=-csearch_path%3Doutbox_y"
     done = run_cli("--db", url, "ls")
     assert done.returncode == 0 and dispatch_id in done.stdout, done
+
+
+@pytest.mark.postgres_only
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_refusal_s_fix_on_a_connection_of_one_s_own_keeps_the_service_s_tables(
+    fresh_target: str,
+) -> None:
+    run(
+        "postgres",
+        fresh_target,
+        SERVICE_SESSIONS["its id the primary key"],
+        "CREATE TABLE orders (id TEXT PRIMARY KEY)",
+    )
+    conn = connect("postgres", fresh_target)
+    try:
+        with pytest.raises(SchemaError, match="SET search_path TO outbox, public"):
+            outbox.install_schema(conn)
+        conn.rollback()
+        # What the refusal says: a schema of the outbox's own, on the path
+        # before the service's, which stays in reach.
+        conn.execute("CREATE SCHEMA outbox")
+        conn.execute("SET search_path TO outbox, public")
+        outbox.install_schema(conn)
+        conn.commit()
+        conn.execute("SET LOCAL search_path TO outbox, public")
+        conn.execute("INSERT INTO orders (id) VALUES ('o-1')")
+        dispatch_id = outbox.enqueue_dispatch(conn, kind="order.created", deliver_to="x")
+        conn.commit()
+        # The advice this replaces hid the service's own tables.
+        conn.execute("SET search_path TO outbox")
+        with pytest.raises(Exception, match='relation "orders" does not exist'):
+            conn.execute("INSERT INTO orders (id) VALUES ('o-2')")
+        conn.rollback()
+    finally:
+        conn.close()
+    async with open_store(fresh_target, schema="outbox") as db:  # the worker's store
+        assert [row["id"] for row in await list_dispatches(db)] == [dispatch_id]
+    run("postgres", fresh_target, "INSERT INTO public.sessions (id) VALUES ('s-1')")
+    run("postgres", fresh_target, "DELETE FROM public.sessions WHERE id = 's-1'")
+    assert {t for t in tables("postgres", fresh_target) if t.startswith("public.")} == {
+        "public.sessions",
+        "public.orders",
+    }
 
 
 @pytest.mark.postgres_only

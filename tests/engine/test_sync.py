@@ -23,6 +23,7 @@ import pytest
 from trio_dispatch import Delivery, DispatchWorker, open_store
 from trio_dispatch import sync as outbox
 from trio_dispatch.store import SchemaError
+from trio_dispatch.store.schema import OWN_TABLES
 
 from ..conftest import RawDB
 from ..helpers import listening_backends, wait_for
@@ -144,7 +145,7 @@ def test_a_database_without_the_schema_names_install_schema_and_migrate(
     conn = connect(engine, target)
     try:
         if engine == "postgres":  # the throwaway database holds no outbox yet
-            for table in ("status_transitions", "dispatch_outbox", "trio_dispatch_schema"):
+            for table in OWN_TABLES:  # the next test's store makes them all again
                 conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
             conn.commit()
         conn.execute(APP_TABLE)

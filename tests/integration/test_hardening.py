@@ -274,7 +274,7 @@ def test_the_web_command_creates_nothing_beside_an_idle_database_and_sees_new_wr
                 line = web.stderr.readline()
                 assert line, f"the web command ended (exit {web.poll()})"
             url = line.split("dashboard (read-only) at ", 1)[1].split("/ ", 1)[0]
-            for path in ("/", "/metrics", "/healthz", f"/dispatch/{first}"):
+            for path in ("/", "/metrics", "/healthz", f"/dispatches/{first}"):
                 status, _ = _get(url + path)
                 assert status == 200, path
             assert file_state(db_path) == before  # no -wal/-shm, not a byte changed

@@ -6,6 +6,7 @@ on rows that real delivery passes put in those states."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -119,6 +120,37 @@ def test_show_json_keeps_the_mark_and_says_waiting_and_behind_what(
     assert row["waiting_behind"] == {"id": keyed["head"], "status": "pending"}
     head = json.loads(run_cli("--db", str(db_path), "show", keyed["head"], "--json").stdout)
     assert head["dispatch"]["waiting"] is False and head["dispatch"]["waiting_behind"] is None
+
+
+def test_the_row_behind_a_blocked_head_is_waiting_in_ls_show_and_stats(
+    db_path: Path, keyed: dict[str, str]
+) -> None:
+    # Promoted when its head died, the claim rule holds it; ten minutes ago.
+    raw = RawDB(db_path)
+    assert raw.row(keyed["blocked"])["next_attempt_at"] < WAITING_AT
+    raw.execute(
+        "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
+        (time.time() - 600, keyed["blocked"]),
+    )
+    document = json.loads(
+        run_cli("--db", str(db_path), "ls", "--ordering-key", "order-2", "--json").stdout
+    )
+    waiting = {row["id"]: row["waiting"] for row in document["dispatches"]}
+    assert waiting == {keyed["dead"]: False, keyed["blocked"]: True, keyed["last"]: True}
+    header, *rows = run_cli("--db", str(db_path), "ls", "--ordering-key", "order-2").stdout.split(
+        "\n"
+    )
+    column = header.index("NEXT")
+    nexts = {row.split()[0]: row[column:].split()[0] for row in rows if row}
+    assert nexts[keyed["blocked"]] == nexts[keyed["last"]] == "waiting"
+    shown = json.loads(run_cli("--db", str(db_path), "show", keyed["blocked"], "--json").stdout)
+    assert shown["dispatch"]["waiting"] is True
+    assert shown["dispatch"]["waiting_behind"] == {"id": keyed["dead"], "status": "dead_letter"}
+    text = run_cli("--db", str(db_path), "show", keyed["blocked"]).stdout
+    assert re.search(r"^next_attempt_at +waiting$", text, re.MULTILINE), text
+    stats = json.loads(run_cli("--db", str(db_path), "stats", "--json").stdout)
+    # Nothing else is due for a minute (the retrying head's backoff).
+    assert stats["oldest_due_pending_age_seconds"] is None, stats
 
 
 def test_under_skip_a_dead_head_is_nothing_to_wait_behind_and_no_key_is_blocked(

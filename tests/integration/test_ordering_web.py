@@ -62,15 +62,41 @@ async def test_the_row_page_names_the_key_and_links_the_row_it_waits_behind(
     ids = await keyed_rows(store)
     assert raw.row(ids["behind"])["next_attempt_at"] == WAITING_AT
     async with serving(WebApp(store)) as client:
-        page = (await client.get(f"/dispatch/{ids['behind']}")).text
-        head = (await client.get(f"/dispatch/{ids['head']}")).text
-        blocked = (await client.get(f"/dispatch/{ids['blocked']}")).text
+        page = (await client.get(f"/dispatches/{ids['behind']}")).text
+        head = (await client.get(f"/dispatches/{ids['head']}")).text
+        blocked = (await client.get(f"/dispatches/{ids['blocked']}")).text
     assert "&lt;b&gt;order&lt;/b&gt;-&amp;-1" in page and "<b>order" not in page
-    assert f'id=behind href="/dispatch/{ids["head"]}"' in page
+    assert f'id=behind href="/dispatches/{ids["head"]}"' in page
     assert "<dt>next attempt</dt><dd>waiting</dd>" in page
     assert "1e+15" not in page and "31690" not in page
     assert "id=behind" not in head
-    assert f'id=behind href="/dispatch/{ids["dead"]}"' in blocked and "dead_letter" in blocked
+    assert f'id=behind href="/dispatches/{ids["dead"]}"' in blocked and "dead_letter" in blocked
+
+
+async def test_the_row_behind_a_blocked_head_is_waiting_and_not_the_oldest_due(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await keyed_rows(store)
+    # Promoted when its head died, the claim rule holds it; ten minutes ago.
+    assert raw.row(ids["blocked"])["next_attempt_at"] < WAITING_AT
+    raw.execute(
+        "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ?",
+        (time.time() - 600, ids["blocked"]),
+    )
+    async with serving(WebApp(store)) as client:
+        page = (await client.get(f"/dispatches/{ids['blocked']}")).text
+        one = (await client.get("/", params={"ordering_key": "order-2"})).text
+        metrics = metrics_of((await client.get("/metrics")).text)
+        destination = (
+            await client.get("/destinations/detail?name=ok", headers={"accept": "application/json"})
+        ).json()["destination"]
+    assert destination["pending"] == 2  # the blocked row and "behind"; neither is due
+    assert destination["oldest_due_age_seconds"] is None
+    gauge = metrics["trio_dispatch_oldest_due_seconds"].samples[0].value
+    assert "<dt>next attempt</dt><dd>waiting</dd>" in page
+    row = next(line for line in one.split("<tr>") if ids["blocked"] in line)
+    assert "<td class=when>waiting</td>" in row
+    assert gauge == 0  # nothing else is due for a minute (the retrying head's backoff)
 
 
 async def test_the_list_shows_and_filters_by_ordering_key(store: SQLiteStore, raw: RawDB) -> None:
@@ -82,7 +108,7 @@ async def test_the_list_shows_and_filters_by_ordering_key(store: SQLiteStore, ra
         unkeyed = (await client.get("/", params={"kind": "k"})).text
         bad = await client.get("/", params={"ordering_key": "a\x01b"})
     assert "<th>ordering key</th>" in home and "1e+15" not in home
-    row = re.search(rf"<tr><td class=when>.*?/dispatch/{ids['behind']}.*?</tr>", home, re.S)
+    row = re.search(rf"<tr><td class=when>.*?/dispatches/{ids['behind']}.*?</tr>", home, re.S)
     assert row is not None and "<td class=when>waiting</td>" in row.group(0)
     assert one.status_code == 200
     assert listed(one.text) == [ids["behind"], ids["head"]]
@@ -102,7 +128,7 @@ async def test_blocked_keys_are_counted_listed_and_measured(store: SQLiteStore, 
     assert card is not None and card.group(1) == "1"
     table = re.search(r"<table id=blocked>.*?</table>", page, re.S)
     assert table is not None
-    assert re.findall(r'href="/dispatch/([0-9a-f]+)"', table.group(0)) == [ids["dead"]]
+    assert re.findall(r'href="/dispatches/([0-9a-f]+)"', table.group(0)) == [ids["dead"]]
     assert "order-2" in table.group(0)
     family = metrics["trio_dispatch_blocked_keys"]
     assert family.type == "gauge" and [s.value for s in family.samples] == [1.0]

@@ -59,9 +59,9 @@ async def test_the_dashboard_lists_and_shows_the_priority(store: SQLiteStore) ->
     urgent = await enqueue_dispatch(store, kind="urgent", deliver_to="d", priority=5)
     async with serving(WebApp(store)) as client:
         home = (await client.get("/")).text
-        page = (await client.get(f"/dispatch/{urgent}")).text
+        page = (await client.get(f"/dispatches/{urgent}")).text
     assert "<th>status</th><th>priority</th><th>attempt</th>" in home
     for dispatch_id, cell in ((urgent, "+5"), (plain, "0")):
-        row = re.search(rf"<tr><td class=when>.*?/dispatch/{dispatch_id}.*?</tr>", home, re.S)
+        row = re.search(rf"<tr><td class=when>.*?/dispatches/{dispatch_id}.*?</tr>", home, re.S)
         assert row is not None and f"</td><td>{cell}</td><td>0/8</td>" in row.group(0), row
     assert "<dt>priority</dt><dd>+5</dd>" in page

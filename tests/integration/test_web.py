@@ -90,14 +90,14 @@ async def serving(app: WebApp) -> AsyncIterator[httpx.AsyncClient]:
 def listed(page: str) -> list[str]:
     """The dispatch ids of the page's dispatch list (not of its other panels)."""
     found = re.search(r"<table id=dispatches>.*?</table>", page, re.S)
-    return re.findall(r'href="/dispatch/([0-9a-f]+)"', found.group(0)) if found else []
+    return re.findall(r'href="/dispatches/([0-9a-f]+)"', found.group(0)) if found else []
 
 
 def rows_by_id(table: str) -> dict[str, str]:
     """A table's rows, each by the dispatch id it links to."""
     found = {}
     for row in re.findall(r"<tr>(.*?)</tr>", table, re.S):
-        link = re.search(r'href="/dispatch/([0-9a-f]+)"', row)
+        link = re.search(r'href="/dispatches/([0-9a-f]+)"', row)
         if link is not None:
             found[link.group(1)] = row
     return found
@@ -345,13 +345,13 @@ async def test_the_dashboard_lists_filters_pages_and_shows_a_dispatch_escaped(
         assert listed(dead.text) == [ids["dead_letter"]]
         by_kind = await client.get("/", params={"kind": "order.paid"})
         assert len(listed(by_kind.text)) == 5
-        page = await client.get(f"/dispatch/{ids['acked']}")
+        page = await client.get(f"/dispatches/{ids['acked']}")
         token = str(raw.row(ids["acked"])["ack_token"])
         assert page.status_code == 200 and token not in page.text
         assert "dispatch.acked.consumer" in page.text and "***" in page.text
-        failed = await client.get(f"/dispatch/{ids['dead_letter']}")
+        failed = await client.get(f"/dispatches/{ids['dead_letter']}")
         assert "refused &lt;b&gt;bold&lt;/b&gt;" in failed.text
-        assert (await client.get("/dispatch/no-such-id")).status_code == 404
+        assert (await client.get("/dispatches/no-such-id")).status_code == 404
         assert (await client.post("/")).status_code == 405
         # HEAD answers the GET's headers; relative times ("59 s ago") may
         # change the length between two requests, so one of the GETs around it.
@@ -385,7 +385,7 @@ async def test_the_index_shows_recent_failures_newest_first_and_rows_awaiting_an
         home = (await client.get("/")).text
         panel = re.search(r"<table id=failures>.*?</table>", home, re.S)
         assert panel is not None
-        failed = re.findall(r'href="/dispatch/([0-9a-f]+)"', panel.group(0))
+        failed = re.findall(r'href="/dispatches/([0-9a-f]+)"', panel.group(0))
         assert sorted(failed) == sorted([retried, dead]) and fine not in failed
         by_id = rows_by_id(panel.group(0))
         assert 'class="badge retry">retry<' in by_id[retried]
@@ -404,16 +404,16 @@ async def test_the_index_shows_recent_failures_newest_first_and_rows_awaiting_an
         lines = rows_by_id(listing.group(0))
         assert f'class="badge awaiting_ack">{AWAITING_ACK}<' in lines[waiting]
         assert AWAITING_ACK not in lines[retried] and 'badge pending">pending<' in lines[retried]
-        page = (await client.get(f"/dispatch/{waiting}")).text
+        page = (await client.get(f"/dispatches/{waiting}")).text
         assert f'class="badge awaiting_ack">{AWAITING_ACK}<' in page
-        assert AWAITING_ACK not in (await client.get(f"/dispatch/{retried}")).text
+        assert AWAITING_ACK not in (await client.get(f"/dispatches/{retried}")).text
     # Another failure goes on top of the panel.
     await deliver_due_dispatches(store, transport=send, now=now + 3600, timeout_seconds=5)
     async with serving(WebApp(store)) as client:
         home = (await client.get("/")).text
     panel = re.search(r"<table id=failures>.*?</table>", home, re.S)
     assert panel is not None
-    assert re.findall(r'href="/dispatch/([0-9a-f]+)"', panel.group(0))[0] == retried
+    assert re.findall(r'href="/dispatches/([0-9a-f]+)"', panel.group(0))[0] == retried
 
 
 async def test_recent_failures_read_the_failures_index_newest_first(
@@ -540,7 +540,7 @@ async def test_auto_refresh_is_a_meta_refresh_within_bounds_and_a_bad_value_is_a
 
 async def test_with_a_token_every_request_must_carry_it(store: SQLiteStore) -> None:
     async with serving(WebApp(store, token=TOKEN)) as client:
-        for path in ("/", "/metrics", "/healthz", "/dispatch/x"):
+        for path in ("/", "/metrics", "/healthz", "/dispatches/x"):
             refused = await client.get(path)
             assert refused.status_code == 401, path
             assert 'Basic realm="trio-dispatch"' in refused.headers.get_list("www-authenticate")[0]
@@ -572,7 +572,7 @@ async def test_a_request_for_another_host_reads_nothing_on_any_route(
         "/healthz",
         "/blocked",
         "/schedules",
-        f"/dispatch/{ids['dead_letter']}",
+        f"/dispatches/{ids['dead_letter']}",
     ]
     async with serving(WebApp(store)) as client:
         port = port_of(client)
@@ -900,16 +900,16 @@ def test_an_operator_finds_a_dead_letter_in_a_real_browser(tmp_path: Path) -> No
             select.find_element(By.CSS_SELECTOR, "option[value=dead_letter]").click()
             driver.find_element(By.CSS_SELECTOR, "form.filter button").click()
             wait_until(lambda: "status=dead_letter" in driver.current_url)
-            links = driver.find_elements(By.CSS_SELECTOR, "#dispatches a[href^='/dispatch/']")
+            links = driver.find_elements(By.CSS_SELECTOR, "#dispatches a[href^='/dispatches/']")
             assert [link.text for link in links] == [ids["dead_letter"]]
             links[0].click()
-            wait_until(lambda: "/dispatch/" in driver.current_url)
+            wait_until(lambda: "/dispatches/" in driver.current_url)
             text = driver.find_element(By.TAG_NAME, "main").text
             assert "dispatch.dead_letter.max_attempts" in text
             assert "RuntimeError: refused <b>bold</b>" in text
             assert '"n": 1' in driver.find_element(By.ID, "payload").text
             driver.save_screenshot(str(tmp_path / "dead-letter.png"))
-            driver.get(url + f"/dispatch/{ids['acked']}")
+            driver.get(url + f"/dispatches/{ids['acked']}")
             assert (
                 token not in driver.page_source and "dispatch.acked.consumer" in driver.page_source
             )
@@ -951,21 +951,22 @@ def test_long_values_keep_every_table_within_a_1024px_window(tmp_path: Path) -> 
     driver = browser(tmp_path, width=1024, height=768)
     try:
         with running(args, tmp_path, r"dashboard \(read-only\) at (http://\S+)/") as (url, _):
-            for path in ("/", f"/dispatch/{ids[0]}"):
+            for path in ("/", f"/dispatches/{ids[0]}"):
                 driver.get(url + path)
                 inner = driver.execute_script("return window.innerWidth")
                 scroll = driver.execute_script("return document.documentElement.scrollWidth")
                 assert 900 <= inner <= 1024, inner
                 assert scroll <= inner, (path, scroll, inner)
             driver.get(url + "/")
-            row = driver.find_element(By.CSS_SELECTOR, f"#dispatches a[href='/dispatch/{ids[0]}']")
+            link = f"#dispatches a[href='/dispatches/{ids[0]}']"
+            row = driver.find_element(By.CSS_SELECTOR, link)
             cells = row.find_element(By.XPATH, "./ancestor::tr").find_elements(By.TAG_NAME, "td")
             titles = [cell.get_attribute("title") for cell in cells]
             assert whole_error in titles and far in titles and ids[0] in titles
             failure = driver.find_element(By.CSS_SELECTOR, "#failures td[title^='attempt 1']")
             assert failure.rect["width"] < 1024
             # The row's page shows every value whole.
-            driver.get(url + f"/dispatch/{ids[0]}")
+            driver.get(url + f"/dispatches/{ids[0]}")
             page = driver.find_element(By.TAG_NAME, "main").text
             assert whole_error.split()[0] in page and far in page
             assert whole_error.split()[-1] in page

@@ -21,7 +21,7 @@ from trio_dispatch.web.throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS
 
 from ..conftest import RawDB
 from ..helpers import size
-from .test_web import populate, serving
+from .test_web import listed, populate, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +43,7 @@ def routes(ids: dict[str, str]) -> list[tuple[str, str, dict[str, str]]]:
     return [
         ("GET", "/", {}),
         ("GET", "/blocked", {}),
-        ("GET", f"/dispatch/{dead}", {}),
+        ("GET", f"/dispatches/{dead}", {}),
         ("GET", "/metrics", {}),
         ("GET", "/schedules", {}),
         ("GET", "/actions/retry?status=dead_letter", {}),
@@ -58,7 +58,8 @@ EXPECTED = {
     # role -> status of each route above, in order
     "none": [401, 401, 401, 401, 401, 401, 401, 401, 401, 401],
     "viewer": [200, 200, 200, 200, 200, 403, 403, 403, 403, 403],
-    "operator": [200, 200, 200, 200, 200, 200, 200, 200, 200, 200],
+    # an action that applied: to the row's page, or the list (POST, redirect, GET)
+    "operator": [200, 200, 200, 200, 200, 200, 303, 303, 303, 303],
 }
 
 
@@ -94,7 +95,7 @@ async def test_without_an_operator_token_the_view_is_read_only_for_everyone(
         # An operator token that is not configured proves nothing.
         answer = await client.post("/actions/purge?status=delivered", headers=BEARER["operator"])
         assert answer.status_code == 401
-        page = await client.get(f"/dispatch/{ids['dead_letter']}", headers=BEARER["viewer"])
+        page = await client.get(f"/dispatches/{ids['dead_letter']}", headers=BEARER["viewer"])
         assert "<form method=post" not in page.text
         assert (await client.get("/login", headers=BEARER["viewer"])).status_code == 404
     assert state(raw) == before
@@ -133,7 +134,7 @@ async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origi
             assert answer.status_code == 403, (form, headers)
             assert state(raw) == before
         answer = await client.post(path, data={"csrf": csrf}, headers={"origin": origin})
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code == 303, answer.text
         assert raw.row(ids["dead_letter"])["status"] == "pending"
         history = raw.rows(
             "SELECT source, actor, metadata FROM status_transitions WHERE entity_id = ? "
@@ -150,7 +151,7 @@ async def test_a_browser_session_acts_only_with_its_csrf_token_and_its_own_origi
     # A viewer's session reads, and its POSTs are refused.
     async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
         csrf = await login(client, VIEWER)
-        page = await client.get(f"/dispatch/{ids['expired']}")
+        page = await client.get(f"/dispatches/{ids['expired']}")
         assert page.status_code == 200
         assert f"/dispatches/{ids['expired']}/retry" not in page.text
         answer = await client.post(
@@ -216,7 +217,7 @@ async def test_a_flood_of_viewer_logins_never_logs_an_operator_out(
             data={"csrf": csrf},
             headers={"origin": origin},
         )
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code == 303, answer.text
     assert raw.row(ids["dead_letter"])["status"] == "pending"
 
 
@@ -335,9 +336,12 @@ async def test_actions_answer_404_and_409_with_the_reason_and_json_when_asked(
             "applied": True,
             "status": "pending",
         }
-        html = await client.post(f"/dispatches/{ids['expired']}/purge", headers=BEARER["operator"])
+        purged = await client.post(
+            f"/dispatches/{ids['expired']}/purge", headers=BEARER["operator"]
+        )
+        assert purged.status_code == 303 and purged.headers["location"] == "/"
+        html = await client.get(purged.headers["location"], headers=BEARER["operator"])
         assert html.headers["content-type"].startswith("text/html")
-        assert "purged" in html.text
         assert html.headers["content-security-policy"].startswith("default-src 'none'")
         assert html.headers["x-content-type-options"] == "nosniff"
         policy = html.headers["content-security-policy"]
@@ -414,14 +418,92 @@ async def test_a_blocked_keys_page_shows_its_head_with_retry_and_purge(
     async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
         csrf = await login(client)
         page = (await client.get("/?ordering_key=order-7")).text
-        assert "Key blocked by its head" in page and f"/dispatch/{head}" in page
+        assert "Key blocked by its head" in page and f"/dispatches/{head}" in page
         assert f'action="/dispatches/{head}/retry"' in page
         assert f'action="/dispatches/{head}/purge"' in page
         origin = str(client.base_url).rstrip("/")
         answer = await client.post(
             f"/dispatches/{head}/purge", data={"csrf": csrf}, headers={"origin": origin}
         )
-        assert answer.status_code == 200
+        assert answer.status_code == 303
         assert (await deliver_due_dispatches(store, transport=accept))["delivered"] == 1
         assert raw.row(behind)["status"] == "delivered"  # the key went on
         assert "Key blocked" not in (await client.get("/?ordering_key=order-7")).text
+
+
+async def test_an_action_ends_on_the_row_s_page_which_says_once_what_was_done(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await populate(store, raw)
+    dead = ids["dead_letter"]
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        csrf = await login(client)
+        origin = str(client.base_url).rstrip("/")
+        answer = await client.post(
+            f"/dispatches/{dead}/retry", data={"csrf": csrf}, headers={"origin": origin}
+        )
+        assert answer.status_code == 303 and answer.headers["location"] == f"/dispatches/{dead}"
+        assert answer.content == b"" and raw.row(dead)["status"] == "pending"
+        page = await client.get(answer.headers["location"])
+        notice = f"<p class=notice id=notice role=status>dispatch {dead} retried: pending again"
+        assert page.status_code == 200 and notice in page.text
+        assert "dispatch.pending.operator_retry" in page.text  # the row's own page
+        again = await client.get(answer.headers["location"])  # a reload: nothing to repeat
+        assert again.status_code == 200 and "id=notice" not in again.text
+        # A purged row has no page left: the list says it.
+        purged = await client.post(
+            f"/dispatches/{ids['delivered']}/purge", data={"csrf": csrf}, headers={"origin": origin}
+        )
+        assert purged.status_code == 303 and purged.headers["location"] == "/"
+        home = (await client.get("/")).text
+        assert f"dispatch {ids['delivered']} purged" in home and ids["delivered"] not in listed(
+            home
+        )
+        # What does not apply still says why, at once.
+        refused = await client.post(
+            f"/dispatches/{ids['acked']}/retry", data={"csrf": csrf}, headers={"origin": origin}
+        )
+        assert refused.status_code == 409 and "dead_letter or expired" in refused.text
+        assert "id=notice" not in (await client.get("/")).text
+
+
+async def test_a_row_s_former_address_redirects_and_acts_on_nothing(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    ids = await populate(store, raw)
+    dead = ids["dead_letter"]
+    async with serving(WebApp(store, token=VIEWER, operator_token=OPERATOR)) as client:
+        assert (await client.get(f"/dispatch/{dead}")).status_code == 401  # a role first
+        viewer = BEARER["viewer"]
+        for method in ("GET", "HEAD"):
+            moved = await client.request(method, f"/dispatch/{dead}?x=1", headers=viewer)
+            assert moved.status_code == 301, method
+            assert moved.headers["location"] == f"/dispatches/{dead}?x=1"
+        hostile = await client.get("/dispatch/a b%0d%0aSet-Cookie:%20x", headers=viewer)
+        assert hostile.headers["location"] == "/dispatches/a%20b%0D%0ASet-Cookie%3A%20x"
+        assert "x" not in hostile.cookies
+        page = await client.get(f"/dispatches/{dead}", headers=viewer)
+        assert page.status_code == 200 and "dispatch.dead_letter" in page.text
+        home = (await client.get("/", headers=viewer)).text
+        assert dead in listed(home) and 'href="/dispatch/' not in home
+        assert (await client.get(f"/dispatches/{dead}/x", headers=viewer)).status_code == 404
+        before = state(raw)
+        for path in (f"/dispatch/{dead}/retry", f"/dispatch/{dead}"):
+            refused = await client.post(path, headers=BEARER["operator"])
+            assert refused.status_code == 404, path
+        assert state(raw) == before
+
+
+async def test_the_login_page_shows_nothing_of_the_store(store: SQLiteStore, raw: RawDB) -> None:
+    label = "postgresql://app@db.internal.example/orders"
+    app = WebApp(store, token=VIEWER, operator_token=OPERATOR, store_label=label)
+    async with serving(app) as client:
+        origin = str(client.base_url).rstrip("/")
+        for answer in (
+            await client.get("/login"),
+            await client.post("/login", data={"token": "wrong"}, headers={"origin": origin}),
+        ):
+            assert answer.status_code in (200, 401) and "Log in" in answer.text
+            assert "db.internal" not in answer.text and "class=store" not in answer.text
+        await login(client)
+        assert "db.internal.example/orders" in (await client.get("/")).text  # once a role is proven

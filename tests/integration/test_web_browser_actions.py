@@ -69,13 +69,19 @@ def test_an_operator_logs_in_retries_bulk_purges_and_replays_in_a_real_browser(
             header = driver.find_element(By.TAG_NAME, "header")
             assert header.value_of_css_property("background-color") == "rgba(29, 35, 48, 1)"
             # Retry the dead letter from its page.
-            driver.get(url + f"/dispatch/{ids['dead_letter']}")
+            driver.get(url + f"/dispatches/{ids['dead_letter']}")
             driver.save_screenshot(str(tmp_path / "row-actions.png"))
             driver.find_element(
                 By.CSS_SELECTOR, f"form[action='/dispatches/{ids['dead_letter']}/retry'] button"
             ).click()
-            wait_until(lambda: "retried" in driver.page_source)
+            # POST, redirect, GET: the row's own page, saying once what was done.
+            wait_until(lambda: driver.current_url == url + f"/dispatches/{ids['dead_letter']}")
+            wait_until(lambda: bool(driver.find_elements(By.ID, "notice")))
+            notice = driver.find_element(By.ID, "notice").text
+            assert notice == f"dispatch {ids['dead_letter']} retried: pending again"
             assert status(ids["dead_letter"]) == "pending"
+            driver.refresh()
+            assert driver.find_elements(By.ID, "notice") == []
             # Bulk-purge the delivered rows, after the confirmation's count.
             driver.get(url + "/?status=delivered")
             driver.find_element(By.PARTIAL_LINK_TEXT, "Purge all delivered").click()
@@ -83,7 +89,9 @@ def test_an_operator_logs_in_retries_bulk_purges_and_replays_in_a_real_browser(
             assert "Purge 1 rows?" in driver.find_element(By.TAG_NAME, "h1").text
             assert status(ids["delivered"]) == "delivered"  # nothing before confirming
             driver.find_element(By.CSS_SELECTOR, "form[action='/actions/purge'] button").click()
-            wait_until(lambda: "1 of 1 rows purged" in driver.page_source)
+            wait_until(lambda: driver.current_url.rstrip("/") == url)
+            wait_until(lambda: bool(driver.find_elements(By.ID, "notice")))
+            assert driver.find_element(By.ID, "notice").text == "1 of 1 rows purged"
             assert status(ids["delivered"]) is None
             assert status(ids["acked"]) == "acked"  # only the filtered rows
             # Replay: the expired row by its destination and when it failed.
@@ -100,10 +108,10 @@ def test_an_operator_logs_in_retries_bulk_purges_and_replays_in_a_real_browser(
             assert status(ids["expired"]) == "pending"
             assert status(ids["dead_letter"]) == "pending"
             # The history keeps who did what.
-            driver.get(url + f"/dispatch/{ids['delivered']}")
+            driver.get(url + f"/dispatches/{ids['delivered']}")
             text = driver.find_element(By.TAG_NAME, "main").text
             assert "dispatch.purged.operator" in text and "web" in text
-            driver.get(url + f"/dispatch/{ids['dead_letter']}")
+            driver.get(url + f"/dispatches/{ids['dead_letter']}")
             assert (
                 "dispatch.pending.operator_retry" in driver.find_element(By.TAG_NAME, "main").text
             )

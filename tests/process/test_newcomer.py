@@ -23,7 +23,7 @@ from trio_dispatch.store import SQLiteStore
 from trio_dispatch.worker import DispatchWorker
 
 from ..conftest import RawDB
-from ..helpers import statuses, wait_for
+from ..helpers import assert_one_line_error, cli_process, statuses, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "trio_dispatch"]
@@ -49,13 +49,16 @@ def _checkout_copy(tmp_path: Path) -> Path:
 def test_the_documented_deployment_command_starts_the_worker_and_delivers(
     tmp_path: Path,
 ) -> None:
-    """`scripts/worker --config config.example.yaml`, as the README gives it:
-    the launcher bootstraps without taking `--config` for an extra, the
-    worker delivers through the example's relative template, and Ctrl-C
-    stops it cleanly."""
+    """`scripts/worker --config FILE`, as the README gives it, run in the
+    service's own folder: the launcher bootstraps without taking `--config`
+    for an extra, FILE is the caller's (not the checkout's), the worker
+    delivers through the example's relative template, and Ctrl-C stops it
+    cleanly."""
     checkout = _checkout_copy(tmp_path)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    (elsewhere / "scripts").mkdir(parents=True)
+    shutil.copy2(ROOT / "config.example.yaml", elsewhere / "config.example.yaml")
+    shutil.copy2(ROOT / "scripts" / "demo_transport.py", elsewhere / "scripts")
     worker = subprocess.Popen(
         [str(checkout / "scripts" / "worker"), "--config", "config.example.yaml"],
         cwd=elsewhere,
@@ -71,9 +74,10 @@ def test_the_documented_deployment_command_starts_the_worker_and_delivers(
             if "worker started" in line:
                 break
         assert any("worker started" in line for line in lines), "".join(lines)
+        assert f"{elsewhere / 'outbox.db'} " in lines[-1], lines[-1]
 
         async def enqueue() -> str:
-            async with open_store(str(checkout / "outbox.db")) as db:
+            async with open_store(str(elsewhere / "outbox.db")) as db:
                 return await enqueue_dispatch(
                     db, kind="build_finished", deliver_to="seat-1", body={"build": 1}
                 )
@@ -96,7 +100,67 @@ def test_the_documented_deployment_command_starts_the_worker_and_delivers(
     assert "deliver_to=seat-1" in outcome and "result=delivered" in outcome, text
     assert "output='delivered build_finished to seat-1: {'build': 1}'" in outcome.replace('"', "'")
     assert "worker stopped" in text
-    assert not (elsewhere / "outbox.db").exists()
+    assert not (checkout / "outbox.db").exists()
+
+
+def test_a_missing_configuration_is_named_by_the_path_looked_at(tmp_path: Path) -> None:
+    """From another folder, the launcher looks for a relative --config in
+    the caller's folder and says where; so does the command itself, and a
+    missing store or ./trio-dispatch.yaml are named whole too."""
+    checkout = _checkout_copy(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [str(checkout / "scripts" / "worker"), "--config", "trio-dispatch.yaml"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    wanted = elsewhere / "trio-dispatch.yaml"
+    assert_one_line_error(done, 2, "trio-dispatch.yaml: config file not found", f"{wanted})")
+    done = cli_process("--config", "nothere.yaml", "ls", cwd=elsewhere)
+    assert_one_line_error(done, 2, f"no file at {elsewhere / 'nothere.yaml'})")
+    done = cli_process("ls", cwd=elsewhere)
+    assert_one_line_error(done, 2, f"{elsewhere / 'trio-dispatch.yaml'} (not found)")
+    done = cli_process("--db", "outbox.db", "ls", cwd=elsewhere)
+    assert_one_line_error(done, 2, "does not exist", f"no file at {elsewhere / 'outbox.db'})")
+
+
+SECRETS_BY_VARIABLE = """\
+store: outbox.db
+http:
+  listen: 127.0.0.1:0
+  token: env:TD_TEST_VIEWER_TOKEN
+  operator_token: env:TD_TEST_OPERATOR_TOKEN
+dispatch:
+  transport: webhook
+  webhook:
+    endpoints:
+      billing:
+        url: https://billing.example.com/hooks
+        secrets: [env:TD_TEST_HOOK_SECRET]
+"""
+
+
+def test_store_commands_need_no_dashboard_token_or_webhook_secret(tmp_path: Path) -> None:
+    """Only the commands that serve the dashboard or sign read the secrets
+    a configuration names as env:NAME: ls works where the worker's
+    variables are not set, and the worker still refuses to start without
+    them."""
+    (tmp_path / "trio-dispatch.yaml").write_text(SECRETS_BY_VARIABLE)
+    assert not {"TD_TEST_VIEWER_TOKEN", "TD_TEST_HOOK_SECRET"} & set(os.environ)
+    done = cli_process("migrate", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = cli_process("ls", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "no dispatches", done.stderr
+    done = cli_process("stats", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for command in (["worker"], ["web"], ["check-config"]):
+        done = cli_process(*command, cwd=tmp_path, timeout=60)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "'TD_TEST_VIEWER_TOKEN' is not set" in done.stderr, (command, done.stderr)
+    assert "'TD_TEST_HOOK_SECRET' is not set" in done.stderr  # check-config names them all
 
 
 def test_bootstrap_refuses_to_be_sourced_without_its_argument(tmp_path: Path) -> None:

@@ -208,3 +208,14 @@ def test_check_config_reports_http_max_connections(tmp_path: Path) -> None:
     assert any("http.max_connections" in error for error in errors)
     assert any("http.listen" in error for error in errors)  # every problem at once
     assert not (tmp_path / "o.db").exists()
+
+
+def test_web_help_says_what_each_role_may_do() -> None:
+    done = cli("web", "--help")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0
+    assert "read-only dashboard" not in text
+    assert "With http.operator_token an operator may also act" in text
+    assert "without one the store is opened read-only and nobody can change anything" in text
+    listing = " ".join(cli("--help").stdout.split())
+    assert "serve the dashboard (viewers read; with http.operator_token, operators act)" in listing

@@ -588,3 +588,35 @@ def test_the_files_worker_settings_are_the_object_the_worker_runs_with() -> None
     assert config.worker_options()["settings"] is config.worker
     assert WorkerSettings.from_config(config) is config.worker
     assert config.worker.lease_seconds == 4.0 + config.worker.lease_margin_seconds
+
+
+def test_a_file_read_without_its_secrets_leaves_every_env_reference_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a store command reads (``load_config(secrets=False)``): the
+    variables need not be set, no value is read even where one is, and a
+    transport built from it refuses to sign."""
+    pytest.importorskip("httpx")
+    from trio_dispatch.transports.webhook import WebhookTransport
+
+    path = tmp_path / "trio-dispatch.yaml"
+    path.write_text(
+        "http:\n  token: env:TD_UNIT_VIEWER\n"
+        "dispatch:\n  transport: webhook\n  webhook:\n    endpoints:\n      billing:\n"
+        "        url: https://billing.example.com/hooks\n"
+        "        secrets: [env:TD_UNIT_HOOK]\n"
+    )
+    monkeypatch.delenv("TD_UNIT_HOOK", raising=False)
+    monkeypatch.setenv("TD_UNIT_VIEWER", "a-viewer-token-of-32-characters!")
+    with pytest.raises(ConfigError, match="'TD_UNIT_HOOK' is not set"):
+        load_config(path)
+    config = load_config(path, secrets=False)
+    assert config.http.token == "env:TD_UNIT_VIEWER"  # the reference, not the value
+    endpoints = config.dispatch.webhook.endpoints
+    assert endpoints is not None
+    [secret] = endpoints["billing"].secrets
+    assert secret.unread and secret.label == "env:TD_UNIT_HOOK"
+    with pytest.raises(ValueError, match=r"secret env:TD_UNIT_HOOK was never read"):
+        WebhookTransport(endpoints)
+    monkeypatch.setenv("TD_UNIT_HOOK", "whsec_" + "QUJD" * 8)
+    assert load_config(path).http.token == "a-viewer-token-of-32-characters!"

@@ -48,6 +48,7 @@ from ..destinations.listing import (
 )
 from ..destinations.policy import Destination
 from ..destinations.state import Seen, State, effective, read
+from ..outbox.reads import WAITING
 from ..redact import visible
 from ..store.base import Conn, Store
 from ..times import format_time, relative_time
@@ -214,7 +215,7 @@ def _running(entry: Entry) -> str:
 
 
 async def _list(db: Store, args: argparse.Namespace, policies: dict[str, Destination]) -> int:
-    found = await list_destinations(db, policies)
+    found = await list_destinations(db, policies, waiting=WAITING[args.ordering])
     if args.json:
         emit_json(
             {
@@ -255,7 +256,7 @@ async def _list(db: Store, args: argparse.Namespace, policies: dict[str, Destina
 
 
 async def _show(db: Store, args: argparse.Namespace, policies: dict[str, Destination]) -> int:
-    now, entry = await show_destination(db, policies, args.name)
+    now, entry = await show_destination(db, policies, args.name, waiting=WAITING[args.ordering])
     if entry is None:
         raise NotApplied(_unknown(args.name, policies))
     if args.json:

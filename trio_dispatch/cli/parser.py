@@ -63,9 +63,11 @@ ID_HELP: Final = (
 
 
 WAITING_HELP: Final = (
-    "A keyed row waiting behind its ordering key's head has no next attempt time: "
-    'its NEXT shows "waiting"; in --json its next_attempt_at is the stored mark '
-    '(1e15) and "waiting" is true (false for every other row).'
+    "A keyed row waiting for its ordering key (behind a live row of its key, or, under "
+    "dispatch.ordering.on_dead_letter block, behind a dead or expired head) has no next "
+    'attempt time: its NEXT shows "waiting"; in --json "waiting" is true (false for every '
+    "other row) and its next_attempt_at is not a time to read (the stored mark, 1e15, or "
+    "when it was due before its key's head blocked)."
 )
 
 
@@ -231,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
         "configuration's http.listen); beyond loopback it needs http.token",
     )
     worker.set_defaults(handler=cmd_worker)
-    web = command("web", "serve the read-only dashboard, /metrics and /healthz", data=False)
+    web = command(
+        "web",
+        "serve the dashboard (viewers read; with http.operator_token, operators act), "
+        "/metrics and /healthz",
+        data=False,
+    )
+    web.description = WEB_HELP
     web.add_argument(
         "--listen",
         metavar="HOST:PORT",
@@ -242,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+WEB_HELP: Final = (
+    "Serve the dashboard, /metrics and /healthz until SIGINT or SIGTERM. Viewers "
+    "(http.token; anyone on loopback without one) read: counts, rows, history, "
+    "schedules, destinations. With http.operator_token an operator may also act "
+    "(retry and purge rows, one or by filter; pause, resume and enable "
+    "destinations), and the store is opened for writing; without one the store "
+    "is opened read-only and nobody can change anything."
+)
 RETRY_HELP: Final = (
     "operator retry of a dead_letter or expired dispatch; or, with filters instead of "
     "an id, of every one they match (replay)"

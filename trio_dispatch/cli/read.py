@@ -11,13 +11,13 @@ from typing import Any, Final
 
 from ..lifecycle import DUE_STATUSES, Status
 from ..outbox import dispatch_stats, get_dispatch, list_dispatches, list_transitions
-from ..outbox.ordering import is_waiting
 from ..outbox.reads import (
     awaiting_ack,
     last_reasons,
     list_blocked_heads,
     status_label,
     waiting_behind,
+    waiting_ids,
 )
 from ..redact import visible
 from ..store.base import Store
@@ -43,7 +43,7 @@ _LS_KEYS = (
     "priority",
 )
 WAITING: Final = "waiting"
-"""What a keyed row waiting behind its key's head shows as its next attempt."""
+"""What a row waiting for its ordering key shows as its next attempt."""
 
 
 KEY_COLUMN_WIDTH: Final = 24
@@ -51,8 +51,8 @@ KEY_COLUMN_WIDTH: Final = 24
 (``--wide``, a pipe or ``show`` print it whole)."""
 
 
-def _next_attempt(row: dict[str, Any], now: float) -> str:
-    if is_waiting(row):
+def _next_attempt(row: dict[str, Any], now: float, waiting: bool) -> str:
+    if waiting:
         return WAITING
     return format_time(row["next_attempt_at"], now) if row["status"] in DUE_STATUSES else "-"
 
@@ -110,6 +110,7 @@ def _nothing(args: argparse.Namespace) -> str:
 async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
     rows = await _listed(db, args)
     reasons = await last_reasons(db, rows)
+    waiting = await waiting_ids(db, rows, args.ordering)
     if args.json:
         public = [public_row(r, show_token=False) for r in rows]
         document: dict[str, Any] = {
@@ -117,7 +118,7 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
                 {
                     **{k: r[k] for k in _LS_KEYS},
                     "awaiting_ack": awaiting_ack(r, reasons.get(r["id"])),
-                    "waiting": is_waiting(r),
+                    "waiting": r["id"] in waiting,
                 }
                 for r in public
             ]
@@ -141,7 +142,7 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
             visible(status_label(r, reasons.get(r["id"]))),
             *([_priority(r)] if ranked else []),
             _attempts(r),
-            _next_attempt(r, now),
+            _next_attempt(r, now, r["id"] in waiting),
             *([visible(r["ordering_key"] or "-")] if keyed else []),
             visible(r["last_error"] or ""),
         ]
@@ -167,15 +168,16 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         raise NotApplied(f"dispatch {args.id!r} not found")
     shown = public_row(row, show_token=args.show_token)
     reasons = await last_reasons(db, [row])
-    waiting = awaiting_ack(row, reasons.get(row["id"]))
+    acking = awaiting_ack(row, reasons.get(row["id"]))
+    waiting = row["id"] in await waiting_ids(db, [row], args.ordering)
     behind = await waiting_behind(db, row, args.ordering)
     if args.json:
         emit_json(
             {
                 "dispatch": {
                     **shown,
-                    "awaiting_ack": waiting,
-                    "waiting": is_waiting(row),
+                    "awaiting_ack": acking,
+                    "waiting": waiting,
                     "waiting_behind": behind,
                 }
             }
@@ -185,11 +187,11 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     for key, value in shown.items():
         if key == "payload":
             continue
-        if key == "next_attempt_at" and is_waiting(row):
+        if key == "next_attempt_at" and waiting:
             text = WAITING
         elif key in ("next_attempt_at", "created_at", "updated_at", "expires_at"):
             text = format_time(None if value is None else float(value), now)
-        elif key == "status" and waiting:
+        elif key == "status" and acking:
             text = f"{visible(value)} (awaiting ack)"
         else:
             text = "-" if value is None else visible(value)
@@ -231,7 +233,7 @@ async def cmd_history(db: Store, args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(db: Store, args: argparse.Namespace) -> int:
-    stats = await dispatch_stats(db)
+    stats = await dispatch_stats(db, ordering=args.ordering)
     if args.json:
         emit_json(stats)
         return EXIT_OK

@@ -87,10 +87,12 @@ def resolve_store(
         raise UsageError(
             "no store to work on: tried --db (not given), --config (not given), "
             f"${CONFIG_ENV_VAR} ({'empty' if env == '' else 'not set'}), "
-            f"./{DEFAULT_CONFIG_NAME} (not found)"
+            f"{Path.cwd() / DEFAULT_CONFIG_NAME} (not found)"
         )
     if path is not None:
-        loaded = load_config(path)
+        # The dashboard's tokens and webhook secrets serve no store command:
+        # their variables need only be set where the worker or web runs.
+        loaded = load_config(path, secrets=False)
     schema: str | None = None
     if db:
         target, origin = db, "--db"
@@ -134,7 +136,9 @@ def resolve_store(
     if location == ":memory:":
         raise UsageError(f"{origin} is ':memory:': an operator command needs a database file")
     if must_exist and not Path(location).is_file():
-        raise UsageError(f"store {location!r} ({origin}) does not exist")
+        file = Path(location)
+        where = "" if file.is_absolute() else f" (no file at {file.absolute()})"
+        raise UsageError(f"store {location!r} ({origin}) does not exist{where}")
     return choice
 
 

@@ -95,10 +95,13 @@ def _pending(hint: str) -> str:
     )
 
 
-def _oldest_pending(main: str, held: str) -> str:
+def _oldest_pending(main: str, held: str, waiting: str) -> str:
     # When the destination's earliest pending row falls due (parameter: the
-    # name, five times): a few seeks of its claim-order indexes.
-    return earliest_due(f"deliver_to = ? AND status = '{Status.PENDING}'", main, held)
+    # name, five times): a few seeks of its claim-order indexes; the few due
+    # rows ``waiting`` still holds (right behind a blocked head) are
+    # stepped over, and a row waiting behind a live head ranks past them all.
+    rest = f" AND NOT {waiting}" if waiting else ""
+    return earliest_due(f"deliver_to = ? AND status = '{Status.PENDING}'", main, held, rest)
 
 
 def _has_live(hint: str) -> str:
@@ -280,6 +283,7 @@ def _entry(
     now: float,
     *,
     counts: bool,
+    waiting: str = "",
 ) -> Entry:
     policy = policies.get(name) or policies.get(ANY_DESTINATION) or UNLIMITED
     pending: int | None = None
@@ -289,7 +293,7 @@ def _entry(
         counted = conn.query_one(_pending(hint), (name, PENDING_CAP))
         pending = int(counted["n"]) if counted is not None else 0
         held = conn.dialect.use_index(HELD_BACK_DESTINATION_INDEX)
-        head = conn.query_one(_oldest_pending(hint, held), (name,) * 5)
+        head = conn.query_one(_oldest_pending(hint, held, waiting), (name,) * 5)
         due = None if head is None else _float(head["due"])
         oldest = None if due is None or due > now else now - due
     return Entry(
@@ -317,11 +321,15 @@ def listing(
     *,
     counts: bool = True,
     limit: int = LISTED_LIMIT,
+    waiting: str = "",
 ) -> Listing:
     """Every destination to list (a unit of reading): configured, with live
     rows, or with a state row, at most ``limit`` by name. Without
     ``counts``, no destination's rows are counted (``/metrics`` wants
-    states only)."""
+    states only). ``waiting``: an SQL term on ``dispatch_outbox`` for the
+    rows that wait whatever their due time says (the ordering keys':
+    :data:`trio_dispatch.outbox.reads.WAITING`), left out of the oldest
+    due."""
     at = store_now(conn, now)
     names, truncated = _names(conn, policies, limit)
     rows: dict[str, Row] = {}
@@ -330,7 +338,16 @@ def listing(
             rows[str(row["name"])] = row
     running = _running_by_destination(conn, at)
     entries = tuple(
-        _entry(conn, policies, name, rows.get(name), running.get(name, 0), at, counts=counts)
+        _entry(
+            conn,
+            policies,
+            name,
+            rows.get(name),
+            running.get(name, 0),
+            at,
+            counts=counts,
+            waiting=waiting,
+        )
         for name in names
     )
     return Listing(at, entries, truncated)
@@ -354,16 +371,18 @@ def describe(
     now: float,
     *,
     changes_shown: int = CHANGES_SHOWN,
+    waiting: str = "",
 ) -> tuple[float, Entry | None]:
     """One destination whole, with its newest audit rows (a unit of
     reading), and the time it was read at (the store's clock where it has
-    one); None when it is not :func:`known`."""
+    one); None when it is not :func:`known`. ``waiting``: as
+    :func:`listing`'s."""
     at = store_now(conn, now)
     if not known(conn, policies, name):
         return at, None
     running = _running_by_destination(conn, at).get(name, 0)
     row = conn.query_one(SELECT_ONE, (name,))
-    entry = _entry(conn, policies, name, row, running, at, counts=True)
+    entry = _entry(conn, policies, name, row, running, at, counts=True, waiting=waiting)
     audit = tuple(
         Change(
             id=int(change["id"]),
@@ -386,9 +405,12 @@ async def list_destinations(
     *,
     now: float | None = None,
     counts: bool = True,
+    waiting: str = "",
 ) -> Listing:
     """:func:`listing` in one read of ``db``."""
-    return await db.read(partial(listing, policies=policies, now=clock_from(now)(), counts=counts))
+    return await db.read(
+        partial(listing, policies=policies, now=clock_from(now)(), counts=counts, waiting=waiting)
+    )
 
 
 async def show_destination(
@@ -397,9 +419,12 @@ async def show_destination(
     name: str,
     *,
     now: float | None = None,
+    waiting: str = "",
 ) -> tuple[float, Entry | None]:
     """:func:`describe` in one read of ``db``."""
-    return await db.read(partial(describe, policies=policies, name=name, now=clock_from(now)()))
+    return await db.read(
+        partial(describe, policies=policies, name=name, now=clock_from(now)(), waiting=waiting)
+    )
 
 
 def policy_text(policy: Destination) -> str:

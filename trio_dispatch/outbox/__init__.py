@@ -17,6 +17,9 @@ One concern per module:
 - :mod:`.delivery` -- the claim and the attempt's end (ADR D3-D5), each
   one transaction (the transport call between them is the worker's:
   :mod:`trio_dispatch.worker.attempts`);
+- :mod:`.expiry` -- the expiry sweep: rows past their deadline that no
+  claim reads (held back by their destination or their key) expire at it,
+  a batch a transaction;
 - :mod:`.reads` -- get, list, history, stats;
 - :mod:`.operator` -- ack, retry, purge, prune;
 - :mod:`.bulk` -- retry or purge every row a filter matches (the

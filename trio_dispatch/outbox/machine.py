@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from ..attempt import TransportResult
 from ..lifecycle import (
@@ -32,6 +32,7 @@ from ..lifecycle import (
 )
 from ..redact import scrubbed_logger, visible
 from ..store.base import Conn, Row, undecodable_columns
+from ..store.schema import EXPIRY_INDEX
 from . import sql
 from .claim import ClaimRules, claim_rules
 from .claim.rules import Claiming
@@ -42,7 +43,7 @@ from .ends import finish_many as finish_many
 from .ends import give_back as give_back
 from .ends import plan_end as plan_end
 from .ends import release as release
-from .ordering import lock_keys, promote
+from .ordering import lock_keys, promote, try_lock_keys
 from .transitions import COUNTER_KEYS as COUNTER_KEYS
 from .transitions import MAX_RETRY_AFTER_SECONDS as MAX_RETRY_AFTER_SECONDS
 from .transitions import Change as Change
@@ -59,12 +60,12 @@ log = scrubbed_logger("trio_dispatch.outbox")
 # -- claims ----------------------------------------------------------------------
 
 
-def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
-    """A due row past ``expires_at`` becomes ``expired`` (guarded on the
-    status and attempt it was read with)."""
-    change = Change(
+def _deadline(row: Row, previous: str, now: float, actor: str) -> Change:
+    """The change that expires ``row`` (read with status ``previous``): the
+    one transition row of every expiry, the claim's and the sweep's."""
+    return Change(
         row["id"],
-        row["status"],
+        previous,
         Status.EXPIRED,
         Reason.DEADLINE,
         f"expires_at {row['expires_at']} passed before attempt {row['attempt'] + 1}",
@@ -73,7 +74,12 @@ def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
         now,
         {"expires_at": row["expires_at"], "attempt": row["attempt"]},
     )
-    history = transition_rows([change])
+
+
+def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
+    """A due row past ``expires_at`` becomes ``expired`` (guarded on the
+    status and attempt it was read with)."""
+    history = transition_rows([_deadline(row, row["status"], now, actor)])
     changed = conn.execute(sql.EXPIRE, (now, row["id"], row["status"], row["attempt"], now))
     if changed:
         insert_rows(conn, history)
@@ -110,6 +116,69 @@ def spend(conn: Conn, row: Row, now: float, actor: str) -> bool:
     if changed:
         insert_rows(conn, history)
     return bool(changed)
+
+
+class Swept(NamedTuple):
+    """What one batch of the expiry sweep did."""
+
+    read: int
+    """Rows past their deadline it read (at most its limit: fewer says none
+    is left that another transaction did not hold)."""
+    expired: int
+    """Rows it expired."""
+
+
+def expire_overdue(conn: Conn, at: float, limit: int, actor: str) -> Swept:
+    """One batch of the expiry sweep: up to ``limit`` rows past their
+    ``expires_at`` at ``at``, earliest deadline first, become ``expired``
+    with the claim's transition (``dispatch.expired.deadline``), whatever
+    keeps them from a claim (a paused, throttled, open or full destination,
+    a worker's cap, a key's head ahead of them). Pending rows expire
+    whenever their deadline has passed; a delivering row only once its
+    lease has ended (as a claim would find it); one whose lease runs is
+    left to its attempt's end. Read and written in this one transaction:
+    rows are locked as they are read where rows lock, a row or an ordering
+    key another transaction holds is passed over (a later batch takes it),
+    and each write restates the guard, so two sweeps of the same rows
+    expire each once. A keyed row that leaves the live set makes the next
+    row of its key due, as at a claim (under ``block`` an expired head then
+    holds its key)."""
+    at = float(at)  # one type for every time a statement compares
+    dialect = conn.dialect
+    statement = sql.overdue(dialect.row_key, dialect.use_index(EXPIRY_INDEX), dialect.lock_clause)
+    rows = conn.query(statement, (at, at, limit))
+    taken = try_lock_keys(conn, [row["ordering_key"] for row in rows])
+    changes: list[Change] = []
+    keys: list[str | None] = []
+    for previous in DUE_STATUSES:
+        group = [
+            row
+            for row in rows
+            if row["status"] == previous
+            and (row["ordering_key"] is None or row["ordering_key"] in taken)
+        ]
+        if not group:
+            continue
+        for row in group:  # every edge checked before the UPDATE runs
+            check_edge(row["id"], previous, Status.EXPIRED, source=Source.DELIVERY)
+        row_keys = [row["row_key"] for row in group]
+        won = (
+            conn.query(sql.expire_rows_many(dialect.arrays), (at, row_keys, previous, at, at))
+            if dialect.arrays is not None
+            else conn.query(
+                sql.expire_rows(dialect.row_key, len(group)), (at, *row_keys, previous, at, at)
+            )
+        )
+        # The rows as read (SQLite's RETURNING gives a REAL column's
+        # whole numbers as integers): the transitions say what a claim's do.
+        changed = {row["id"] for row in won}
+        for row in group:
+            if row["id"] in changed:
+                changes.append(_deadline(row, previous, at, actor))
+                keys.append(row["ordering_key"])
+    promote(conn, keys, at)
+    record(conn, changes)
+    return Swept(len(rows), len(changes))
 
 
 _DEFAULT_RULES: Final = claim_rules()

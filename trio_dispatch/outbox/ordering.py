@@ -13,8 +13,8 @@ their id order, ahead of every later one.
 
 Everything ordering adds to the outbox is here but the claim's rule,
 which lives with the claim's other rules (:mod:`.claim.keys`); the claim,
-the ends of attempts, the operators' writes and enqueue call in at four
-points:
+the expiry sweep, the ends of attempts, the operators' writes and enqueue
+call in at four points:
 
 - **Waiting.** A keyed row enqueued while a live (``pending`` or
   ``delivering``) row of its key has a lower id waits: its
@@ -22,9 +22,13 @@ points:
   every due time, so the claim's ordered read of the due index stops before
   it. A hundred thousand rows behind one head cost a scan nothing.
 - **Promotion.** Whenever a keyed row leaves the live set (delivered,
-  acked, dead-lettered, expired) or a row of a key is removed (purged,
-  pruned), :func:`promote` makes the key's lowest live row due if it was
-  waiting. The lowest live row of a key is therefore never waiting.
+  acked, dead-lettered, expired -- at a claim or by the expiry sweep, which
+  expires waiting rows too) or a row of a key is removed (purged, pruned),
+  :func:`promote` makes the key's lowest live row due if it was waiting.
+  The lowest live row of a key therefore never carries the mark; under the
+  ``block`` policy the one right behind a dead or expired head still waits,
+  held by the claim rule alone (what operators see as waiting is both:
+  :func:`~trio_dispatch.outbox.reads.waiting_term`).
 - **The claim rule** (:func:`.claim.keys.claimable`), the authority whatever the
   waiting marks say: a keyed row is claimable when it is ``delivering``
   already (lease recovery: it holds the key), or when no other row of its
@@ -39,15 +43,17 @@ points:
   the locks (:func:`.claim.keys.take_keys`). Two transactions never decide for one key
   from snapshots that miss each other's commit, so ``SKIP LOCKED`` cannot let
   two claimants take two rows of one key: the second claim's check runs
-  after the first claim committed its row as ``delivering``. SQLite's single
+  after the first claim committed its row as ``delivering``. The expiry
+  sweep takes its rows' keys without waiting too (:func:`try_lock_keys`) and
+  leaves a key another transaction holds to its next batch. SQLite's single
   writer serializes the same decisions without locks.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal
+from collections.abc import Iterable
+from typing import Final, Literal
 
 from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, KeyOrderConflict, Row
@@ -155,6 +161,22 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     held.update(fresh)
 
 
+def try_lock_keys(conn: Conn, keys: Iterable[str | None]) -> set[str]:
+    """Of these keys, the ones this transaction now holds until it ends,
+    taken without waiting (PostgreSQL; every key where the write lock
+    serializes every writer): a key another transaction holds is left out,
+    for the caller to leave its rows to a later transaction. Never waits,
+    so it may follow the transaction's row locks."""
+    wanted = sorted({key for key in keys if key is not None})
+    if not wanted or not conn.dialect.key_try_locks:
+        return set(wanted)
+    taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (wanted,))}
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    if held is not None:
+        held.update(taken)
+    return taken
+
+
 def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
     """After rows of these keys left the live set or were removed: each key's
     lowest live row, if it waits, is due at ``now``. The caller holds the
@@ -211,17 +233,6 @@ def ahead_of(conn: Conn, key: str | None, dispatch_id: str, policy: OrderingPoli
 BLOCKED_KEYS_CAP: Final = 1000
 """Blocked keys are counted up to this many (metrics, the dashboard): at the
 cap, the real count is this or more."""
-
-
-def is_waiting(row: Mapping[str, Any]) -> bool:
-    """Whether ``row`` is a keyed row waiting behind its key's head: its
-    ``next_attempt_at`` (:data:`~trio_dispatch.lifecycle.WAITING_AT`) is a
-    mark, not a time, and is never shown as a date."""
-    return (
-        row.get("status") == Status.PENDING
-        and row.get("next_attempt_at") is not None
-        and float(row["next_attempt_at"]) >= WAITING_AT
-    )
 
 
 def count_blocked_keys(conn: Conn, cap: int = BLOCKED_KEYS_CAP) -> int:

@@ -12,13 +12,14 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
-from ..lifecycle import ENTITY_TYPE, STATUSES, Reason, Status
+from ..lifecycle import ENTITY_TYPE, STATUSES, WAITING_AT, Reason, Status
 from ..store.base import Conn, Database, Row, Undecodable
 from ..store.schema import DUE_INDEX, HELD_BACK_INDEX
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
 from .claim import NO_RULES, ClaimRules
+from .claim.keys import claimable
 from .claim.scan import next_due
 from .ordering import (
     BLOCKED_KEYS_CAP,
@@ -32,6 +33,59 @@ from .ordering import (
 )
 
 DEFAULT_LIST_LIMIT: Final = 50
+
+
+def waiting_term(policy: OrderingPolicy, table: str = "dispatch_outbox") -> str:
+    """What a row that waits for its ordering key is, as an SQL term on
+    ``table``: the one definition every reader uses (``ls``, ``show``,
+    ``stats``, the dashboard, ``/metrics``). A pending keyed row waits when
+    it carries the waiting mark (:data:`~trio_dispatch.lifecycle.WAITING_AT`:
+    a live row of its key is ahead of it) or when the claim's ordering rule
+    under ``policy`` refuses it -- under ``block``, the row right behind a
+    ``dead_letter`` or ``expired`` head, which promotion made due but no
+    claim takes until an operator retries or purges that head. A waiting
+    row has no next attempt time and is never counted as due, whatever its
+    ``next_attempt_at`` holds."""
+    return (
+        f"({table}.status = '{Status.PENDING}' AND {table}.ordering_key IS NOT NULL "
+        f"AND ({table}.next_attempt_at >= {WAITING_AT!r} OR NOT {claimable(policy, table)}))"
+    )
+
+
+WAITING: Final = {policy: waiting_term(policy) for policy in ("block", "skip")}
+""":func:`waiting_term` of each policy on ``dispatch_outbox``."""
+_WAITING_CHUNK: Final = 500
+
+
+async def waiting_ids(
+    db: Database,
+    rows: Sequence[Mapping[str, Any]],
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+) -> set[str]:
+    """The ids of ``rows`` that wait for their ordering key under the
+    ``ordering`` policy (:func:`waiting_term`), as the store holds them
+    now: one indexed read per :data:`_WAITING_CHUNK` pending keyed rows,
+    none when no row is pending and keyed."""
+    ordering = require_policy("ordering", ordering)
+    ids = [
+        str(row["id"])
+        for row in rows
+        if row["status"] == Status.PENDING and row.get("ordering_key") is not None
+    ]
+    if not ids:
+        return set()
+    term = WAITING[ordering]
+
+    def collect(conn: Conn) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), _WAITING_CHUNK):
+            chunk = ids[start : start + _WAITING_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            statement = f"SELECT id FROM dispatch_outbox WHERE id IN ({marks}) AND {term}"
+            found.update(str(row["id"]) for row in conn.query(statement, tuple(chunk)))
+        return found
+
+    return await db.read(collect)
 
 
 def decode(row: Row | None) -> dict[str, Any] | None:
@@ -130,30 +184,41 @@ async def next_due_at(
     return await db.read(lambda conn: next_due(conn, rules, at=at))
 
 
-def oldest_due_pending(conn: Conn, at: float) -> float | None:
-    """When the longest-waiting ``pending`` row due at ``at`` fell due (None:
-    none is due), through the due indexes, bounded whatever the table holds."""
+def _oldest_due(conn: Conn, at: float, waiting: str) -> float | None:
+    """When the pending row due the longest fell due, among the rows a
+    claim could take (``waiting``: the rows waiting for their ordering key,
+    left out), or None when none is due at ``at``: bounded reads of the due
+    indexes (:func:`~.sql.oldest_due_pending`)."""
     hint = conn.dialect.use_index
-    row = conn.query_one(sql.earliest_pending(hint(DUE_INDEX), hint(HELD_BACK_INDEX)))
+    statement = sql.oldest_due_pending(waiting, hint(DUE_INDEX), hint(HELD_BACK_INDEX))
+    row = conn.query_one(statement)
     due = None if row is None or row["due"] is None else float(row["due"])
     return due if due is not None and due <= at else None
 
 
-async def dispatch_stats(db: Database, *, now: float | None = None) -> dict[str, Any]:
-    """A health summary: ``counts`` per status (all six), ``total``,
-    ``oldest_due_pending_age_seconds`` (how long the longest-waiting due
-    pending row has been due; None when none is due) and
+async def dispatch_stats(
+    db: Database,
+    *,
+    now: float | None = None,
+    ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
+) -> dict[str, Any]:
+    """A health summary: ``counts`` per status (every status), ``total``,
+    ``oldest_due_pending_age_seconds`` (how long the pending row due the
+    longest has been due, among the rows a claim could take: a row waiting
+    for its ordering key under the ``ordering`` policy is not one, see
+    :func:`waiting_term`; None when none is due) and
     ``dead_letters_last_24h`` (rows now in ``dead_letter`` that got there in
     the last 24 hours; both queries use the status indexes, never a scan of
     finished rows or history)."""
     at = clock_from(now)()
+    waiting = WAITING[require_policy("ordering", ordering)]
 
     def collect(conn: Conn) -> dict[str, Any]:
         counts: dict[str, int] = dict.fromkeys(sorted(STATUSES), 0)
         for row in conn.query(sql.COUNT_BY_STATUS):
             counts[str(row["status"])] = int(row["n"])
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE, (at - 86400.0,))
-        due = oldest_due_pending(conn, at)
+        due = _oldest_due(conn, at, waiting)
         return {
             "counts": counts,
             "total": sum(counts.values()),
@@ -178,7 +243,8 @@ async def bounded_stats(
 ) -> dict[str, Any]:
     """:func:`dispatch_stats` with bounded queries only: ``counts`` per
     status up to ``cap`` each, ``capped`` (the statuses that reached it:
-    their real count is higher), ``oldest_due_pending_age_seconds``,
+    their real count is higher), ``oldest_due_pending_age_seconds`` (rows
+    waiting for their ordering key under ``ordering`` left out, as there),
     ``dead_letters_last_24h`` (also up to ``cap``), and ``blocked_keys``
     (up to :data:`~.ordering.BLOCKED_KEYS_CAP`, ``blocked_keys_capped`` at
     it; always 0 under the ``skip`` ``ordering`` policy, where no key
@@ -193,7 +259,7 @@ async def bounded_stats(
             row = conn.query_one(sql.count_capped(Status(status)), (cap,))
             counts[status] = int(row["n"]) if row else 0
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE_CAPPED, (at - 86400.0, cap))
-        due = oldest_due_pending(conn, at)
+        due = _oldest_due(conn, at, WAITING[ordering])
         dead_letters = int(dead["n"]) if dead else 0
         blocked = count_blocked_keys(conn, BLOCKED_KEYS_CAP) if ordering == "block" else 0
         return {
@@ -418,4 +484,6 @@ __all__ = [
     "status_label",
     "status_labels",
     "waiting_behind",
+    "waiting_ids",
+    "waiting_term",
 ]

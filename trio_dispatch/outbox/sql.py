@@ -19,6 +19,7 @@ from typing import Final
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..priority import HEAD_START, earliest_due
 from ..store.dialect import ArrayForms, Typed
+from ..store.schema import EXPIRY_TERM
 
 COLUMNS: Final = (
     "id, kind, deliver_to, payload, dedup_key, status, attempt, max_attempts, "
@@ -170,6 +171,64 @@ EXPIRE: Final = (
 """A due row past its deadline, guarded on the (status, attempt) it was read
 with."""
 
+# -- the expiry sweep ---------------------------------------------------------------
+
+# A row the sweep may expire: past its deadline and pending (due, waiting
+# behind its key's head, or in a backoff), or delivering with its lease
+# ended (as a claim would find it). A delivering row whose lease runs is
+# left to its attempt's end.
+_OVERDUE: Final = f"(status = '{Status.PENDING}' OR next_attempt_at <= ?)"
+
+
+@functools.cache
+def overdue(row_key: str, index_hint: str, lock_clause: str) -> str:
+    """Up to ``?`` rows past their deadline at the first parameter (the
+    second: the same time, for the lease), earliest deadline first, from the
+    expiry index (its term verbatim; ``index_hint`` names it where the
+    planner must be told), locked where rows lock (``lock_clause``: a row
+    another transaction holds is passed over)."""
+    return (
+        f"SELECT id, {row_key} AS row_key, status, attempt, expires_at, ordering_key "
+        f"FROM dispatch_outbox{index_hint} WHERE {EXPIRY_TERM} AND expires_at <= ? "
+        f"AND {_OVERDUE} ORDER BY expires_at LIMIT ?{lock_clause}"
+    )
+
+
+@functools.cache
+def next_expiry(index_hint: str) -> str:
+    """The earliest deadline of a row the sweep may expire once it has
+    passed (see :func:`overdue`; the parameter is the time a lease must
+    have ended by): one seek of the expiry index, past the few delivering
+    rows whose lease still runs."""
+    return (
+        f"SELECT expires_at FROM dispatch_outbox{index_hint} WHERE {EXPIRY_TERM} "
+        f"AND {_OVERDUE} ORDER BY expires_at LIMIT 1"
+    )
+
+
+def _expire_rows(where_key: str) -> str:
+    return (
+        f"UPDATE dispatch_outbox SET status = '{Status.EXPIRED}', updated_at = ? "
+        f"WHERE {where_key} AND status = ? AND expires_at <= ? AND {_OVERDUE} "
+        "RETURNING id"
+    )
+
+
+def expire_rows(row_key: str, count: int) -> str:
+    """Expire ``count`` rows that :func:`overdue` selected and locked
+    earlier in the same write transaction (addressed by ``row_key``), all
+    of one previous status; the guard restates the selection. Parameters:
+    the time, the row keys, the previous status, the time twice. Returns
+    the ids of the rows it changed."""
+    return _expire_rows(f"{row_key} IN ({', '.join('?' * count)})")
+
+
+@functools.cache
+def expire_rows_many(arrays: ArrayForms) -> Typed:
+    """:func:`expire_rows` with the ids as one array."""
+    return Typed(_expire_rows(arrays.any_of("id")))
+
+
 SPEND: Final = (
     f"UPDATE dispatch_outbox SET status = '{Status.DEAD_LETTER}', updated_at = ?, "
     "last_error = COALESCE(last_error, ?) "
@@ -290,12 +349,16 @@ COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROU
 
 
 @functools.cache
-def earliest_pending(main: str = "", held: str = "") -> str:
-    """When the earliest ``pending`` row falls due (column ``due``; NULL:
-    none), through the due index (``main``: its hint) and the held-back one
-    (``held``): the oldest due row's due time when that is not after now.
-    Bounded whatever the table holds (:func:`~trio_dispatch.priority.earliest_due`)."""
-    return earliest_due(f"status = '{Status.PENDING}'", main, held)
+def oldest_due_pending(waiting: str, main: str = "", held: str = "") -> str:
+    """When the pending row due soonest falls due (column ``due``; NULL:
+    none), among the rows the SQL term ``waiting`` (rows waiting for their
+    ordering key) leaves: the oldest due row's due time when that is not
+    after now. Bounded reads of the due index (``main``: its hint) and the
+    held-back one (``held``) whatever the table holds
+    (:func:`~trio_dispatch.priority.earliest_due`); no parameters. The rows
+    it steps over are the few promoted rows right behind blocked heads (a
+    marked row ranks past every due row)."""
+    return earliest_due(f"status = '{Status.PENDING}'", main, held, f" AND NOT {waiting}")
 
 
 DEAD_LETTERS_SINCE: Final = (

@@ -124,10 +124,11 @@ async def open_store(
     every connection the store opens. A URL's
     ``options=-csearch_path%3Dname`` names it too (the first schema of the
     path). Without either, the tables live where the server's
-    ``search_path`` puts them (usually ``public``). An existing
-    ``sessions``/``schedule_runs`` table the outbox's foreign keys cannot
-    point at is refused (:class:`SchemaError` naming it) before anything
-    is created.
+    ``search_path`` puts them (usually ``public``). A ``sessions`` or
+    ``schedule_runs`` table of the service's own where the outbox's foreign
+    keys would point is refused (:class:`SchemaError` naming it and the
+    fix) before anything is created; a refused SQLite file is left as it
+    was (its journal mode too).
 
     Raises ``ValueError`` for a target or option it cannot use, naming it
     (password masked), before touching any file; :class:`StoreError` (one

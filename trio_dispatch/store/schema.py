@@ -23,7 +23,10 @@ replaced, when it was last confirmed). Version 10 adds the destinations'
 shared state and its audit (SPEC section 17) and each row's count of
 throttled attempts. Version 11 admits the statuses ``superseded`` and
 ``cancelled`` (SPEC section 18): the status CHECK widened in place and the
-finished-age index rebuilt over every finished status. Version 12 orders
+finished-age index rebuilt over every finished status. Version 12 adds a
+partial index of the live rows that have an ``expires_at``, by deadline:
+the worker's expiry sweep reads the rows past theirs, whichever
+destination or key holds them back, and nothing else. Version 13 orders
 the claim by priority (SPEC section 18): each row's ``priority`` and
 ``head_start``, the store-wide settings that hold the step a head start is
 made of, the due and destination indexes keyed by the claim rank
@@ -63,7 +66,7 @@ from ..priority import (
 )
 from .base import Conn, SchemaError, check_schema_version
 from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
-from .dialect import quoted
+from .dialect import Dialect, quoted
 
 SCHEMA_VERSION_TABLE: Final = "trio_dispatch_schema"
 Step: TypeAlias = "str | Callable[[Conn], None]"
@@ -151,7 +154,7 @@ _V1: Final = (
 
 DUE_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
 """The due rows by status in claim order (version 2; keyed by the claim
-rank since version 12, under its first name): every claim reads it
+rank since version 13, under its first name): every claim reads it
 (:data:`~trio_dispatch.outbox.claim.order.CLAIM_ORDER`)."""
 
 _V2: Final = (
@@ -182,7 +185,7 @@ _V3: Final = (
 
 DESTINATION_INDEX: Final = "ix_dispatch_outbox_destination_due"
 """The due rows by destination in claim order (version 4; keyed by the
-claim rank since version 12); SQLite is told to use it by
+claim rank since version 13); SQLite is told to use it by
 name, since without statistics it prefers the status index."""
 
 _V4: Final = (
@@ -384,13 +387,33 @@ _V11: Final[tuple[Step, ...]] = (
     """,
 )
 
-HELD_BACK_INDEX: Final = "ix_dispatch_outbox_held_back"
-"""The live rows of a negative priority by status, in claim order (version
-12): the claim's second lane (:mod:`trio_dispatch.outbox.claim.order`)."""
-HELD_BACK_DESTINATION_INDEX: Final = "ix_dispatch_outbox_held_back_destination"
-"""The same rows by destination (version 12)."""
+EXPIRY_INDEX: Final = "ix_dispatch_outbox_expiry"
+"""The live rows that have a deadline, by ``expires_at`` (version 12): the
+expiry sweep (:mod:`trio_dispatch.outbox.expiry`) reads those past theirs
+in deadline order. A query that wants it repeats :data:`EXPIRY_TERM`."""
+EXPIRY_TERM: Final = f"expires_at IS NOT NULL AND {DUE_SQL}"
+"""The index's term, verbatim in every query that reads it."""
 
 _V12: Final[tuple[Step, ...]] = (
+    # Rows held back from every claim (a paused, throttled, open or full
+    # destination, a worker's cap, a key's waiting rows) are never read by
+    # one, so the claim alone cannot expire them. The sweep finds those past
+    # their deadline here. Partial: rows without a deadline, and finished
+    # rows, never enter it, so they cost nothing of it.
+    f"""
+    CREATE INDEX IF NOT EXISTS {EXPIRY_INDEX}
+        ON dispatch_outbox (expires_at)
+        WHERE {EXPIRY_TERM}
+    """,
+)
+
+HELD_BACK_INDEX: Final = "ix_dispatch_outbox_held_back"
+"""The live rows of a negative priority by status, in claim order (version
+13): the claim's second lane (:mod:`trio_dispatch.outbox.claim.order`)."""
+HELD_BACK_DESTINATION_INDEX: Final = "ix_dispatch_outbox_held_back_destination"
+"""The same rows by destination (version 13)."""
+
+_V13: Final[tuple[Step, ...]] = (
     # Priority (SPEC section 18). Rows from before get priority 0 and no
     # head start, so their rank is their due time: nothing moves.
     "ALTER TABLE dispatch_outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 "
@@ -456,6 +479,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V10,
     _V11,
     _V12,
+    _V13,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
@@ -491,8 +515,9 @@ REFERENCED_TABLES: Final = (
     ("sessions", "dispatch_outbox.session_id"),
     ("schedule_runs", "dispatch_outbox.schedule_run_id"),
 )
-"""The tables the outbox's foreign keys point at, created only if absent:
-a table of the same name that is already there must fit them."""
+"""The tables the outbox's foreign keys point at, created with the outbox's
+own: a table of one of these names that is there before ``dispatch_outbox``
+is someone else's and is refused (see :func:`check_referenced_tables`)."""
 OWN_TABLES: Final = (
     "dispatch_outbox",
     "status_transitions",
@@ -507,20 +532,52 @@ OWN_TABLES: Final = (
 """Every table the outbox creates."""
 
 
-def check_referenced_tables(conn: Conn, where: str) -> None:
-    """Raise :class:`~trio_dispatch.store.base.SchemaError` naming the first
-    existing ``sessions``/``schedule_runs`` table that the outbox's foreign
-    keys cannot point at (a service's own table of the same name, say);
-    reads only."""
+def _own_schema_hint(dialect: Dialect, own_connection: bool) -> str:
+    """How to keep the outbox's tables apart from a service's own."""
+    if not dialect.schemas:
+        return "give the outbox a database file of its own, or rename your table"
+    if own_connection:
+        return (
+            "give the outbox a schema of its own: on this connection CREATE SCHEMA outbox "
+            "and SET search_path TO outbox, public (or SET LOCAL, per transaction) before "
+            "install_schema and every enqueue, and give the worker the store option "
+            "schema: outbox"
+        )
+    return (
+        "give the outbox a schema of its own: the store option schema (schema: outbox in "
+        "the configuration), and SET search_path TO outbox, public on connections of "
+        "yours that enqueue"
+    )
+
+
+def check_referenced_tables(conn: Conn, where: str, *, own_connection: bool = False) -> None:
+    """Raise :class:`~trio_dispatch.store.base.SchemaError` (one line, naming
+    the table and the fix) for the first ``sessions``/``schedule_runs``
+    table in the way of the outbox's foreign keys; reads only.
+
+    Before ``dispatch_outbox`` exists, any table of those names is a
+    service's own: adopting it would point the outbox's foreign key at the
+    service's rows, and deleting one a dispatch names would then fail
+    wherever foreign keys are enforced. Once ``dispatch_outbox`` exists its
+    keys point where they point (a store the outbox made, or one adopted
+    from an earlier implementation), and only a table that has changed so
+    that they cannot (no unique ``id``, say) is refused. ``own_connection``:
+    the caller's own connection (:mod:`trio_dispatch.sync`), whose fix is a
+    ``search_path`` rather than a store option."""
     dialect = conn.dialect
+    outbox = conn.query_one(dialect.column_exists, ("dispatch_outbox", "id")) is not None
     for table, column in REFERENCED_TABLES:
         problem = dialect.key_problem(conn, table)
         if problem is not None:
             raise SchemaError(
                 f'{where}: table "{table}" exists but {problem}, and the outbox\'s '
-                f"{column} references it; give the outbox a database"
-                f"{' or a schema (the store option schema)' if dialect.schemas else ''} "
-                "of its own"
+                f"{column} references it; {_own_schema_hint(dialect, own_connection)}"
+            )
+        if not outbox and conn.query_one(dialect.column_exists, (table, "id")) is not None:
+            raise SchemaError(
+                f'{where}: table "{table}" exists without the outbox\'s dispatch_outbox: a '
+                f"table of yours, which {column} would reference (deleting a row of it that a "
+                f"dispatch names would then fail); {_own_schema_hint(dialect, own_connection)}"
             )
 
 
@@ -533,15 +590,18 @@ def schema_version(conn: Conn) -> int | None:
     return int(row["version"] or 0) if row else 0
 
 
-def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
+def migrate(
+    conn: Conn, where: str, schema: str | None = None, *, own_connection: bool = False
+) -> int | None:
     """Bring the schema to :data:`SCHEMA_VERSION`, forward only; return the
     version found before (None: there was no outbox schema). Runs inside the
     caller's write transaction, which must exclude other migrators (SQLite:
     ``BEGIN IMMEDIATE``; PostgreSQL: an advisory lock). PostgreSQL: the
     tables go in the first existing schema of the connection's
     ``search_path``; ``schema`` (already on that path) is created first if
-    absent. A newer schema, or an existing ``sessions``/``schedule_runs``
-    table the foreign keys cannot use, raises
+    absent. A newer schema, or a ``sessions``/``schedule_runs`` table in the
+    way of the foreign keys (:func:`check_referenced_tables`; its hint for
+    ``own_connection``, a caller's own), raises
     :class:`~trio_dispatch.store.base.SchemaError` before anything of the
     outbox is written."""
     if schema is not None and conn.query_one(_SCHEMA_EXISTS, (schema,)) is None:
@@ -559,7 +619,7 @@ def migrate(conn: Conn, where: str, schema: str | None = None) -> int | None:
             )
     recorded = schema_version(conn)
     check_schema_version(recorded, where, SCHEMA_VERSION, migrating=True)
-    check_referenced_tables(conn, where)
+    check_referenced_tables(conn, where, own_connection=own_connection)
     conn.execute(dialect.ddl(_VERSION_TABLE_DDL))
     for version in range(recorded or 0, SCHEMA_VERSION):
         for statement in MIGRATIONS[version]:

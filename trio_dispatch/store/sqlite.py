@@ -178,7 +178,8 @@ def _file_header(path: str) -> bytes:
         with open(path, "rb") as file:
             return file.read(100)
     except FileNotFoundError:
-        raise StoreError(f"store {path!r} does not exist") from None
+        where = "" if Path(path).is_absolute() else f" (no file at {Path(path).absolute()})"
+        raise StoreError(f"store {path!r} does not exist{where}") from None
     except IsADirectoryError:
         raise StoreError(f"store {path!r} is a directory, not a SQLite file") from None
 
@@ -362,14 +363,17 @@ class SQLiteStore(BatchingStore):
             mode="rwc" if self.migrate else "rw",
             durability=self.durability,
             busy_timeout=self.busy_timeout,
-            wal=self.migrate,
+            wal=False,
         )
         try:
+            # Only a file that is (now) an outbox is put in WAL mode, a
+            # change the file keeps: a migration refused (a service's own
+            # table in the way, a newer schema) leaves the file as it was.
             if self.migrate:
                 self.found_schema_version = _migrate(writer, self.path)
-            else:  # only an existing outbox may be put in WAL mode
+            else:
                 self.found_schema_version = require_current(SQLiteConn(writer), where)
-                _use_wal(writer, self.path)
+            _use_wal(writer, self.path)
             if self.path != ":memory:":
                 reader = _connect(
                     self.path, mode="rw", durability=self.durability, busy_timeout=self.busy_timeout

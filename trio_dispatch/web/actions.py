@@ -8,9 +8,11 @@ Every action is a POST, checked on the server: an operator's role (else
 403), and for a browser session the CSRF token and the same ``Origin``
 (:func:`~.auth.forgery`). It runs the operators' own functions and
 transitions (source ``operator``, actor ``web``, the client's address in
-the transition's metadata) and logs one line, never a token. Answers are
-HTML, or JSON for ``Accept: application/json``; one that does not apply is
-404 or 409 with the reason. Wrong tokens at ``/login`` are slowed down per
+the transition's metadata) and logs one line, never a token. An action
+that applies answers JSON for ``Accept: application/json``, else a 303 to
+the row's page (the list, once the row is gone), which tells a browser
+session what was done, once; one that does not apply is 404 or 409 with
+the reason. Wrong tokens at ``/login`` are slowed down per
 client (:mod:`.throttle`): one log line per burst, then 429.
 """
 
@@ -21,7 +23,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any, Final
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from ..errors import ActionRefused
 from ..lifecycle import InvalidTransition
@@ -137,8 +139,11 @@ class Actions:
         body: str,
         status: int = 200,
         headers: tuple[tuple[bytes, bytes], ...] = (),
+        *,
+        store: bool = True,
     ) -> Reply:
-        return Reply(status, pages.page(title, body, self.store_label).encode(), HTML, headers)
+        label = self.store_label if store else ""
+        return Reply(status, pages.page(title, body, label).encode(), HTML, headers)
 
     def _answer(
         self,
@@ -153,6 +158,23 @@ class Actions:
         body = f'<p>{pages.text(message)}</p><p><a href="{pages.text(back)}">back</a></p>'
         return self._page("Done" if status < 400 else "Not applied", body, status)
 
+    def _done(
+        self,
+        scope: Mapping[str, Any],
+        identity: Identity,
+        document: Mapping[str, Any],
+        message: str,
+        back: str = "/",
+    ) -> Reply:
+        """An action that applied: its JSON when asked, else a redirect to
+        ``back`` (POST, redirect, GET: a reload asks nothing again), whose
+        page says ``message`` once to a browser session."""
+        if wants_json(scope):
+            return Reply(200, json.dumps(document).encode() + b"\n", JSON)
+        if identity.session is not None:
+            identity.session.notice = message
+        return Reply(303, b"", HTML, ((b"location", back.encode("ascii")),))
+
     def login_page(
         self, error: str = "", status: int = 200, headers: tuple[tuple[bytes, bytes], ...] = ()
     ) -> Reply:
@@ -162,7 +184,8 @@ class Actions:
             "<label>Token <input type=password name=token autocomplete=current-password "
             "required></label> <button type=submit>Log in</button></form>"
         )
-        return self._page("Log in", body, status, headers)
+        # Nothing about the store before a role is proven: not even its name.
+        return self._page("Log in", body, status, headers, store=False)
 
     async def login(self, scope: Mapping[str, Any], form: Mapping[str, str]) -> Reply:
         if not same_origin(scope):
@@ -271,7 +294,7 @@ class Actions:
             return refused
         dispatch_id, action = match[1], match[2]
         where = {"client": client(scope), "via": identity.via}
-        back = f"/dispatch/{dispatch_id}"
+        back = pages.DISPATCH_PATH + quote(dispatch_id, safe="")
         try:
             if action == "retry":
                 applied = await retry_dispatch(self.db, dispatch_id, actor=ACTOR, metadata=where)
@@ -312,10 +335,10 @@ class Actions:
             )
         row = await get_dispatch(self.db, dispatch_id)
         status = None if row is None else row["status"]
-        verb = "retried" if action == "retry" else "purged"
-        return self._answer(
+        verb = "retried: pending again" if action == "retry" else "purged"
+        return self._done(
             scope,
-            200,
+            identity,
             {"id": dispatch_id, "action": action, "applied": True, "status": status},
             f"dispatch {dispatch_id} {verb}",
             back if action == "retry" else "/",
@@ -409,9 +432,9 @@ class Actions:
             if result.matched >= BULK_LIMIT
             else ""
         )
-        return self._answer(
+        return self._done(
             scope,
-            200,
+            identity,
             result.to_dict(),
             f"{result.applied:,} of {result.matched:,} rows {verb}"
             + (f"; {result.skipped:,} had changed meanwhile" if result.skipped else "")

@@ -8,6 +8,10 @@ a role -- ``Authorization: Bearer <token>``, HTTP Basic with the token as
 the password, or the session cookie of ``/login`` -- compared in constant
 time; a viewer's or anonymous POST is a 403 and changes nothing.
 
+A row's page is ``/dispatches/ID``, beside its actions; a GET of its
+former address ``/dispatch/ID`` is a 301 to it (a POST there acts on
+nothing: 404).
+
 ``/?ordering_key=K`` lists one ordering key's rows (a key enqueue would
 refuse is a 400 naming it); ``/blocked`` lists the heads of blocked keys
 under the policy of the worker, or the one given.
@@ -38,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode
 
 from anyio.abc import TaskGroup
 
@@ -51,6 +55,7 @@ from ..outbox.ordering import (
 )
 from ..outbox.reads import (
     DEFAULT_LIST_LIMIT,
+    WAITING,
     bounded_stats,
     frequent_kinds,
     get_dispatch,
@@ -61,6 +66,7 @@ from ..outbox.reads import (
     status_label,
     status_labels,
     waiting_behind,
+    waiting_ids,
 )
 from ..redact import mask_url, scrubbed_logger, visible
 from ..schedules.runs import listing, states
@@ -113,6 +119,21 @@ SECURITY_HEADERS: Final = (
 )
 
 log = scrubbed_logger("trio_dispatch.web")
+
+
+FORMER_DISPATCH_PATH: Final = "/dispatch/"
+"""Where rows' pages were before they moved to :data:`~.pages.DISPATCH_PATH`."""
+
+
+def moved_to(scope: Scope) -> bytes | None:
+    """Where a row's former address (``/dispatch/ID``, query kept) is now,
+    for a GET's redirect; None for every other path."""
+    path: str = scope["path"]
+    if not path.startswith(FORMER_DISPATCH_PATH):
+        return None
+    rest = quote(path.removeprefix(FORMER_DISPATCH_PATH), safe="")
+    query = scope.get("query_string", b"")
+    return (pages.DISPATCH_PATH + rest).encode("ascii") + (b"?" + query if query else b"")
 
 
 class BadQuery(ValueError):
@@ -185,7 +206,11 @@ class WebApp:
         if destinations is None and worker is not None:  # the worker's, else the ones given
             destinations = worker.destinations
         self.destinations = DestinationsView(
-            db, destinations or {}, self.store_label, acting=self.actions is not None
+            db,
+            destinations or {},
+            self.store_label,
+            acting=self.actions is not None,
+            waiting=WAITING[self.ordering],
         )
         self.started_at = clock()
         self._probes = StoreProbes(db, clock)
@@ -282,6 +307,12 @@ class WebApp:
         if method == "POST" and self.actions is not None:
             await self._post(scope, receive, send, identity)
             return
+        moved = moved_to(scope) if method in ("GET", "HEAD") else None
+        if moved is not None:
+            await self._respond(
+                send, 301, b"", b"text/plain; charset=utf-8", extra=((b"location", moved),)
+            )
+            return
         if method not in ("GET", "HEAD"):
             allowed = b"GET, HEAD, POST" if self.actions is not None else b"GET, HEAD"
             await self._respond(
@@ -299,6 +330,10 @@ class WebApp:
                 status, body, content_type = reply.status, reply.body, reply.content_type
             else:
                 status, body, content_type = await self._route(scope, identity)
+                session = identity.session
+                if method == "GET" and session is not None and session.notice is not None:
+                    if content_type.startswith(b"text/html"):  # shown once, then gone
+                        body, session.notice = pages.with_notice(body, session.notice), None
         except Exception:
             log.exception("dashboard request failed: %s", visible(scope.get("path", "")))
             status, body, content_type = 500, b"internal error\n", b"text/plain; charset=utf-8"
@@ -402,8 +437,8 @@ class WebApp:
             found = await self.db.read(partial(listing, schedules=self.schedules, now=now))
             body = pages.schedules(found, now)
             return 200, pages.page("Schedules", body, self.store_label).encode(), html
-        if path.startswith("/dispatch/"):
-            dispatch_id = path.removeprefix("/dispatch/")
+        dispatch_id = path.removeprefix(pages.DISPATCH_PATH)
+        if dispatch_id != path and dispatch_id and "/" not in dispatch_id:
             status, content = await self._detail(dispatch_id, identity)
             return status, content.encode(), html
         return 404, pages.page("Not found", pages.not_found(path), self.store_label).encode(), html
@@ -501,6 +536,7 @@ class WebApp:
             here=here,
             schedules=schedules,
             destinations=await self.destinations.summary(),
+            waiting=await waiting_ids(self.db, rows, self.ordering),
         )
         body = await self._toolbar(identity, status, kind, ordering_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
@@ -523,7 +559,8 @@ class WebApp:
             for head in heads:
                 head_id = str(head["id"])
                 parts.append(
-                    f'<p class=blocked>Key blocked by its head <a href="/dispatch/{head_id}">'
+                    "<p class=blocked>Key blocked by its head "
+                    f'<a href="{pages.dispatch_link(head_id)}">'
                     f"{pages.text(head_id)}</a> ({pages.text(head['status'])}).</p>"
                     + self._row_actions(head_id, str(head["status"]), identity)
                 )
@@ -556,11 +593,13 @@ class WebApp:
         # The newest transition says whether the row waits for an ack.
         label = behind = None
         buttons = ""
+        waiting = False
         if row is not None:
             label = status_label(row, str(history[-1]["reason_code"]) if history else None)
             behind = await waiting_behind(self.db, row, self.ordering)
+            waiting = row["id"] in await waiting_ids(self.db, [row], self.ordering)
             buttons = self._row_actions(str(row["id"]), str(row["status"]), identity)
-        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons)
+        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons, waiting)
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
     def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:

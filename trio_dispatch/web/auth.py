@@ -54,6 +54,9 @@ class Session:
     role: Role
     csrf: str
     expires_at: float
+    notice: str | None = None
+    """What the session's last action did, shown once by the next page it
+    gets (POST, redirect, GET)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,9 +98,11 @@ def parse_listen(name: str, value: object) -> Listen:
     return Listen(host, port)
 
 
-def parse_token(name: str, value: object, environ: Mapping[str, str]) -> str | None:
+def parse_token(name: str, value: object, environ: Mapping[str, str] | None) -> str | None:
     """A bearer token (at least 16 characters), given or ``env:NAME``;
-    errors name ``name`` and never the value."""
+    errors name ``name`` and never the value. With ``environ`` None (a
+    command that serves no dashboard, :mod:`~trio_dispatch.envsecrets`),
+    an ``env:NAME`` reference is answered as it is, unread: no token."""
     if value is None:
         return None
     if not isinstance(value, str) or not value:
@@ -108,6 +110,8 @@ def parse_token(name: str, value: object, environ: Mapping[str, str]) -> str | N
     label = MASK
     if value.startswith("env:"):
         variable = value[4:]
+        if environ is None:
+            return value
         if variable not in environ:
             raise ValueError(f"{name}: environment variable {variable!r} is not set")
         label, value = value, environ[variable]

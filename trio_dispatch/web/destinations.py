@@ -91,16 +91,19 @@ class DestinationsView:
         store_label: str,
         *,
         acting: bool,
+        waiting: str = "",
     ) -> None:
         self.db = db
         self.policies = dict(policies)
         self.store_label = store_label
         self.acting = acting
+        self.waiting = waiting
+        """The rows left out of each one's oldest due (the ordering keys')."""
 
     # -- reads --------------------------------------------------------------
 
     async def listing(self, *, counts: bool = True) -> Listing:
-        return await list_destinations(self.db, self.policies, counts=counts)
+        return await list_destinations(self.db, self.policies, counts=counts, waiting=self.waiting)
 
     async def summary(self) -> dict[str, int]:
         """The index page's card: how many destinations, how many not active."""
@@ -156,7 +159,7 @@ class DestinationsView:
         status: int = 200,
         error: bool = False,
     ) -> Reply:
-        now, entry = await show_destination(self.db, self.policies, name)
+        now, entry = await show_destination(self.db, self.policies, name, waiting=self.waiting)
         if wants_json(scope) and status == 200:
             if entry is None:
                 return _json(404, {"error": f"no destination named {name!r}"})
@@ -231,7 +234,7 @@ class DestinationsView:
                 raise ValueError("give a duration (for) or a time (until), not both")
         except (TypeError, ValueError) as exc:
             return await self._not_applied(scope, identity, name, 400, str(exc))
-        _, entry = await show_destination(self.db, self.policies, name)
+        _, entry = await show_destination(self.db, self.policies, name, waiting=self.waiting)
         if entry is None:
             message = f"no destination named {name!r}"
             if wants_json(scope):
@@ -269,7 +272,7 @@ class DestinationsView:
             )
             return await self._not_applied(scope, identity, name, 409, message)
         if wants_json(scope):
-            _, after = await show_destination(self.db, self.policies, name)
+            _, after = await show_destination(self.db, self.policies, name, waiting=self.waiting)
             return _json(
                 200,
                 {

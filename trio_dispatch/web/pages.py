@@ -15,12 +15,11 @@ from __future__ import annotations
 import datetime
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
 from ..lifecycle import STATUSES, Status
-from ..outbox.ordering import is_waiting
 from ..outbox.reads import AWAITING_ACK
 from ..redact import MASK, visible
 from ..times import relative_time
@@ -105,16 +104,36 @@ def age(seconds: float | None) -> str:
 
 def page(title: str, body: str, store: str, *, refresh: int | None = None) -> str:
     """A whole page; with ``refresh``, one the browser reloads every that
-    many seconds (a meta refresh: no script)."""
+    many seconds (a meta refresh: no script). ``store`` (the store's masked
+    address) goes in the header; empty, nothing does (the login page shows
+    nothing about the store before a role is proven)."""
     reload = f'<meta http-equiv=refresh content="{int(refresh)}">' if refresh else ""
+    shown = f"<span class=store>{text(store)}</span>" if store else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         '<meta name=viewport content="width=device-width,initial-scale=1">'
         f"{reload}"
         f"<title>{text(title)} - trio_dispatch</title><style>{STYLE}</style></head><body>"
-        f'<header><a href="/">trio_dispatch</a><span class=store>{text(store)}</span></header>'
+        f'<header><a href="/">trio_dispatch</a>{shown}</header>'
         f"<main>{body}</main></body></html>"
     )
+
+
+def with_notice(document: bytes, notice: str) -> bytes:
+    """A rendered :func:`page` with a one-time ``notice`` (what an action
+    just did) at the top of its main part."""
+    shown = f"<main><p class=notice id=notice role=status>{text(notice)}</p>"
+    return document.replace(b"<main>", shown.encode(), 1)
+
+
+DISPATCH_PATH: Final = "/dispatches/"
+"""A row's page is ``/dispatches/ID``, where its actions are too
+(``/dispatches/ID/retry``); ``/dispatch/ID``, its former address, redirects."""
+
+
+def dispatch_link(dispatch_id: object) -> str:
+    """The (escaped) address of a row's page."""
+    return text(DISPATCH_PATH + str(dispatch_id))
 
 
 def _link(params: Mapping[str, str | None]) -> str:
@@ -138,11 +157,13 @@ def overview(
     here: Mapping[str, str] | None = None,
     schedules: Mapping[str, int] | None = None,
     destinations: Mapping[str, int] | None = None,
+    waiting: Collection[str] = (),
 ) -> str:
     """Counts per status, oldest due age, dead letters of the last 24 h,
     blocked ordering keys, the recent failures, and one page of the list
     filtered by status, kind and ordering key (``labels``: each row's status
-    label, "awaiting ack" included). With ``here`` (the page's query), a
+    label, "awaiting ack" included; ``waiting``: the ids of the rows waiting
+    for their ordering key). With ``here`` (the page's query), a
     link that turns auto-refresh on or off; with ``schedules`` (``count``
     and ``paused``), a card linking to the schedules' page; with
     ``destinations`` (``count`` and ``not_active``), one linking to theirs."""
@@ -163,7 +184,7 @@ def overview(
     )
     cards.append(
         f"<div class=card><div class=n>{age(stats['oldest_due_pending_age_seconds'])}</div>"
-        "<div class=l>oldest due, waiting</div></div>"
+        "<div class=l>oldest due, unclaimed</div></div>"
     )
     if "blocked_keys" in stats:
         blocked_n = int(stats["blocked_keys"])
@@ -218,7 +239,7 @@ def overview(
         f"<h2>Recent failures <span class=muted>(newest first)</span></h2>"
         f"{failures_table(failures, now)}"
         f"<h2>{heading} <span class=muted>(newest first)</span></h2>{form}"
-        f"{dispatch_table(rows, now, labels)}"
+        f"{dispatch_table(rows, now, labels, waiting)}"
     )
     if next_page:
         body += f'<div class=pager><a id=older href="{text(next_page)}">Older &rarr;</a></div>'
@@ -281,13 +302,15 @@ def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
 
 def _id_cell(dispatch_id: object) -> str:
     shown = text(dispatch_id)
-    return f'<td class=mono title="{shown}"><a href="/dispatch/{shown}">{shown}</a></td>'
+    return f'<td class=mono title="{shown}"><a href="{dispatch_link(dispatch_id)}">{shown}</a></td>'
 
 
-def next_attempt(row: Mapping[str, Any], now: float) -> str:
-    """A row's next attempt: its time while live, "waiting" for a keyed row
-    waiting behind its key's head (its mark is not a time), else "-"."""
-    if is_waiting(row):
+def next_attempt(row: Mapping[str, Any], now: float, waiting: bool = False) -> str:
+    """A row's next attempt: "waiting" for a row ``waiting`` for its
+    ordering key (:func:`~trio_dispatch.outbox.reads.waiting_term`: its
+    ``next_attempt_at`` is not a time to read), else its time while live,
+    else "-"."""
+    if waiting:
         return "waiting"
     live = row["status"] in (Status.PENDING, Status.DELIVERING)
     return when(row["next_attempt_at"], now) if live else "-"
@@ -325,10 +348,14 @@ def attempts_text(row: Mapping[str, Any]) -> str:
 
 
 def dispatch_table(
-    rows: Sequence[Mapping[str, Any]], now: float, labels: Sequence[str] | None = None
+    rows: Sequence[Mapping[str, Any]],
+    now: float,
+    labels: Sequence[str] | None = None,
+    waiting: Collection[str] = (),
 ) -> str:
     """One page of the list; a column of priorities when a row has one
-    other than 0, of ordering keys when a row is keyed."""
+    other than 0, of ordering keys when a row is keyed; ``waiting``: the
+    ids of the rows waiting for their ordering key."""
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
     keyed = any(row.get("ordering_key") is not None for row in rows)
@@ -361,7 +388,7 @@ def dispatch_table(
             f"<td>{badge(label)}</td>"
             f"{priority_cell(row) if ranked else ''}"
             f"{attempts_cell(row)}"
-            f"<td class=when>{next_attempt(row, now)}</td>"
+            f"<td class=when>{next_attempt(row, now, row['id'] in waiting)}</td>"
             f"{key_cell}"
             f"{cut(row.get('last_error') or '', classes='err')}"
             "</tr>"
@@ -426,8 +453,10 @@ def schedules(entries: Sequence[Any], now: float) -> str:
             paused = bool(entry.state and entry.state.paused)
             lines.append(
                 "<tr>"
-                f"{cut(schedule.name, classes='mono')}{cut(schedule.cadence, classes='mono')}"
-                f"{cut(schedule.timezone)}{cut(schedule.kind)}{cut(schedule.deliver_to)}"
+                f"{cut(schedule.name, classes='mono wrap')}"
+                f"{cut(schedule.cadence, classes='mono wrap')}"
+                f"{cut(schedule.timezone, classes='wrap')}{cut(schedule.kind, classes='wrap')}"
+                f"{cut(schedule.deliver_to, classes='wrap')}"
                 f"<td>{badge('paused' if paused else 'active')}"
                 f"{' ' + badge('other definition') if entry.differs else ''}</td>"
                 f"<td class=when>{when(None if last is None else last['scheduled_for'], now)}</td>"
@@ -438,7 +467,10 @@ def schedules(entries: Sequence[Any], now: float) -> str:
             )
         parts.append(
             "<table id=schedules>"
-            + columns("12%", "12%", "9%", "10%", "10%", "6em", "11.5em", "11.5em", "7em", "")
+            # Every time column as wide as its stamp (the next fire took what
+            # was left, and wrapped and cut it); the text columns share the
+            # rest and wrap (a few rows: nothing is cut).
+            + columns("", "", "", "", "", "6em", "11.5em", "11.5em", "6em", "11.5em")
             + "<tr><th>name</th><th>schedule</th><th>timezone</th><th>kind</th>"
             "<th>deliver_to</th><th>state</th><th>last tick</th><th>fired at</th>"
             "<th>origin</th><th>next fire</th></tr>" + "".join(lines) + "</table>"
@@ -491,12 +523,14 @@ def detail(
     label: str | None = None,
     behind: Mapping[str, str] | None = None,
     actions: str = "",
+    waiting: bool = False,
 ) -> str:
     """A dispatch's fields, payload (ack token masked) and history, every
     value whole (long ones wrap); ``label``: its status label ("awaiting
     ack" included), by default its status; ``behind``: the ``id`` and
-    ``status`` of the row it waits behind in its ordering key; ``actions``:
-    the operator's buttons (HTML), under the heading."""
+    ``status`` of the row it waits behind in its ordering key; ``waiting``:
+    whether it waits for its key; ``actions``: the operator's buttons
+    (HTML), under the heading."""
     parts = [f"<h1>Dispatch <span class=mono>{text(dispatch_id)}</span></h1>{actions}"]
     if row is None:
         parts.append("<p class=muted>No such dispatch (purged or never enqueued).</p>")
@@ -510,7 +544,7 @@ def detail(
             ("kind", text(row["kind"])),
             ("deliver_to", text(row["deliver_to"])),
             ("attempt", attempts_text(row)),
-            ("next attempt", next_attempt(row, now)),
+            ("next attempt", next_attempt(row, now, waiting)),
             ("created", when(row["created_at"], now)),
             ("updated", when(row["updated_at"], now)),
             ("expires", when(row["expires_at"], now)),
@@ -525,7 +559,7 @@ def detail(
             fields.append(
                 (
                     "waiting behind",
-                    f'<a class=mono id=behind href="/dispatch/{text(behind["id"])}">'
+                    f'<a class=mono id=behind href="{dispatch_link(behind["id"])}">'
                     f"{text(behind['id'])}</a> {badge(behind['status'])}",
                 )
             )

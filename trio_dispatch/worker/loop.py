@@ -83,6 +83,7 @@ from .attempts import (
     share_deadline,
     transport_timeout_result,
 )
+from .expiry import ExpirySweeper
 from .metrics import DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, log_outcome
@@ -207,6 +208,9 @@ class DispatchWorker:
         self._scan_errors = 0
         self._lease_recoveries = 0
         self._last_scan_at: float | None = None
+        self.expiry = ExpirySweeper(db, self.counts, clock, actor, self.log, settings.tick_seconds)
+        """Expires the rows no claim reads at their deadline (:mod:`.expiry`)."""
+        self.add_service("expiry", self.expiry.run)
         self.scheduler = Scheduler(db, schedules, clock=clock, log=self.log) if schedules else None
         """Fires the ``schedules``' ticks (SPEC section 14); None without any."""
         if self.scheduler is not None:

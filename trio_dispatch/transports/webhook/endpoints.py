@@ -76,15 +76,25 @@ class Secret:
     def __repr__(self) -> str:
         return f"Secret({self.label})"
 
+    @property
+    def unread(self) -> bool:
+        """An ``env:NAME`` secret a command that signs nothing left unread:
+        it has no key, and a transport refuses it."""
+        return not self.key
+
     @classmethod
-    def parse(cls, name: str, value: object, environ: Mapping[str, str]) -> Secret:
+    def parse(cls, name: str, value: object, environ: Mapping[str, str] | None) -> Secret:
         """A secret from ``whsec_<base64>`` (or bare base64), or ``env:NAME``
-        read from ``environ`` now. Errors name ``name`` and never the value."""
+        read from ``environ`` now -- left :attr:`unread` when ``environ`` is
+        None (:mod:`~trio_dispatch.envsecrets`). Errors name ``name`` and
+        never the value."""
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a whsec_... string or env:NAME, got {show(value)}")
         label = f"{SECRET_PREFIX}{MASK}"
         if value.startswith("env:"):
             variable = value[4:]
+            if environ is None:
+                return cls(b"", value)
             if variable not in environ:
                 raise ValueError(f"{name}: environment variable {variable!r} is not set")
             label, value = value, environ[variable]
@@ -171,7 +181,7 @@ class Endpoint:
         }
 
     @classmethod
-    def parse(cls, name: str, value: object, environ: Mapping[str, str]) -> Endpoint:
+    def parse(cls, name: str, value: object, environ: Mapping[str, str] | None) -> Endpoint:
         """An endpoint from its configuration mapping; errors name the key."""
         import httpx
 
@@ -328,7 +338,9 @@ def credentials_conflict(url: str, headers: Iterable[tuple[str, str]]) -> str | 
     return None
 
 
-def parse_endpoints(name: str, value: object, environ: Mapping[str, str]) -> dict[str, Endpoint]:
+def parse_endpoints(
+    name: str, value: object, environ: Mapping[str, str] | None
+) -> dict[str, Endpoint]:
     """The ``endpoints`` mapping (``deliver_to`` value -> endpoint); two
     endpoints on one host and port must agree on ``allow_private``."""
     if not isinstance(value, Mapping) or not value:

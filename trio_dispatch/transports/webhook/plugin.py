@@ -5,10 +5,10 @@ options under ``dispatch.webhook``): read, checked, shown and built into a
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any, Final
 
+from ...envsecrets import secret_environ
 from ...validate import require_number
 from ...values import show
 from ..plugins import Option, PluginContext
@@ -29,7 +29,7 @@ def _check_endpoints(key: str, value: object) -> dict[str, Endpoint] | None:
 
     if find_spec("httpx") is None:
         raise ValueError(f"{key} needs httpx: install trio_dispatch[http]")
-    return parse_endpoints(key, value, os.environ)
+    return parse_endpoints(key, value, secret_environ())
 
 
 def _check_ca_file(key: str, value: object) -> str | None:

@@ -159,6 +159,9 @@ class WebhookTransport(BaseTransport):
                 raise TypeError(f"endpoints[{route!r}] must be an Endpoint, got {show(endpoint)}")
             if ambiguous_userinfo(endpoint.url):
                 raise ValueError(f"endpoints[{route!r}].url: {AMBIGUOUS_URL_ERROR}")
+            unread = [secret.label for secret in endpoint.secrets if secret.unread]
+            if unread:  # a configuration read for a command that signs nothing
+                raise ValueError(f"endpoints[{route!r}]: secret {unread[0]} was never read")
             conflict = credentials_conflict(endpoint.url, endpoint.headers)
             if conflict is not None:
                 raise ValueError(f"endpoints[{route!r}]: {conflict}")
