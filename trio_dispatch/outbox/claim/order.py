@@ -64,8 +64,12 @@ class Lane:
     name: str
     term: str
     arity: int
-    indexes: Mapping[str, str]
-    """Leading column (``status``, ``deliver_to``) -> the index's name."""
+    indexes: tuple[tuple[str, str], ...]
+    """``(leading column, index name)``: ``status`` and ``deliver_to``."""
+
+    def index(self, lead: str) -> str:
+        """The name of the lane's index led by ``lead``."""
+        return dict(self.indexes)[lead]
 
     def params(self, now: float) -> tuple[float, ...]:
         """The term's parameters at ``now``."""
@@ -76,7 +80,7 @@ ON_TIME: Final = Lane(
     "on_time",
     f"{CLAIM_RANK} <= ? AND next_attempt_at <= ?",
     2,
-    {"status": DUE_INDEX, "deliver_to": DESTINATION_INDEX},
+    (("status", DUE_INDEX), ("deliver_to", DESTINATION_INDEX)),
 )
 """Due rows ranked up to now."""
 HELD_BACK: Final = Lane(
@@ -86,7 +90,7 @@ HELD_BACK: Final = Lane(
     f"head_start < 0 AND {CLAIM_RANK} > ? AND {CLAIM_RANK} <= ? + {LONGEST_HOLD_SQL} "
     "AND next_attempt_at <= ?",
     3,
-    {"status": HELD_BACK_INDEX, "deliver_to": HELD_BACK_DESTINATION_INDEX},
+    (("status", HELD_BACK_INDEX), ("deliver_to", HELD_BACK_DESTINATION_INDEX)),
 )
 """Due rows of a negative priority ranked after now."""
 
@@ -124,7 +128,7 @@ class ClaimOrder:
     def indexes(self) -> tuple[tuple[str, str], ...]:
         """The indexes that serve the order, ``(name, leading column)``, lane
         by lane."""
-        return tuple((name, lead) for lane in self.lanes for lead, name in lane.indexes.items())
+        return tuple((name, lead) for lane in self.lanes for lead, name in lane.indexes)
 
     def of(self, alias: str) -> str:
         """The order's columns of the row ``alias`` as :attr:`selected`

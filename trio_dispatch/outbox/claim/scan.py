@@ -5,7 +5,9 @@ and each one's room), shared fairly between destinations (:mod:`.fair`)
 -- at a cost that follows the claim, not the backlog of any destination.
 
 With nothing to leave out, the scan is one ordered range read of the due
-index per live status that stops after ``limit`` rows. When those reads
+index per live status that stops after ``limit`` rows (each read, like
+every read here, the claim order's lanes one after the other in one
+statement: :mod:`.order`). When those reads
 hold every due row, the claim shares them round-robin by destination.
 When more lie beyond (a backlog), a loose scan of the destination index
 (two seeks per destination with live rows) finds which destinations have

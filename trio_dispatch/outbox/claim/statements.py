@@ -38,7 +38,7 @@ def _and(term: str) -> str:
 
 
 def _hint(index_hint: str, lane: Lane, lead: str) -> str:
-    return index_hint.format(lane.indexes[lead]) if index_hint else ""
+    return index_hint.format(lane.index(lead)) if index_hint else ""
 
 
 def in_lanes(arm: Callable[[Lane], str], limit: str = "?") -> str:
