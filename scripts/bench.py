@@ -56,6 +56,10 @@ Sections (``--section``; default: all of them, in this order):
   on SQLite and PostgreSQL: the p99 of 50 cancels, from the cancel to the
   command's process group gone (killed by a worker process, reaped),
   beside as many SIGTERMs sent straight to such a group; target 1 s.
+- ``priority``: priorities (SPEC 18) on SQLite and PostgreSQL: a drain of
+  rows of priorities -10..10 beside the same rows at 0; one claim among
+  1,000,000 finished rows beside 1,000; an idle claim among 20,000 retries
+  of mixed priorities due within 50 minutes beside the same at 0.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

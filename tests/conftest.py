@@ -35,6 +35,7 @@ TABLES = (
     "dispatch_schedules",
     "dispatch_destinations",
     "dispatch_destination_changes",
+    "dispatch_settings",
 )
 _SHARED: dict[str, Any] = {}
 """The run's database (``postgres_url``) -> the one autocommit connection

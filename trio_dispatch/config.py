@@ -35,6 +35,7 @@ from .configpath import resolve_notify_template as resolve_notify_template
 from .destinations.policy import Destination, parse_destinations
 from .envsecrets import left_unread, secret_environ
 from .errors import ConfigError as ConfigError
+from .priority import DEFAULT_PRIORITY_STEP_SECONDS
 from .redact import mask_url
 from .schedules.spec import Schedule, schedules_from_config
 from .settings import SETTING_CHECKS, WorkerSettings
@@ -241,6 +242,7 @@ WORKER_KEYS: Final[Mapping[str, str]] = {
     "worker.per_destination_concurrency": "per_destination_concurrency",
     "dispatch.retry_schedule": "retry_schedule",
     "dispatch.ordering.on_dead_letter": "ordering_on_dead_letter",
+    "dispatch.priority_step_seconds": "priority_step_seconds",
 }
 """Where the file writes each :class:`WorkerSettings` field it sets (dotted
 key -> field); ``timeout_seconds`` is the chosen transport's own key, and
@@ -365,6 +367,11 @@ _SCHEMA: Final[_Schema] = {
         ),
         "retry_schedule": _setting("retry_schedule"),
         "ordering": {"on_dead_letter": _setting("ordering_on_dead_letter")},
+        # A file says the step (300 unless it sets one): its worker records
+        # it as the store's at start. The library's default leaves it alone.
+        "priority_step_seconds": _Rule(
+            SETTING_CHECKS["priority_step_seconds"], DEFAULT_PRIORITY_STEP_SECONDS
+        ),
         **_transport_rules(),
     },
     "worker": _worker_section(),
@@ -503,6 +510,7 @@ def _build(data: object, *, source: str, path: Path | None) -> Config:
             timeout_seconds=sending.plugin.timeout(sending.options),
             retry_schedule=dispatch["retry_schedule"],
             ordering_on_dead_letter=dispatch["ordering"]["on_dead_letter"],
+            priority_step_seconds=dispatch["priority_step_seconds"],
         ),
         http=HttpConfig(**values["http"]),
         log_level=values["log_level"],

@@ -20,6 +20,7 @@ from typing import Any, Final, Protocol
 from .backoff import check_retry_schedule
 from .outbox.delivery import DEFAULT_BATCH_SIZE as DEFAULT_BATCH_SIZE
 from .outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, require_policy
+from .priority import require_step
 from .transports import DEFAULT_KILL_GRACE_SECONDS, TRANSPORT_TIMEOUT_SECONDS
 from .validate import require_bool, require_int, require_number
 from .values import replaced
@@ -63,6 +64,10 @@ def _optional_count(name: str, value: object) -> int | None:
     return None if value is None else _count(name, value)
 
 
+def _optional_step(name: str, value: object) -> float | None:
+    return None if value is None else require_step(name, value)
+
+
 SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "concurrency": _count,
     "batch_size": _count,
@@ -76,6 +81,7 @@ SETTING_CHECKS: Final[Mapping[str, Callable[[str, object], Any]]] = {
     "retry_schedule": check_retry_schedule,
     "per_destination_concurrency": _optional_count,
     "ordering_on_dead_letter": require_policy,
+    "priority_step_seconds": _optional_step,
 }
 """``check(name, value)`` per setting: the value as the worker uses it, or
 ``TypeError``/``ValueError`` whose message starts with ``name``."""
@@ -122,6 +128,10 @@ class WorkerSettings:
     """What a key's head that ends ``dead_letter`` or ``expired`` does to the
     rows behind it (SPEC section 13): ``block`` (they wait for an operator)
     or ``skip`` (the next row goes)."""
+    priority_step_seconds: float | None = None
+    """The head start of one priority level, in seconds (SPEC section 18),
+    which the worker records as the store's when it starts (every enqueue
+    reads it there); None: the store's as it is (300 unless set)."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

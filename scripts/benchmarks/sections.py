@@ -19,6 +19,7 @@ from . import (
     huey_section,
     ordering,
     postgres,
+    priority,
     schedules,
     sync_section,
     table,
@@ -45,4 +46,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "tracing": tracing_section.run_tracing,
     "destinations": destinations.run_destinations,
     "cancel": cancel.run_cancel,
+    "priority": priority.run_priority,
 }

@@ -76,6 +76,9 @@ class Reads:
     store's units of work see it, and a count of what the engine does for
     the statements of one transaction (rolled back after)."""
 
+    counters = "pg_stat_get_xact_tuples_returned(oid) + pg_stat_get_xact_tuples_fetched(oid)"
+    """What PostgreSQL counts, per relation (the outbox table and its indexes)."""
+
     def __init__(self, raw: RawDB) -> None:
         self.target = str(raw.target)
         self.postgres = self.target.startswith("postgres")
@@ -110,8 +113,7 @@ class Reads:
         from trio_dispatch.store.pg_session import PostgresConn
 
         read = (
-            "SELECT COALESCE(SUM(pg_stat_get_xact_tuples_returned(oid) "
-            "+ pg_stat_get_xact_tuples_fetched(oid)), 0) AS n FROM pg_class "
+            f"SELECT COALESCE(SUM({self.counters}), 0) AS n FROM pg_class "
             "WHERE oid = 'dispatch_outbox'::regclass OR oid IN ("
             "SELECT indexrelid FROM pg_index WHERE indrelid = 'dispatch_outbox'::regclass)"
         )
@@ -289,5 +291,6 @@ async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_row
     version = raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema")
     assert version == SCHEMA_VERSION == len(MIGRATIONS)
     index = raw.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (DESTINATION_INDEX,))
-    assert "(deliver_to, next_attempt_at, created_at)" in index
+    # Keyed by the claim rank since the priority migration (SPEC 18).
+    assert "(deliver_to, (next_attempt_at - head_start), created_at, next_attempt_at)" in index
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 101

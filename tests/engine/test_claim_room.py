@@ -27,7 +27,12 @@ from trio_dispatch.outbox.claim import (
 from trio_dispatch.outbox.claim.rules import Claiming
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn, Row
-from trio_dispatch.store.schema import DESTINATION_INDEX, DUE_INDEX
+from trio_dispatch.store.schema import (
+    DESTINATION_INDEX,
+    DUE_INDEX,
+    HELD_BACK_DESTINATION_INDEX,
+    HELD_BACK_INDEX,
+)
 from trio_dispatch.transports import TransportResult
 
 from ..conftest import RawDB
@@ -77,12 +82,34 @@ async def test_the_claim_order_is_read_from_the_indexes_that_serve_it_never_sort
 ) -> None:
     for destination in ("a", "b", "c"):
         fill(raw, destination, 300, T0 - 1000, step=1.0)
+    # Rows due in the next 25 minutes, as retries are: the due index's range
+    # past now holds them, so only the held-back index serves the second lane.
+    fill(raw, "later", 300, T0 + 1, step=5.0)
+    # Some rows of a negative priority, so the held-back indexes hold rows.
+    raw.execute("UPDATE dispatch_outbox SET priority = -3, head_start = -900 WHERE id LIKE '%-1_'")
     postgres = str(raw.target).startswith("postgres")
-    assert [index for index, _ in CLAIM_ORDER.indexes] == [DUE_INDEX, DESTINATION_INDEX]
+    assert CLAIM_ORDER.indexes == (
+        (DUE_INDEX, "status"),
+        (DESTINATION_INDEX, "deliver_to"),
+        (HELD_BACK_INDEX, "status"),
+        (HELD_BACK_DESTINATION_INDEX, "deliver_to"),
+    )
     term = claim_rules().term
-    # The claim's read of the due index, one live status (the common claim).
+    hint = "" if postgres else " INDEXED BY {}"
+    # The claim's read of the due indexes, one live status (the common
+    # claim): the on-time lane, then the held-back lane.
     lock = " FOR UPDATE SKIP LOCKED" if postgres else ""
-    due = _plan(raw, statements.select_due(Status.PENDING, COLUMNS, lock, term), (T0, 10))
+    due = _plan(
+        raw,
+        statements.select_due(Status.PENDING, COLUMNS, lock, term, hint),
+        (*CLAIM_ORDER.bound(T0, 10), 10),
+    )
+    point = CLAIM_ORDER.after_due(T0)
+    heads = _plan(
+        raw,
+        statements.destination_heads("id" if postgres else "rowid", hint),
+        CLAIM_ORDER.bound(T0),
+    )
     # A destination's range, as a claim that leaves destinations out reads it.
     if postgres:
         from trio_dispatch.store.dialect import POSTGRES
@@ -91,21 +118,26 @@ async def test_the_claim_order_is_read_from_the_indexes_that_serve_it_never_sort
         ranges = _plan(
             raw,
             statements.due_of_destinations(POSTGRES.arrays, COLUMNS, term),
-            (["a", "b"], [5, 5], T0, float("inf")),
+            (["a", "b"], [5, 5], *CLAIM_ORDER.bound(T0, *point)),
         )
-        heads = _plan(raw, statements.destination_heads("id"), ())
-        assert f"Index Scan on {DUE_INDEX}" in due or f"Index Only Scan on {DUE_INDEX}" in due
-        assert any(DESTINATION_INDEX in node for node in ranges), ranges
+        for index in (DUE_INDEX, HELD_BACK_INDEX):
+            assert f"Index Scan on {index}" in due or f"Index Only Scan on {index}" in due, due
+        for index in (DESTINATION_INDEX, HELD_BACK_DESTINATION_INDEX):
+            assert any(index in node for node in ranges), ranges
+            assert any(index in node for node in heads), heads
         for plan in (due, ranges, heads):
             assert "Sort" not in plan and "Incremental Sort" not in plan, plan
     else:
-        hint = f" INDEXED BY {DESTINATION_INDEX}"
         ranges = _plan(
-            raw, statements.due_of_destination(COLUMNS, hint, term), ("a", T0, float("inf"), 5)
+            raw,
+            statements.due_of_destination(COLUMNS, hint, term),
+            (*CLAIM_ORDER.bound(T0, *point, 5, head=("a",)), 5),
         )
-        heads = _plan(raw, statements.destination_heads("rowid", hint), ())
-        assert any(f"INDEX {DUE_INDEX}" in line for line in due), due
-        assert any(f"INDEX {DESTINATION_INDEX}" in line for line in ranges), ranges
+        for index in (DUE_INDEX, HELD_BACK_INDEX):
+            assert any(f"INDEX {index} " in line for line in due), due
+        for index in (DESTINATION_INDEX, HELD_BACK_DESTINATION_INDEX):
+            assert any(f"INDEX {index} " in line for line in ranges), ranges
+            assert any(f"INDEX {index} " in line for line in heads), heads
         for plan in (due, ranges, heads):
             assert not any("TEMP B-TREE FOR ORDER BY" in line for line in plan), plan
 

@@ -237,6 +237,12 @@ def test_bad_arguments_raise_naming_the_value_write_nothing_and_keep_the_transac
             many([{"kind": "ok", "deliver_to": "d"}, {"kind": "", "deliver_to": "d"}])
         with pytest.raises(TypeError, match="colour"):
             one(kind="k", deliver_to="d", colour="red")
+        with pytest.raises(
+            TypeError, match=r"^priority must be an integer from -10 to 10, got True"
+        ):
+            one(kind="k", deliver_to="d", priority=True)
+        with pytest.raises(ValueError, match=r"^item 0: priority must be .* got 11$"):
+            many([{"kind": "k", "deliver_to": "d", "priority": 11}])
         return str(one(kind="after", deliver_to="d"))
 
     kept = writer.unit(steps, True)
@@ -277,3 +283,33 @@ def test_keyed_rows_wait_behind_their_key_and_a_worker_delivers_them_in_order(
         delivered += [d.dispatch_id for d in delivered_by_a_worker(db_target)]
     assert [i for i in delivered if i in ids[:3]] == ids[:3]
     assert sorted(delivered) == sorted(ids)
+
+
+def test_every_writer_gives_a_priority_the_store_s_head_start_and_urgent_rows_go_first(
+    writer: Writer, raw: RawDB, db_target: str
+) -> None:
+    # The store's step, as a worker with priority_step_seconds: 60 records it.
+    raw.execute(
+        "INSERT INTO dispatch_settings (name, value) VALUES ('priority_step_seconds', 60) "
+        "ON CONFLICT (name) DO UPDATE SET value = excluded.value"
+    )
+    ids = writer.unit(
+        lambda one, many: [
+            one(kind="low", deliver_to="d", priority=-2),
+            *many(
+                [
+                    {"kind": "plain", "deliver_to": "d"},
+                    {"kind": "urgent", "deliver_to": "d", "priority": 3},
+                ]
+            ),
+        ],
+        True,
+    )
+    assert [(raw.row(i)["priority"], raw.row(i)["head_start"]) for i in ids] == [
+        (-2, -120),
+        (0, 0),
+        (3, 180),
+    ]
+    ranked = raw.rows("SELECT id FROM dispatch_outbox ORDER BY next_attempt_at - head_start")
+    assert [row["id"] for row in ranked] == [ids[2], ids[1], ids[0]]
+    assert sorted(d.dispatch_id for d in delivered_by_a_worker(db_target)) == sorted(ids)

@@ -90,11 +90,13 @@ async def test_get_dispatch_returns_row_with_payload_decoded_to_dict(
     assert got["payload"] == json.loads(str(stored["payload"]))
     assert got["payload"]["dispatch_id"] == dispatch_id
     assert got["payload"]["body"] == {"text": "h\u00e9llo", "n": [1, 2]}
-    # key_seq is the store's own bookkeeping of a key's order, not shown;
-    # throttles is, beside the attempts (SPEC section 17).
+    # key_seq is the store's own bookkeeping of a key's order, not shown,
+    # nor is head_start (what the priority made of the step, SPEC 18);
+    # throttles is, beside the attempts (SPEC section 17), and the priority.
     assert {k: v for k, v in got.items() if k != "payload"} == {
-        k: v for k, v in stored.items() if k not in ("payload", "key_seq")
+        k: v for k, v in stored.items() if k not in ("payload", "key_seq", "head_start")
     }
+    assert got["priority"] == 0
 
 
 # -- list_dispatches --------------------------------------------------------------

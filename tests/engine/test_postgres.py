@@ -53,6 +53,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "throttles",
         "cancel_requested_at",
         "cancel_request",
+        "priority",
+        "head_start",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
@@ -70,6 +72,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "created_at",
         "key_seq",
         "throttles",
+        "priority",
+        "head_start",
     }
     defaults = {c["column_name"]: c["column_default"] for c in columns if c["column_default"]}
     assert defaults == {
@@ -79,6 +83,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "ack_required": "0",
         "key_seq": "0",
         "throttles": "0",
+        "priority": "0",
+        "head_start": "0",
     }
     indexes = {
         r["indexname"]: r["indexdef"]
@@ -89,7 +95,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    assert "(status, next_attempt_at, created_at)" in due
+    # The claim rank where the ADR's index had next_attempt_at (SPEC 18).
+    assert "(status, ((next_attempt_at - head_start)), created_at, next_attempt_at)" in due
     assert "(ordering_key, key_seq, id)" in indexes["ix_dispatch_outbox_ordering_seq"]
     assert "pending" in due and "delivering" in due
     checks = [
@@ -100,6 +107,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         )
     ]
     assert any("dead_letter" in c and "expired" in c for c in checks)
+    assert any("priority >= '-10'" in c or "priority >= -10" in c for c in checks), checks
     fks = {
         r["def"]
         for r in raw.rows(

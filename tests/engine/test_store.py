@@ -49,6 +49,10 @@ ADR_COLUMNS = [
     # A running attempt's cancel, when asked and by whom (SPEC section 18).
     ("cancel_requested_at", "FLOAT", 0, None),
     ("cancel_request", "TEXT", 0, None),
+    # The priority migration: a row's priority and the head start it gave
+    # (SPEC section 18).
+    ("priority", "INTEGER", 1, "0"),
+    ("head_start", "FLOAT", 1, "0"),
 ]
 
 
@@ -69,9 +73,14 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE dedup_key IS NOT NULL" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    # ADR D1's (status, next_attempt_at), with created_at appended (schema v2).
-    assert "(status, next_attempt_at, created_at)" in due
+    # ADR D1's (status, next_attempt_at), with created_at appended (schema
+    # v2), and the claim rank in next_attempt_at's place (SPEC section 18):
+    # with every priority 0 the rank is next_attempt_at.
+    assert "(status, (next_attempt_at - head_start), created_at, next_attempt_at)" in due
     assert "WHERE status IN ('pending', 'delivering')" in due
+    held = indexes["ix_dispatch_outbox_held_back"]
+    assert "(status, (next_attempt_at - head_start), created_at, next_attempt_at)" in held
+    assert "WHERE status IN ('pending', 'delivering') AND head_start < 0" in held
     assert "ix_dispatch_outbox_ordering" not in indexes  # by id: replaced in schema v8
     ordering = indexes["ix_dispatch_outbox_ordering_seq"]
     assert "(ordering_key, key_seq, id)" in ordering and "ordering_key IS NOT NULL" in ordering
@@ -216,14 +225,15 @@ async def test_a_version_1_database_gets_the_due_index_with_created_at_and_keeps
     due = raw.scalar(
         "SELECT sql FROM sqlite_master WHERE name = 'ix_dispatch_outbox_status_next_attempt'"
     )
-    assert "(status, next_attempt_at, created_at)" in due
+    assert "(status, (next_attempt_at - head_start), created_at, next_attempt_at)" in due
     assert [
         r["version"] for r in raw.rows("SELECT version FROM trio_dispatch_schema ORDER BY version")
     ] == list(range(1, SCHEMA_VERSION + 1))
     plan = raw.rows(
         "EXPLAIN QUERY PLAN SELECT id FROM dispatch_outbox "
         "WHERE status IN ('pending', 'delivering') AND status = 'pending' "
-        "AND next_attempt_at <= 5 ORDER BY next_attempt_at, created_at LIMIT 10"
+        "AND next_attempt_at - head_start <= 5 "
+        "ORDER BY next_attempt_at - head_start, created_at LIMIT 10"
     )
     assert not any("TEMP B-TREE" in row["detail"] for row in plan), plan
 

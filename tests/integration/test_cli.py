@@ -181,6 +181,7 @@ def test_ls_json_has_stable_keys_and_never_the_token(
                 "ack_required",
                 "awaiting_ack",
                 "ordering_key",
+                "priority",
                 "waiting",
             ]
         )

@@ -124,6 +124,12 @@ def test_check_config_shows_the_retry_schedule_and_worker_settings(tmp_path: Pat
     default.write_text("dispatch:\n  notify_template: [echo]\n")
     shown = cli("check-config", str(default)).stdout
     assert "retry_schedule: not set: min(30 * 2^attempt, 1800)s" in shown
+    assert "  priority_step_seconds: 300s (a row of priority p goes as if due p x 300s" in shown
+    minute = tmp_path / "m.yaml"
+    minute.write_text("dispatch:\n  notify_template: [echo]\n  priority_step_seconds: 60\n")
+    assert "  priority_step_seconds: 60s" in cli("check-config", str(minute)).stdout
+    document = json.loads(cli("check-config", str(minute), "--json").stdout)
+    assert document["priority_step_seconds"] == 60
 
 
 def test_the_operator_token_is_shown_masked_and_must_differ_from_the_viewers(

@@ -66,6 +66,9 @@ def test_empty_file_and_empty_sections_mean_defaults(tmp_path: Path, text: str) 
             timeout_seconds=10.0,
             retry_schedule=None,
             ordering_on_dead_letter="block",
+            # A file says the step, 300 unless set (the library's None
+            # leaves the store's alone).
+            priority_step_seconds=300.0,
         ),
         http=HttpConfig(),
         log_level="INFO",
@@ -102,7 +105,7 @@ def test_example_file_documents_every_key() -> None:
     # The worker's settings written under dispatch (on_dead_letter as the
     # ordering section's key).
     settings = {key.split(".")[1] for key in WORKER_KEYS if key.startswith("dispatch.")}
-    assert settings == {"retry_schedule", "ordering"}
+    assert settings == {"retry_schedule", "ordering", "priority_step_seconds"}
     shared = {f.name for f in fields(DispatchConfig)} - {"transports"} | settings
     assert raw["dispatch"]["ordering"] == {"on_dead_letter": "block"}
     schedules_text = EXAMPLE.read_text(encoding="utf-8").split("schedules:", 1)[1]
@@ -512,6 +515,21 @@ def test_the_ordering_policy_is_read_checked_and_reaches_the_worker() -> None:
         parse_config({"dispatch": {"ordering": {"on_dead_letter": "drop"}}})
 
 
+def test_the_priority_step_is_read_checked_and_reaches_the_worker() -> None:
+    assert parse_config(None).worker.priority_step_seconds == 300.0  # a file's default
+    assert WorkerSettings().priority_step_seconds is None  # the library's: the store's
+    minute = parse_config({"dispatch": {"priority_step_seconds": 60}})
+    assert minute.worker_settings().priority_step_seconds == 60.0
+    kept = parse_config({"dispatch": {"priority_step_seconds": None}})
+    assert kept.worker.priority_step_seconds is None
+    with pytest.raises(
+        ConfigError,
+        match=r"dispatch\.priority_step_seconds must be a number of seconds from 1 to 86400, "
+        "got 'soon'",
+    ):
+        parse_config({"dispatch": {"priority_step_seconds": "soon"}})
+
+
 WORKER_SETTING_VALUES = [
     ("worker.tick_seconds", 0),
     ("worker.concurrency", "many"),
@@ -522,6 +540,9 @@ WORKER_SETTING_VALUES = [
     ("worker.per_destination_concurrency", 0),
     ("dispatch.retry_schedule", [1, -5]),
     ("dispatch.ordering.on_dead_letter", "drop"),
+    ("dispatch.priority_step_seconds", 0),
+    ("dispatch.priority_step_seconds", True),
+    ("dispatch.priority_step_seconds", 86401),
 ]
 
 
@@ -562,6 +583,7 @@ def test_the_files_worker_settings_are_the_object_the_worker_runs_with() -> None
         timeout_seconds=4.0,
         retry_schedule=(1.0, 2.0),
         ordering_on_dead_letter="skip",
+        priority_step_seconds=300.0,
     )
     assert config.worker_options()["settings"] is config.worker
     assert WorkerSettings.from_config(config) is config.worker

@@ -112,6 +112,8 @@ def test_cron_is_read_in_the_schedules_time_zone() -> None:
         ({"every": "1m", "kind": ""}, "kind must be a non-empty string"),
         ({"every": "1m", "body": [1]}, "body must be a mapping"),
         ({"every": "1m", "ordering_key": "a\nb"}, "ordering_key"),
+        ({"every": "1m", "priority": 11}, "priority must be an integer from -10 to 10, got 11"),
+        ({"every": "1m", "priority": True}, "priority must be an integer from -10 to 10, got True"),
         ({"every": "1m", "name": "bad name"}, "name must be 1-128 letters"),
     ],
 )
@@ -122,6 +124,16 @@ def test_a_bad_field_raises_naming_the_schedule_and_the_field(
         schedule(**fields)
     if "name" not in fields:
         assert str(caught.value).startswith("schedule 's': ")
+
+
+def test_a_priority_of_0_keeps_the_fingerprint_a_definition_had_before_priorities() -> None:
+    # The digest of this definition as workers without priorities wrote it:
+    # a rolling upgrade must not read as a change of definition.
+    plain = Schedule(name="n", every="5m", kind="k", deliver_to="d", max_attempts=3)
+    assert plain.fingerprint == "9b1fcdd3eec14816"
+    urgent = Schedule(name="n", every="5m", kind="k", deliver_to="d", max_attempts=3, priority=2)
+    assert urgent.fingerprint != plain.fingerprint
+    assert urgent.describe()["priority"] == 2
 
 
 def test_jitter_is_the_same_for_every_worker_and_stays_inside_its_bound() -> None:

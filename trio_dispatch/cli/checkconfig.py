@@ -128,6 +128,16 @@ def _print_config(config: Config, path: Path) -> None:
     )
     print(f"  retry_schedule: {backoff}")
     print(f"  ordering: on_dead_letter {worker.ordering_on_dead_letter}")
+    step = worker.priority_step_seconds
+    print(
+        "  priority_step_seconds: "
+        + (
+            "null: the store's, as it is"
+            if step is None
+            else f"{step:g}s (a row of priority p goes as if due p x {step:g}s sooner; "
+            "the worker records it in the store)"
+        )
+    )
     cap = worker.per_destination_concurrency
     print(
         f"  worker: tick {worker.tick_seconds:g}s, concurrency {worker.concurrency}, "
@@ -191,6 +201,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 ),
                 "max_body_bytes": config.dispatch.max_body_bytes,
                 "ordering": {"on_dead_letter": config.worker.ordering_on_dead_letter},
+                "priority_step_seconds": config.worker.priority_step_seconds,
                 "worker": _worker_document(config),
                 "http": {
                     "listen": None if config.http.listen is None else str(config.http.listen),

@@ -40,6 +40,7 @@ _LS_KEYS = (
     "dedup_key",
     "ack_required",
     "ordering_key",
+    "priority",
 )
 WAITING: Final = "waiting"
 """What a row waiting for its ordering key shows as its next attempt."""
@@ -61,6 +62,12 @@ def _attempts(row: dict[str, Any]) -> str:
     throttles = int(row.get("throttles") or 0)
     counted = f"{row['attempt'] - throttles}/{row['max_attempts']}"
     return f"{counted} +{throttles} throttled" if throttles else counted
+
+
+def _priority(row: dict[str, Any]) -> str:
+    """Signed (``+5``, ``-3``), or ``0``."""
+    priority = int(row.get("priority") or 0)
+    return f"{priority:+d}" if priority else "0"
 
 
 async def _listed(db: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -125,12 +132,15 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
         return EXIT_OK
     now = time.time()
     keyed = any(r.get("ordering_key") is not None for r in rows)
+    # Shown when a row on the page has one other than the default, as KEY is.
+    ranked = any(r.get("priority") for r in rows)
     table = [
         [
             visible(r["id"]),
             visible(r["kind"]),
             visible(r["deliver_to"]),
             visible(status_label(r, reasons.get(r["id"]))),
+            *([_priority(r)] if ranked else []),
             _attempts(r),
             _next_attempt(r, now, r["id"] in waiting),
             *([visible(r["ordering_key"] or "-")] if keyed else []),
@@ -138,15 +148,15 @@ async def cmd_ls(db: Store, args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
-    headers = ["ID", "KIND", "DELIVER_TO", "STATUS", "ATTEMPT", "NEXT"]
-    headers += ["KEY", "LAST_ERROR"] if keyed else ["LAST_ERROR"]
+    headers = ["ID", "KIND", "DELIVER_TO", "STATUS", *(["PRI"] if ranked else []), "ATTEMPT"]
+    headers += ["NEXT", "KEY", "LAST_ERROR"] if keyed else ["NEXT", "LAST_ERROR"]
     print(
         format_table(
             headers,
             table,
             flexible=len(headers) - 1,
             wide=args.wide,
-            capped={6: KEY_COLUMN_WIDTH} if keyed else None,
+            capped={headers.index("KEY"): KEY_COLUMN_WIDTH} if keyed else None,
         )
     )
     return EXIT_OK

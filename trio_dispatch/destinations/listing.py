@@ -29,8 +29,9 @@ from functools import partial
 from typing import Any, Final
 
 from ..lifecycle import DUE_SQL, Status
+from ..priority import earliest_due
 from ..store.base import Conn, Database, Row
-from ..store.schema import DESTINATION_INDEX
+from ..store.schema import DESTINATION_INDEX, DUE_INDEX, HELD_BACK_DESTINATION_INDEX
 from ..validate import clock_from
 from .policy import ANY_DESTINATION, UNLIMITED, Destination
 from .state import SELECT_ONE, TABLE, Seen, State, changes, effective
@@ -47,8 +48,8 @@ far below it)."""
 CHANGES_SHOWN: Final = 20
 """The audit rows one destination's page shows, newest first."""
 
-STATUS_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
-"""The due index (status, next_attempt_at, created_at)."""
+STATUS_INDEX: Final = DUE_INDEX
+"""The due index (status first)."""
 
 OWN: Final = "own"
 DEFAULTS: Final = "*"
@@ -94,16 +95,13 @@ def _pending(hint: str) -> str:
     )
 
 
-def _oldest_pending(hint: str, waiting: str) -> str:
-    # Due rows only (the bound keeps the read off the rows waiting behind a
-    # live head, whose mark sorts last); the few due rows ``waiting``
-    # still holds (right behind a blocked head) are stepped over.
-    held = f" AND NOT {waiting}" if waiting else ""
-    return (
-        f"SELECT next_attempt_at FROM dispatch_outbox{hint} WHERE {DUE_SQL} "
-        f"AND deliver_to = ? AND status = '{Status.PENDING}' AND next_attempt_at <= ?{held} "
-        "ORDER BY next_attempt_at, created_at LIMIT 1"
-    )
+def _oldest_pending(main: str, held: str, waiting: str) -> str:
+    # When the destination's earliest pending row falls due (parameter: the
+    # name, five times): a few seeks of its claim-order indexes; the few due
+    # rows ``waiting`` still holds (right behind a blocked head) are
+    # stepped over, and a row waiting behind a live head ranks past them all.
+    rest = f" AND NOT {waiting}" if waiting else ""
+    return earliest_due(f"deliver_to = ? AND status = '{Status.PENDING}'", main, held, rest)
 
 
 def _has_live(hint: str) -> str:
@@ -294,8 +292,10 @@ def _entry(
         hint = conn.dialect.use_index(DESTINATION_INDEX)
         counted = conn.query_one(_pending(hint), (name, PENDING_CAP))
         pending = int(counted["n"]) if counted is not None else 0
-        head = conn.query_one(_oldest_pending(hint, waiting), (name, now))
-        oldest = None if head is None else max(0.0, now - float(head["next_attempt_at"]))
+        held = conn.dialect.use_index(HELD_BACK_DESTINATION_INDEX)
+        head = conn.query_one(_oldest_pending(hint, held, waiting), (name,) * 5)
+        due = None if head is None else _float(head["due"])
+        oldest = None if due is None or due > now else now - due
     return Entry(
         name=name,
         policy=policy,

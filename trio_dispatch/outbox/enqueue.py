@@ -22,6 +22,7 @@ from typing import Any, Final, TypedDict, Unpack
 
 from .. import tracing
 from ..lifecycle import ACTOR_ENQUEUE, Source
+from ..priority import DEFAULT_PRIORITY, require_priority
 from ..signal import dispatch_envelope_json, uuid7_bytes
 from ..store.base import DEFAULT_MAX_BODY_BYTES, Database
 from ..validate import (
@@ -73,6 +74,10 @@ class EnqueueArgs(_RequiredArgs, total=False):
     ordering_key: str | None
     """Rows sharing a key are delivered one at a time, in id order (SPEC
     section 13): at most 255 characters, no control characters."""
+    priority: int
+    """-10 to 10 (default 0): among due rows, a row of priority ``p`` goes
+    as if it had become due ``p * priority_step_seconds`` earlier (SPEC
+    section 18); it is never sent before it is due."""
 
 
 ENQUEUE_KEYS: Final = EnqueueArgs.__required_keys__ | EnqueueArgs.__optional_keys__
@@ -87,6 +92,7 @@ ENQUEUE_DEFAULTS: Final[Mapping[str, object]] = {
     "session_id": None,
     "schedule_run_id": None,
     "ordering_key": None,
+    "priority": DEFAULT_PRIORITY,
 }
 
 
@@ -123,6 +129,7 @@ def prepare(
     session = require_optional_id("session_id", given["session_id"])
     run = require_optional_id("schedule_run_id", given["schedule_run_id"])
     ordering_key = require_ordering_key(given["ordering_key"])
+    priority = require_priority(given["priority"])
     dispatch_id = uuid7_bytes().hex()
     # The ack token is a secret: 128 bits of the OS CSPRNG, never time-ordered.
     token = secrets.token_hex(16) if ack else None
@@ -146,6 +153,7 @@ def prepare(
         schedule_run_id=run,
         expires_at=expiry,
         ordering_key=ordering_key,
+        priority=priority,
         source=source,
         actor=actor,
         note=note,

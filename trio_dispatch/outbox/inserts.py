@@ -55,6 +55,9 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.ordering_key,
         new.ordering_key,
         new.ordering_key,
+        new.priority,
+        new.priority,
+        new.priority,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from ..lifecycle import ENTITY_TYPE, STATUSES, WAITING_AT, Reason, Status
 from ..store.base import Conn, Database, Row, Undecodable
+from ..store.schema import DUE_INDEX, HELD_BACK_INDEX
 from ..validate import clock_from, findable, require_dispatch_id, require_int, require_text
 from ..values import show
 from . import sql
@@ -183,6 +184,18 @@ async def next_due_at(
     return await db.read(lambda conn: next_due(conn, rules, at=at))
 
 
+def _oldest_due(conn: Conn, at: float, waiting: str) -> float | None:
+    """When the pending row due the longest fell due, among the rows a
+    claim could take (``waiting``: the rows waiting for their ordering key,
+    left out), or None when none is due at ``at``: bounded reads of the due
+    indexes (:func:`~.sql.oldest_due_pending`)."""
+    hint = conn.dialect.use_index
+    statement = sql.oldest_due_pending(waiting, hint(DUE_INDEX), hint(HELD_BACK_INDEX))
+    row = conn.query_one(statement)
+    due = None if row is None or row["due"] is None else float(row["due"])
+    return due if due is not None and due <= at else None
+
+
 async def dispatch_stats(
     db: Database,
     *,
@@ -198,15 +211,14 @@ async def dispatch_stats(
     the last 24 hours; both queries use the status indexes, never a scan of
     finished rows or history)."""
     at = clock_from(now)()
-    oldest_due = sql.oldest_due_pending(WAITING[require_policy("ordering", ordering)])
+    waiting = WAITING[require_policy("ordering", ordering)]
 
     def collect(conn: Conn) -> dict[str, Any]:
         counts: dict[str, int] = dict.fromkeys(sorted(STATUSES), 0)
         for row in conn.query(sql.COUNT_BY_STATUS):
             counts[str(row["status"])] = int(row["n"])
-        oldest = conn.query_one(oldest_due, (at,))
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE, (at - 86400.0,))
-        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        due = _oldest_due(conn, at, waiting)
         return {
             "counts": counts,
             "total": sum(counts.values()),
@@ -246,9 +258,8 @@ async def bounded_stats(
         for status in sorted(STATUSES):
             row = conn.query_one(sql.count_capped(Status(status)), (cap,))
             counts[status] = int(row["n"]) if row else 0
-        oldest = conn.query_one(sql.oldest_due_pending(WAITING[ordering]), (at,))
         dead = conn.query_one(sql.DEAD_LETTERS_SINCE_CAPPED, (at - 86400.0, cap))
-        due = None if oldest is None or oldest["due"] is None else float(oldest["due"])
+        due = _oldest_due(conn, at, WAITING[ordering])
         dead_letters = int(dead["n"]) if dead else 0
         blocked = count_blocked_keys(conn, BLOCKED_KEYS_CAP) if ordering == "block" else 0
         return {

@@ -17,6 +17,7 @@ import functools
 from typing import Final
 
 from ..lifecycle import DUE_SQL, FAILURES_SQL, FINISHED_SQL, ORDERED_SQL, WAITING_AT, Status
+from ..priority import HEAD_START, earliest_due
 from ..store.dialect import ArrayForms, Typed
 from ..store.schema import EXPIRY_TERM
 
@@ -45,16 +46,19 @@ _KEY_SEQ: Final = (
 )
 
 INSERT_DISPATCH: Final = (
-    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq) "
+    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start) "
     f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
-    f"?, ?, ?, ?, {_KEY_SEQ}) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}) "
+    "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
 then for ``next_attempt_at`` the ordering key, the due time, the key, the
 id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
-created_at, expires_at, updated_at, ordering_key, and for ``key_seq`` the
-key twice): due at once, or -- keyed and behind a live row of its key --
-waiting (:data:`WAITING_AT`), last in its key. A dedup key already
+created_at, expires_at, updated_at, ordering_key, for ``key_seq`` the
+key twice, then the priority, and for ``head_start`` the priority twice):
+due at once, or -- keyed and behind a live row of its key -- waiting
+(:data:`WAITING_AT`), last in its key; its head start the priority times
+the store's step (:mod:`trio_dispatch.priority`). A dedup key already
 committed inserts nothing (the partial unique index is the final
 authority)."""
 
@@ -97,10 +101,10 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
-READ_COLUMNS: Final = f"{COLUMNS}, throttles, cancel_requested_at, cancel_request"
+READ_COLUMNS: Final = f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request"
 """What reads show of a row: every column of :data:`COLUMNS`, the
-throttled attempts (SPEC section 17) and a running attempt's cancel, when
-one was asked for and by whom (SPEC section 18)."""
+throttled attempts (SPEC section 17), the priority and a running attempt's
+cancel, when one was asked for and by whom (SPEC section 18)."""
 
 
 def list_newest(where: str) -> str:
@@ -395,18 +399,16 @@ COUNT_BY_STATUS: Final = "SELECT status, COUNT(*) AS n FROM dispatch_outbox GROU
 
 
 @functools.cache
-def oldest_due_pending(waiting: str) -> str:
-    """When the pending row due the longest fell due (column ``due``; no row
-    when none is due at the parameter), among the rows the SQL term
-    ``waiting`` (rows waiting for their ordering key) leaves: a range of the
-    due index in due order that stops at its first such row. The rows it
-    steps over are the few promoted rows right behind blocked heads (a
-    marked row is never due)."""
-    return (
-        f"SELECT next_attempt_at AS due FROM dispatch_outbox WHERE {DUE_SQL} "
-        f"AND status = '{Status.PENDING}' AND next_attempt_at <= ? AND NOT {waiting} "
-        "ORDER BY next_attempt_at LIMIT 1"
-    )
+def oldest_due_pending(waiting: str, main: str = "", held: str = "") -> str:
+    """When the pending row due soonest falls due (column ``due``; NULL:
+    none), among the rows the SQL term ``waiting`` (rows waiting for their
+    ordering key) leaves: the oldest due row's due time when that is not
+    after now. Bounded reads of the due index (``main``: its hint) and the
+    held-back one (``held``) whatever the table holds
+    (:func:`~trio_dispatch.priority.earliest_due`); no parameters. The rows
+    it steps over are the few promoted rows right behind blocked heads (a
+    marked row ranks past every due row)."""
+    return earliest_due(f"status = '{Status.PENDING}'", main, held, f" AND NOT {waiting}")
 
 
 DEAD_LETTERS_SINCE: Final = (

@@ -59,6 +59,8 @@ class NewDispatch:
     schedule_run_id: str | None
     expires_at: float | None
     ordering_key: str | None = None
+    priority: int = 0
+    """-10 to 10: its head start among due rows (SPEC section 18)."""
     source: Source = Source.SYSTEM
     """Who enqueued it, for its first transition: :attr:`Source.SYSTEM`, or
     :attr:`Source.SCHEDULES` (stored ``scheduler``) for a schedule's fire."""

@@ -252,6 +252,7 @@ def _dispatch(
         "body": None if schedule.body is None else dict(schedule.body),
         "ack_required": schedule.ack_required,
         "ordering_key": schedule.ordering_key,
+        "priority": schedule.priority,
         "schedule_run_id": run_id,
     }
     if schedule.max_attempts is not None:

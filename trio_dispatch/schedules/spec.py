@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError
 from ..outbox.ordering import require_ordering_key
+from ..priority import DEFAULT_PRIORITY, require_priority
 from ..validate import (
     require_body,
     require_body_size,
@@ -69,7 +70,13 @@ T = TypeVar("T")
 Steps = Generator[None, None, T]
 """A computation that yields now and then, so the service can let other
 tasks run between its steps; :func:`finish` runs one to its end at once."""
-ENQUEUE_FIELDS: Final = ("max_attempts", "ack_required", "ordering_key", "expires_after_seconds")
+ENQUEUE_FIELDS: Final = (
+    "max_attempts",
+    "ack_required",
+    "ordering_key",
+    "expires_after_seconds",
+    "priority",
+)
 """The enqueue arguments a schedule may set for each of its dispatches."""
 
 
@@ -138,6 +145,8 @@ class Schedule:
     ordering_key: str | None = None
     expires_after_seconds: float | None = None
     """Each dispatch expires this long after its tick (None: never)."""
+    priority: int = DEFAULT_PRIORITY
+    """Each dispatch's priority, -10 to 10 (SPEC section 18)."""
     where: str = dataclasses.field(default="", repr=False, compare=False)
     """How errors name this schedule (``schedules.NAME.`` from the file)."""
 
@@ -167,6 +176,7 @@ class Schedule:
                 body_bytes = len(require_body(dict(self.body), sys.maxsize).encode())
             if self.ordering_key is not None:
                 require_ordering_key(self.ordering_key)
+            require_priority(self.priority)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{at}{exc}") from None
         if self.missed not in MISSED_POLICIES:
@@ -207,6 +217,10 @@ class Schedule:
             "jitter_seconds": self.jitter_seconds,
             **{field: getattr(self, field) for field in ENQUEUE_FIELDS},
         }
+        if not self.priority:
+            # Left out at its default, so a definition from before priorities
+            # keeps its fingerprint (a rolling upgrade changes no definition).
+            del definition["priority"]
         text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
@@ -260,6 +274,7 @@ class Schedule:
             "missed": self.missed,
             "catch_up_seconds": self.catch_up_seconds,
             "jitter_seconds": self.jitter_seconds,
+            "priority": self.priority,
             "fingerprint": self.fingerprint,
         }
 

@@ -29,7 +29,12 @@ the worker's expiry sweep reads the rows past theirs, whichever
 destination or key holds them back, and nothing else. Version 13 lets an
 operator's cancel mark a running attempt (SPEC section 18): when it was
 asked for and by whom, read by the worker that runs the attempt and by the
-fenced finish that ends it.
+fenced finish that ends it. Version 14 orders
+the claim by priority (SPEC section 18): each row's ``priority`` and
+``head_start``, the store-wide settings that hold the step a head start is
+made of, the due and destination indexes keyed by the claim rank
+(``next_attempt_at - head_start``) in place of ``next_attempt_at``, and the
+two small indexes of held-back rows.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -52,6 +57,15 @@ from ..lifecycle import (
     ORDERED_SQL,
     STATUS_CHECK_SQL,
     Status,
+)
+from ..priority import (
+    CLAIM_RANK,
+    DEFAULT_PRIORITY_STEP_SECONDS,
+    HELD_BACK_SQL,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    SETTINGS_TABLE,
+    STEP_SETTING,
 )
 from .base import Conn, SchemaError, check_schema_version
 from .dialect import MIGRATION_LOCK as MIGRATION_LOCK
@@ -142,7 +156,8 @@ _V1: Final = (
 )
 
 DUE_INDEX: Final = "ix_dispatch_outbox_status_next_attempt"
-"""The due rows by status in claim order (version 2): every claim reads it
+"""The due rows by status in claim order (version 2; keyed by the claim
+rank since version 14, under its first name): every claim reads it
 (:data:`~trio_dispatch.outbox.claim.order.CLAIM_ORDER`)."""
 
 _V2: Final = (
@@ -172,7 +187,8 @@ _V3: Final = (
 )
 
 DESTINATION_INDEX: Final = "ix_dispatch_outbox_destination_due"
-"""The due rows by destination (version 4); SQLite is told to use it by
+"""The due rows by destination in claim order (version 4; keyed by the
+claim rank since version 14); SQLite is told to use it by
 name, since without statistics it prefers the status index."""
 
 _V4: Final = (
@@ -405,6 +421,65 @@ _V13: Final[tuple[Step, ...]] = (
     "ALTER TABLE dispatch_outbox ADD COLUMN cancel_request TEXT NULL",
 )
 
+HELD_BACK_INDEX: Final = "ix_dispatch_outbox_held_back"
+"""The live rows of a negative priority by status, in claim order (version
+14): the claim's second lane (:mod:`trio_dispatch.outbox.claim.order`)."""
+HELD_BACK_DESTINATION_INDEX: Final = "ix_dispatch_outbox_held_back_destination"
+"""The same rows by destination (version 14)."""
+
+_V14: Final[tuple[Step, ...]] = (
+    # Priority (SPEC section 18). Rows from before get priority 0 and no
+    # head start, so their rank is their due time: nothing moves.
+    "ALTER TABLE dispatch_outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 "
+    f"CHECK (priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY})",
+    "ALTER TABLE dispatch_outbox ADD COLUMN head_start FLOAT NOT NULL DEFAULT 0",
+    # What every writer must agree on, decided by the store: the step of
+    # one priority level, read by the enqueue that writes a head start.
+    f"""
+    CREATE TABLE IF NOT EXISTS {SETTINGS_TABLE} (
+        name        TEXT PRIMARY KEY,
+        value       FLOAT NOT NULL,
+        updated_at  FLOAT NULL
+    )
+    """,
+    f"INSERT INTO {SETTINGS_TABLE} (name, value) "
+    f"VALUES ('{STEP_SETTING}', {DEFAULT_PRIORITY_STEP_SECONDS!r}) ON CONFLICT (name) DO NOTHING",
+    # The claim order is the rank, then created_at: both indexes that serve
+    # it hold the rank expression where they held next_attempt_at, so every
+    # write that moves next_attempt_at moves the rank (no writer computes
+    # it). next_attempt_at follows: a row read in rank order that is not due
+    # yet (a head start reaching past now) is passed over on its index
+    # entry, without a read of the row (7x faster among 20,000 such rows on
+    # SQLite), and when the earliest row falls due is read from the index
+    # alone. The names stay, so a hint written for them still holds.
+    f"DROP INDEX IF EXISTS {DUE_INDEX}",
+    f"""
+    CREATE INDEX {DUE_INDEX}
+        ON dispatch_outbox (status, ({CLAIM_RANK}), created_at, next_attempt_at)
+        WHERE {DUE_SQL}
+    """,
+    f"DROP INDEX IF EXISTS {DESTINATION_INDEX}",
+    f"""
+    CREATE INDEX {DESTINATION_INDEX}
+        ON dispatch_outbox (deliver_to, ({CLAIM_RANK}), created_at, next_attempt_at)
+        WHERE {DUE_SQL}
+    """,
+    # Rows of a negative priority: one due now but still within its hold
+    # ranks after every row the due index's range up to now holds, and the
+    # claim reads it here, where rows of priority 0 and above (the common
+    # rows, due later or not) never enter.
+    f"""
+    CREATE INDEX IF NOT EXISTS {HELD_BACK_INDEX}
+        ON dispatch_outbox (status, ({CLAIM_RANK}), created_at, next_attempt_at)
+        WHERE {HELD_BACK_SQL}
+    """,
+    f"""
+    CREATE INDEX IF NOT EXISTS {HELD_BACK_DESTINATION_INDEX}
+        ON dispatch_outbox (deliver_to, ({CLAIM_RANK}), created_at, next_attempt_at)
+        WHERE {HELD_BACK_SQL}
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -419,6 +494,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V11,
     _V12,
     _V13,
+    _V14,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 
@@ -465,6 +541,7 @@ OWN_TABLES: Final = (
     SCHEDULES_TABLE,
     DESTINATIONS_TABLE,
     DESTINATION_CHANGES_TABLE,
+    SETTINGS_TABLE,
     SCHEMA_VERSION_TABLE,
 )
 """Every table the outbox creates."""

@@ -326,6 +326,17 @@ def attempts_cell(row: Mapping[str, Any]) -> str:
     return f'<td title="{throttles} throttled, not counted">{counted} +{throttles}</td>'
 
 
+def priority_text(row: Mapping[str, Any]) -> str:
+    """A row's priority, signed (``+5``, ``0``, ``-3``)."""
+    priority = int(row.get("priority") or 0)
+    return f"{priority:+d}" if priority else "0"
+
+
+def priority_cell(row: Mapping[str, Any]) -> str:
+    """A row's priority in a list."""
+    return f"<td>{priority_text(row)}</td>"
+
+
 def attempts_text(row: Mapping[str, Any]) -> str:
     """A row's attempts on its page: counted of allowed, and the throttled
     ones."""
@@ -342,13 +353,20 @@ def dispatch_table(
     labels: Sequence[str] | None = None,
     waiting: Collection[str] = (),
 ) -> str:
-    """One page of the list; a column of ordering keys when a row is keyed;
-    ``waiting``: the ids of the rows waiting for their ordering key."""
+    """One page of the list; a column of priorities when a row has one
+    other than 0, of ordering keys when a row is keyed; ``waiting``: the
+    ids of the rows waiting for their ordering key."""
     if not rows:
         return "<p class=muted>No dispatches match.</p>"
     keyed = any(row.get("ordering_key") is not None for row in rows)
-    widths = ["11.5em", "10%", "10%", "12%", "8em", "5.5em", "11.5em"]
-    names = ["created", "id", "kind", "deliver_to", "status", "attempt", "next attempt"]
+    ranked = any(row.get("priority") for row in rows)
+    widths = ["11.5em", "10%", "10%", "12%", "8em"]
+    names = ["created", "id", "kind", "deliver_to", "status"]
+    if ranked:
+        widths.append("5.5em")
+        names.append("priority")
+    widths += ["5.5em", "11.5em"]
+    names += ["attempt", "next attempt"]
     if keyed:
         widths.append("10%")
         names.append("ordering key")
@@ -368,6 +386,7 @@ def dispatch_table(
             f"<td class=when>{when(row['created_at'], now)}</td>"
             f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
+            f"{priority_cell(row) if ranked else ''}"
             f"{attempts_cell(row)}"
             f"<td class=when>{next_attempt(row, now, row['id'] in waiting)}</td>"
             f"{key_cell}"
@@ -531,6 +550,7 @@ def detail(
             ("expires", when(row["expires_at"], now)),
             ("dedup key", text(row["dedup_key"] or "-")),
             ("ordering key", text(row.get("ordering_key") or "-")),
+            ("priority", priority_text(row)),
             ("ack required", "yes" if row["ack_required"] else "no"),
             ("ack token", text(row["ack_token"] or "-")),
             ("last error", f"<span class=err>{text(row['last_error'] or '-')}</span>"),

@@ -59,6 +59,7 @@ from ..outbox import (
     tally,
 )
 from ..outbox.claim import DestinationCaps, claim_rules
+from ..outbox.priority_step import apply_priority_step
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
 from ..settings import WorkerSettings
@@ -297,6 +298,7 @@ class DispatchWorker:
         """The run itself: the transport opened, the listener and the claim
         loop started, and on the way out the deliveries stopped."""
         tracing.warm()
+        await apply_priority_step(self.db, self.settings.priority_step_seconds, self.log)
         async with AsyncExitStack() as stack:
             if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                 import trio_asyncio  # imported only when needed (~0.1 s)

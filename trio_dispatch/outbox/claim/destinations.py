@@ -77,8 +77,9 @@ from ...destinations.state import (
 from ...lifecycle import DUE_SQL, Status
 from ...store.base import Conn, Row
 from ...store.dialect import ArrayForms, Dialect
-from ...store.schema import DESTINATION_INDEX, DUE_INDEX
+from ...store.schema import DUE_INDEX
 from . import gcra, statements
+from .order import CLAIM_ORDER
 from .rules import Bounds, Claiming, ClaimRule
 
 PASSED_OVER: Final = 8
@@ -517,10 +518,8 @@ class DestinationAdmission(ClaimRule):
 def _oldest(conn: Conn, name: str, claiming: Claiming) -> str | None:
     """The id of ``name``'s oldest row due at the claim (that the claim's
     term allows), or None."""
-    statement = statements.oldest_of_destination(
-        conn.dialect.use_index(DESTINATION_INDEX), claiming.term
-    )
-    found = conn.query_one(statement, (name, claiming.at))
+    statement = statements.oldest_of_destination(conn.dialect.index_hint, claiming.term)
+    found = conn.query_one(statement, CLAIM_ORDER.bound(claiming.at, head=(name,)))
     return None if found is None else str(found["id"])
 
 

@@ -5,7 +5,9 @@ and each one's room), shared fairly between destinations (:mod:`.fair`)
 -- at a cost that follows the claim, not the backlog of any destination.
 
 With nothing to leave out, the scan is one ordered range read of the due
-index per live status that stops after ``limit`` rows. When those reads
+index per live status that stops after ``limit`` rows (each read, like
+every read here, the claim order's lanes one after the other in one
+statement: :mod:`.order`). When those reads
 hold every due row, the claim shares them round-robin by destination.
 When more lie beyond (a backlog), a loose scan of the destination index
 (two seeks per destination with live rows) finds which destinations have
@@ -51,7 +53,6 @@ from typing import Any, Final
 
 from ...lifecycle import WAITING_AT, Status
 from ...store.base import Conn, Row
-from ...store.schema import DESTINATION_INDEX
 from .. import sql
 from . import statements
 from .fair import Turns, by_destination, interleave, quotas, topped_up
@@ -222,8 +223,10 @@ def _merged(
     claim order up to which they are every due row (None: they are all)."""
     rows: list[Row] = []
     upto: Any = None
+    hint = conn.dialect.index_hint
     for status in (Status.PENDING, Status.DELIVERING):
-        found = conn.query(statements.select_due(status, columns, lock_clause, term), (now, limit))
+        statement = statements.select_due(status, columns, lock_clause, term, hint)
+        found = conn.query(statement, (*CLAIM_ORDER.bound(now, limit), limit))
         if len(found) == limit:  # more may lie beyond the last one read
             last = _order(found[-1])
             upto = last if upto is None else min(upto, last)
@@ -246,7 +249,8 @@ def _window(
     status; and whether the window held every due row (else the rows are
     those up to the point where it still held every one)."""
     size = limit + WINDOW_EXTRA
-    rows = conn.query(statements.due_window(columns, term), (now, size, now, size))
+    each = (*CLAIM_ORDER.bound(now, size), size)
+    rows = conn.query(statements.due_window(columns, term, conn.dialect.index_hint), each * 2)
     complete_to: tuple[Any, Any] | None = None  # every due row up to here is in the window
     for status in (Status.PENDING, Status.DELIVERING):
         read = [_order(row) for row in rows if row["status"] == status]
@@ -278,8 +282,8 @@ def _heads(
     ``now``, in claim order -- least recently served first where the
     claimant keeps ``turns`` (which hear how many there are): a loose scan
     of the destination index."""
-    indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
-    live = conn.query(statements.destination_heads(conn.dialect.row_key, indexed_by))
+    statement = statements.destination_heads(conn.dialect.row_key, conn.dialect.index_hint)
+    live = conn.query(statement, CLAIM_ORDER.bound(now))
     heads = [
         head
         for head in live
@@ -296,6 +300,7 @@ def _heads(
 
 def _ranges(
     conn: Conn,
+    now: float,
     names: Sequence[str],
     most: Sequence[int],
     up_to: Sequence[Any],
@@ -303,22 +308,22 @@ def _ranges(
     term: str,
     lock_clause: str = "",
 ) -> list[Row]:
-    """The first ``most`` rows of each of ``names`` up to the point
-    ``up_to`` in claim order, each a range of the destination index (locked
-    with ``lock_clause``: a row another claimant holds is passed over): one
-    statement where the engine says it (:meth:`ArrayForms.each`), one per
-    destination elsewhere."""
+    """The first ``most`` rows of each of ``names`` due at ``now`` up to
+    the point ``up_to`` in claim order, each a range of the destination
+    indexes (locked with ``lock_clause``: a row another claimant holds is
+    passed over): one statement where the engine says it
+    (:meth:`ArrayForms.each`), one per destination elsewhere."""
     arrays = conn.dialect.arrays
     if arrays is not None:  # every range in one statement
         statement = statements.due_of_destinations(arrays, columns, term, lock_clause)
-        return conn.query(statement, (list(names), list(most), *up_to))
-    indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
-    statement = statements.due_of_destination(columns, indexed_by, term, lock_clause)
+        return conn.query(statement, (list(names), list(most), *CLAIM_ORDER.bound(now, *up_to)))
+    hint = conn.dialect.index_hint
+    statement = statements.due_of_destination(columns, hint, term, lock_clause)
     return [
         row
         for name, n in zip(names, most, strict=True)
         if n > 0
-        for row in conn.query(statement, (name, *up_to, n))
+        for row in conn.query(statement, (*CLAIM_ORDER.bound(now, *up_to, n, head=(name,)), n))
     ]
 
 
@@ -344,7 +349,8 @@ def _by_destination(
         CLAIM_ORDER.place(heads[-1]) if len(heads) == limit else CLAIM_ORDER.after_due(now)
     )
     names = [str(head["deliver_to"]) for head in heads]
-    rows = _ranges(conn, names, [min(limit, room(name)) for name in names], up_to, columns, term)
+    wanted = [min(limit, room(name)) for name in names]
+    rows = _ranges(conn, now, names, wanted, up_to, columns, term)
     rows.sort(key=_order)
     return rows[:limit]
 
@@ -369,13 +375,15 @@ def _fair(
         return []
     up_to = CLAIM_ORDER.after_due(now)
     wanted = quotas(names, limit, room)
-    first = _ranges(conn, names, [wanted[n] for n in names], up_to, columns, term, lock_clause)
+    first = _ranges(conn, now, names, [wanted[n] for n in names], up_to, columns, term, lock_clause)
     groups = by_destination(first)
     got = {name: 0 for name in names} | {name: len(rows) for name, rows in groups}
     more = topped_up(names, got, wanted, limit, room) if sum(got.values()) < limit else {}
     if more:
         again = [name for name in names if name in more]
-        read = _ranges(conn, again, [more[n] for n in again], up_to, columns, term, lock_clause)
+        read = _ranges(
+            conn, now, again, [more[n] for n in again], up_to, columns, term, lock_clause
+        )
         groups = [(n, rows) for n, rows in groups if n not in more] + by_destination(read)
     found = dict(groups)
     return interleave(((name, found.get(name, [])) for name in names), limit, room)
@@ -386,38 +394,41 @@ def next_due(conn: Conn, rules: ClaimRules = NO_RULES, *, at: float) -> float | 
     there is none), their bounds taken at ``at``: a row of a left-out
     destination counts from when its destination is lifted, where the rules
     know when (:attr:`~.rules.Bounds.lifts`). Bounded as :func:`select_due`
-    is: the earliest head of a destination not left out is the answer when
-    the window holds none of theirs. A row the rules' term holds back does
-    not count; a row waiting behind its key's head never does."""
+    is: with destinations left out, the earliest due of the rows the
+    window (or the heads of the destinations not left out) holds. A row
+    the rules' term holds back does not count; a row waiting behind its
+    key's head never does. The claim order is not the due order (a head
+    start ranks a row before rows due sooner), so the answer is read from
+    the rows near the front of the order (:func:`~trio_dispatch.priority.earliest_due`):
+    it may come later than the earliest due time when thousands of rows
+    with head starts crowd the front, never sooner (a wake-up with nothing
+    due asks again)."""
     term = rules.term
     bounds = rules.bounds(conn, at)
     skip = bounds.skip
-    if not skip and not term:
-        row = conn.query_one(statements.NEXT_DUE)
+    hint = conn.dialect.index_hint
+    due: float | None
+    if not skip:
+        row = conn.query_one(statements.next_due(hint, term))
         due = None if row is None or row["due"] is None else float(row["due"])
     else:
         columns = "id, status, next_attempt_at, created_at, deliver_to, ordering_key"
-        if not skip:
-            found, _ = _merged(conn, NO_LIMIT, 1, columns, "", term)
-        else:
-            found, complete = _window(conn, NO_LIMIT, 1, columns, skip, lambda d: 1, term)
-            if not found and not complete:
-                # As select_due: the destination index, with the term applied
-                # to the earliest destinations' rows (a head the term holds
-                # back must not read as due, or the worker would scan without
-                # pause).
-                found = _by_destination(
-                    conn, NO_LIMIT, WINDOW_EXTRA, columns, skip, lambda d: 1, term
-                )
-        due = float(found[0]["next_attempt_at"]) if found else None
+        room = lambda destination: WINDOW_EXTRA  # noqa: E731 -- every row the window holds counts
+        found, complete = _window(conn, NO_LIMIT, 1, columns, skip, room, term)
+        if not found and not complete:
+            # As select_due: the destination index, with the term applied
+            # to the earliest destinations' rows (a head the term holds
+            # back must not read as due, or the worker would scan without
+            # pause).
+            found = _by_destination(conn, NO_LIMIT, WINDOW_EXTRA, columns, skip, room, term)
+        due = min((float(row["next_attempt_at"]) for row in found), default=None)
     if due is not None and due >= WAITING_AT:
         due = None
     for name, lifted in bounds.lifts.items():
         if name not in skip:
             continue
-        indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
-        head = conn.query_one(statements.destination_head(indexed_by), (name,))
-        if head is not None and float(head["due"]) < WAITING_AT:
+        head = conn.query_one(statements.destination_head(hint), (name,) * 5)
+        if head is not None and head["due"] is not None and float(head["due"]) < WAITING_AT:
             when = max(lifted, float(head["due"]))
             due = when if due is None else min(due, when)
     return due
