@@ -52,6 +52,10 @@ Sections (``--section``; default: all of them, in this order):
   (fair share) beside B alone; a rate that never binds beside no policy;
   the others' deliveries while the sweep expires a paused destination's
   100,000 past-due rows, beside the same rows with deadlines ahead.
+- ``cancel``: an operator's cancel of a running command attempt (SPEC 18)
+  on SQLite and PostgreSQL: the p99 of 50 cancels, from the cancel to the
+  command's process group gone (killed by a worker process, reaped),
+  beside as many SIGTERMs sent straight to such a group; target 1 s.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

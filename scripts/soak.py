@@ -5,7 +5,7 @@ Each prints its figures and exits non-zero if the outbox broke its promise
 dedup caller told the wrong id). The test suite runs small versions of the
 same functions (tests/test_soak.py).
 
-    .venv/bin/python scripts/soak.py crash   [-n 5000] [-k 50]
+    .venv/bin/python scripts/soak.py crash   [-n 5000] [-k 50] [--cancel-rate 0.1]
     .venv/bin/python scripts/soak.py workers [-n 10000] [-w 4]
     .venv/bin/python scripts/soak.py dedup   [-n 1000] [-p 8]
     .venv/bin/python scripts/soak.py all     (the three, default sizes)
@@ -30,7 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TERMINAL = ("delivered", "acked", "dead_letter", "expired")
+TERMINAL = ("delivered", "acked", "dead_letter", "expired", "cancelled")
+CANCELLED_REASON = "dispatch.cancelled.operator"
 
 POLICY_ENV = "SOAK_DESTINATION_POLICY"
 """A JSON destination policy (SPEC 17) the roles share: the producer then
@@ -118,6 +119,38 @@ def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
                     out.flush()
                     done += size
                     await anyio.sleep(pace)
+
+    anyio.run(main, backend="trio")
+
+
+def role_canceller(db: str, ids_file: str, rate: float, seed: int, stop_file: str) -> None:
+    """Cancel a seeded share of the committed ids as they appear, pending
+    or running (marked for the worker, or its lease's recovery, to carry
+    out), while the workers are killed; stop once ``stop_file`` exists and
+    every id written by then was seen."""
+    import anyio
+
+    from trio_dispatch import InvalidTransition, cancel_dispatch, open_store
+
+    rng = random.Random(seed)
+
+    async def main() -> None:
+        seen = 0
+        async with open_store(db) as store:
+            while True:
+                stopping = os.path.exists(stop_file)
+                ids = Path(ids_file).read_text().split() if os.path.exists(ids_file) else []
+                for dispatch_id in ids[seen:]:
+                    if rng.random() >= rate:
+                        continue
+                    try:
+                        await cancel_dispatch(store, dispatch_id, "soak", wait_seconds=0)
+                    except (InvalidTransition, LookupError):  # it ended first, or a cut line
+                        pass
+                seen = len(ids)
+                if stopping:
+                    return
+                await anyio.sleep(rng.uniform(0.0, 0.05))
 
     anyio.run(main, backend="trio")
 
@@ -258,12 +291,16 @@ def crash_soak(
     seed: int = 1,
     policy: dict[str, Any] | None = None,
     fail_rate: float = 0.0,
+    cancel_rate: float = 0.0,
 ) -> dict[str, Any]:
     """A producer enqueues n dispatches while the worker process is SIGKILLed
     at random moments and restarted, `kills` times; then one worker finishes.
     With ``policy`` (a destination policy, e.g. a rate and a breaker) every
     role runs with it over three destinations; with ``fail_rate`` a seeded
-    share of sends fail (so a breaker opens and rows retry)."""
+    share of sends fail (so a breaker opens and rows retry); with
+    ``cancel_rate`` an operator process cancels that share of the rows as
+    they are committed, waiting or running (SPEC 18): each ends
+    ``cancelled`` with its transition, or delivered first (too late)."""
     rng = random.Random(seed)
     if policy is None:
         os.environ.pop(POLICY_ENV, None)
@@ -275,6 +312,12 @@ def crash_soak(
     started = time.monotonic()
     pace = kills * 0.4 / max(1, n / 25)  # spread production over the kills
     producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace), log=log)
+    stop_cancels = workdir / "crash.cancels-done"
+    canceller = (
+        _spawn("canceller", str(db), str(ids_file), str(cancel_rate), str(seed), str(stop_cancels))
+        if cancel_rate > 0
+        else None
+    )
     for _ in range(kills):
         sent_before = ledger.stat().st_size if ledger.exists() else 0
         worker = _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
@@ -289,25 +332,42 @@ def crash_soak(
         worker.send_signal(signal.SIGKILL)
         worker.wait()
     producer_code = producer.wait(timeout=300)
+    stop_cancels.touch()
+    canceller_code = 0 if canceller is None else canceller.wait(timeout=300)
     final = _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
     finished = _wait_terminal(db, n, timeout=60 + n / 50)
     final_code = _stop(final)
     os.environ.pop(POLICY_ENV, None)
     ids = set(ids_file.read_text().split())
     rows = _rows(db)
+    cancelled = {i for i in ids if i in rows and rows[i]["status"] == "cancelled"}
+    recorded = {
+        r["entity_id"]
+        for r in _query(
+            db,
+            "SELECT entity_id FROM status_transitions WHERE reason_code = ? AND status = ?",
+            (CANCELLED_REASON, "cancelled"),
+        )
+    }
     figures = {
         "driver": "crash soak",
         "n": n,
         "kills": kills,
         "policy": policy,
         "fail_rate": fail_rate,
+        "cancel_rate": cancel_rate,
         "committed_ids": len(ids),
         "lost": len(ids - set(rows))
         + sum(1 for i in ids if i in rows and rows[i]["status"] not in TERMINAL),
         "all_terminal": finished,
         "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
-        **_ledger_figures(ids, _ledger(ledger)),
+        # A cancelled row is accounted for by its transition; it may never
+        # have been sent (cancelled waiting, or cut before its send).
+        "cancelled_without_transition": len(cancelled - recorded),
+        "cancelled_after_a_send": len(cancelled & {i for i, _ in _ledger(ledger)}),
+        **_ledger_figures(ids - cancelled, _ledger(ledger)),
         "producer_exit": producer_code,
+        "canceller_exit": canceller_code,
         "final_worker_exit": final_code,
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -317,10 +377,13 @@ def crash_soak(
         and len(ids) == n
         and figures["missing_from_ledger"] == 0
         and figures["duplicate_pairs"] == 0
+        and figures["cancelled_without_transition"] == 0
+        and (cancel_rate == 0 or len(cancelled) > 0)
         # A failing send is sent again by design; without failures an id is
         # sent again only after a kill.
         and (fail_rate > 0 or figures["max_sends_of_one_id"] <= kills + 1)
         and final_code == 0
+        and canceller_code == 0
     )
     return figures
 
@@ -461,6 +524,8 @@ def main() -> None:
             role_worker(args[0], args[1], float(args[2]), int(args[3]))
         elif role == "producer":
             role_producer(args[0], args[1], int(args[2]), float(args[3]))
+        elif role == "canceller":
+            role_canceller(args[0], args[1], float(args[2]), int(args[3]), args[4])
         elif role == "dedup":
             role_dedup(args[0], args[1], json.loads(Path(args[2]).read_text()))
         return
@@ -468,6 +533,12 @@ def main() -> None:
     parser.add_argument("driver", choices=["crash", "workers", "dedup", "all"])
     parser.add_argument("-n", type=int, help="dispatches (or keys)")
     parser.add_argument("-k", type=int, default=50, help="crash soak: kills")
+    parser.add_argument(
+        "--cancel-rate",
+        type=float,
+        default=0.1,
+        help="crash soak: the share of rows an operator cancels as they come (default 0.1)",
+    )
     parser.add_argument("-w", type=int, default=4, help="several workers: processes")
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
     parser.add_argument(
@@ -480,7 +551,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
         work = Path(tmp)
         if args.driver in ("crash", "all"):
-            results.append(crash_soak(work, n=args.n or 5000, kills=args.k))
+            results.append(
+                crash_soak(work, n=args.n or 5000, kills=args.k, cancel_rate=args.cancel_rate)
+            )
         if args.driver in ("workers", "all"):
             results.append(
                 several_workers(work, n=args.n or 10000, workers=args.w, store=args.store)

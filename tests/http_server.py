@@ -30,6 +30,9 @@ class Server:
     requests: list[Received] = field(default_factory=list)
     script: dict[str, list[int]] = field(default_factory=dict)
     """Per path, the status codes to answer in turn (the last repeats)."""
+    dropped: list[str] = field(default_factory=list)
+    """The paths of requests whose client hung up before any answer came
+    (``/hang`` answers none)."""
 
     def bodies(self, path: str) -> list[bytes]:
         return [r.body for r in self.requests if r.path == path]
@@ -133,6 +136,15 @@ def _handler(server: Server) -> type[http.server.BaseHTTPRequestHandler]:
                         time.sleep(0.001)
                 except OSError:
                     pass
+            elif path == "/hang":  # no answer: waits for the client to hang up
+                self.connection.settimeout(120)
+                try:
+                    gone = self.connection.recv(1) == b""
+                except OSError:
+                    gone = True
+                if gone:
+                    server.dropped.append(path)
+                self.close_connection = True
             elif path == "/drip-fail":
                 self.send_response(503)
                 self.send_header("Retry-After", "120")

@@ -66,7 +66,10 @@ class TransportResult:
     :class:`~trio_dispatch.errors.Throttled`, a command's exit 75) for
     ``retry_after`` seconds (None: the row's next backoff step): the
     destination waits, the row goes back to ``pending`` and the attempt
-    does not count toward ``max_attempts`` (:meth:`throttle`)."""
+    does not count toward ``max_attempts`` (:meth:`throttle`).
+    ``cancelled`` marks an attempt its worker cut because an operator
+    cancelled the dispatch while it ran (:meth:`cut_by_cancel`): its finish
+    records ``cancelled``."""
 
     ok: bool
     error: str | None = None
@@ -76,6 +79,7 @@ class TransportResult:
     output: str | None = field(default=None, compare=False)
     local: bool = False
     throttled: bool = False
+    cancelled: bool = False
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -133,6 +137,12 @@ class TransportResult:
         """An attempt this machine could not make (a local resource error):
         nothing reached the destination, so it does not count."""
         return cls(ok=False, error=clean_error(message.strip()) or "not sent", local=True)
+
+    @classmethod
+    def cut_by_cancel(cls) -> TransportResult:
+        """The attempt was cut because an operator cancelled the dispatch
+        while it ran (SPEC section 18)."""
+        return cls(ok=False, error="cut by an operator's cancel", cancelled=True)
 
 
 _SUCCESS: Final = TransportResult(ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "AckRefused",
     "ActionRefused",
+    "CancelTooLate",
     "ConfigError",
     "ConnectionLostError",
     "DispatchError",
@@ -50,6 +51,17 @@ class InvalidTransition(DispatchError, ValueError):
         super().__init__(
             f"dispatch {dispatch_id}: transition {str(from_status)!r} -> {str(to_status)!r} "
             f"is not allowed{detail}"
+        )
+
+
+class CancelTooLate(InvalidTransition):
+    """A cancel that reached a running attempt after it had succeeded: the
+    success stands (SPEC section 18). ``from_status`` is what the row
+    became (``delivered``, or ``pending`` awaiting its ack)."""
+
+    def __init__(self, dispatch_id: str, status: str, why: str = "") -> None:
+        super().__init__(
+            dispatch_id, status, "cancelled", f"too late: {why}" if why else "too late"
         )
 
 

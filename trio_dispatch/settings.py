@@ -107,7 +107,9 @@ class WorkerSettings:
     kill_grace_seconds: float = DEFAULT_KILL_GRACE_SECONDS
     """Seconds between SIGTERM and SIGKILL for a command's process group."""
     listen: bool = True
-    """Wake on other processes' enqueues where the store can tell."""
+    """Wake on other processes' enqueues, and hear their cancels of running
+    attempts, where the store can tell (without: cancels are read every
+    0.5 s while attempts run)."""
     lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS
     """A claim's lease is ``timeout_seconds`` plus this."""
     retry_schedule: Sequence[float] | None = None

@@ -180,3 +180,23 @@ def clock_from(now: float | None) -> Callable[[], float]:
         return time.time
     fixed = require_number("now", now)
     return lambda: fixed
+
+
+MAX_REASON_LENGTH: Final = 500
+"""Longest operator's reason an action records (a replay, a cancel)."""
+
+
+def require_reason(value: object) -> str | None:
+    """None, or an operator's reason: non-empty, one line, at most
+    :data:`MAX_REASON_LENGTH` characters; else a ``ValueError`` naming it."""
+    if value is None:
+        return None
+    text = require_non_empty("reason", value)
+    if len(text) > MAX_REASON_LENGTH:
+        raise ValueError(
+            f"reason must be at most {MAX_REASON_LENGTH} characters, got {len(text)}: "
+            f"{show(text[:40])}..."
+        )
+    if any(ord(char) < 32 or 127 <= ord(char) < 160 for char in text):
+        raise ValueError(f"reason must not contain control characters, got {show(value)}")
+    return text

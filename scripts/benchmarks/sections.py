@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Final
 
 from . import (
+    cancel,
     capped,
     core,
     destinations,
@@ -43,4 +44,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "schedules": schedules.run_schedules,
     "tracing": tracing_section.run_tracing,
     "destinations": destinations.run_destinations,
+    "cancel": cancel.run_cancel,
 }

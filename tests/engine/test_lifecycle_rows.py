@@ -12,6 +12,7 @@ import pytest
 from trio_dispatch import (
     Throttled,
     ack_dispatch,
+    cancel_dispatch,
     deliver_due_dispatches,
     enqueue_dispatch,
     prune_dispatches,
@@ -19,7 +20,7 @@ from trio_dispatch import (
     retry_dispatch,
 )
 from trio_dispatch import lifecycle as lc
-from trio_dispatch.outbox import Outcome, claim_due, release_attempt
+from trio_dispatch.outbox import Outcome, claim_due, finish_attempt, release_attempt
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import Delivery, TransportResult
 
@@ -49,7 +50,7 @@ OPERATOR_CODES = frozenset(
 )
 
 
-SECTION_18_CODES = frozenset({"dispatch.superseded.coalesced", "dispatch.cancelled.operator"})
+SECTION_18_CODES = frozenset({"dispatch.superseded.coalesced"})
 
 T0 = 1_000_000.0
 
@@ -151,6 +152,16 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert claim.dispatch_id == released
     assert await release_attempt(store, claim, now=T0 + 6) is Outcome.RELEASED
 
+    # Operator cancels (SPEC 18): a pending row at once, a running attempt
+    # by the fenced end of the attempt its worker cut.
+    cancelled = await add("ok", now=T0 + 7)
+    assert (await cancel_dispatch(store, cancelled, now=T0 + 7)).cancelled
+    cut = await add("ok", now=T0 + 7)
+    [running], _ = await claim_due(store, now=T0 + 7, ids=[cut])
+    assert (await cancel_dispatch(store, cut, wait_seconds=0, now=T0 + 7)).requested
+    outcome = await finish_attempt(store, running, TransportResult.cut_by_cancel(), now=T0 + 8)
+    assert outcome is Outcome.CANCELLED
+
     # Consumer ack of a row awaiting its ack (pending).
     awaiting_token = str(raw.row(awaiting)["ack_token"])
     assert await ack_dispatch(store, awaiting, awaiting_token, now=T0 + 1)
@@ -247,6 +258,12 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         elif code in OPERATOR_CODES:
             assert t["source"] == "operator", where
             assert t["actor"], where
+        elif code == "dispatch.cancelled.operator":
+            # An operator's cancel, recorded by the operator (a pending row)
+            # or by the delivery loop that cut the running attempt.
+            expected = "operator" if t["previous_status"] == "pending" else "scheduler"
+            assert t["source"] == expected, where
+            assert t["actor"], where
         elif code == "dispatch.acked.consumer":
             assert t["source"] == "consumer", where
             assert t["actor"], where
@@ -267,6 +284,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         assert last_status[dispatch_id] == row["status"]
 
     assert reasons(released)[-1] == ("delivering", "pending", "dispatch.pending.released")
-    # Section 18's two codes come from coalescing and cancel, walked by
-    # their own tests (test_section_18_codes_are_written_by_their_paths).
+    assert reasons(cancelled)[-1] == ("pending", "cancelled", "dispatch.cancelled.operator")
+    assert reasons(cut)[-1] == ("delivering", "cancelled", "dispatch.cancelled.operator")
+    # Coalescing's code comes from its enqueue paths, walked by their own tests.
     assert seen == SPEC_REASON_CODES - SECTION_18_CODES

@@ -24,7 +24,9 @@ BEHIND = """
 import sys, time
 import anyio
 real = time.time_ns
-time.time_ns = lambda: real() - 600_000_000_000  # this host's clock is 10 min behind
+# This host's clock is a minute behind: more than its start takes on a
+# loaded machine (2 s was not), so its ids sort before the rows before it.
+time.time_ns = lambda: real() - 60_000_000_000
 from trio_dispatch import enqueue_dispatch, open_store
 
 async def main():

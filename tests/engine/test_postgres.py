@@ -51,6 +51,8 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "ordering_key",
         "key_seq",
         "throttles",
+        "cancel_requested_at",
+        "cancel_request",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"

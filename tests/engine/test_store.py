@@ -46,6 +46,9 @@ ADR_COLUMNS = [
     ("key_seq", "BIGINT", 1, "0"),
     # Schema v10: a row's throttled attempts (SPEC section 17).
     ("throttles", "INTEGER", 1, "0"),
+    # A running attempt's cancel, when asked and by whom (SPEC section 18).
+    ("cancel_requested_at", "FLOAT", 0, None),
+    ("cancel_request", "TEXT", 0, None),
 ]
 
 

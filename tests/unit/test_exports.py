@@ -48,6 +48,7 @@ def test_every_error_has_the_one_root_and_keeps_its_builtin() -> None:
     builtin = {
         "AckRefused": ValueError,
         "ActionRefused": ValueError,
+        "CancelTooLate": ValueError,
         "ConfigError": ValueError,
         "ConnectionLostError": RuntimeError,
         "DispatchNotFound": LookupError,

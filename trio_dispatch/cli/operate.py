@@ -1,5 +1,6 @@
 """The commands that change the store: ``ack``, ``retry`` (one row, or a
-replay of every failed row filters match), ``purge``, ``prune`` (through
+replay of every failed row filters match), ``cancel`` (one row, or every
+waiting or running row filters match), ``purge``, ``prune`` (through
 the outbox's operator functions, each recorded with the operator's name)
 and ``migrate``. A change not applied (a conflict, a wrong
 token, a missing row) is exit 1 with one line on stderr.
@@ -18,14 +19,18 @@ from typing import Any, Final
 from ..errors import ActionRefused
 from ..lifecycle import TERMINAL_STATUSES, InvalidTransition, Status
 from ..outbox import (
+    CancelResult,
     ack_dispatch,
+    cancel_dispatch,
+    cancel_dispatches,
     get_dispatch,
     prune_dispatches,
     purge_dispatch,
     retry_dispatch,
     retry_dispatches,
 )
-from ..outbox.bulk import Filter, bulk_filter, require_reason
+from ..outbox.bulk import BulkAction, Filter, bulk_filter, require_reason
+from ..outbox.cancel import DEFAULT_CANCEL_WAIT_SECONDS
 from ..redact import known_secrets, one_line, visible
 from ..store.base import Store
 from ..store.schema import SCHEMA_VERSION
@@ -84,8 +89,10 @@ async def cmd_ack(db: Store, args: argparse.Namespace) -> int:
 
 
 REPLAY_FILTERS: Final = ("deliver_to", "status", "since", "until", "kind", "ordering_key")
-"""The options of ``retry`` that choose rows instead of an id."""
+"""The options of ``retry`` and ``cancel`` that choose rows instead of an id."""
 REPLAY_OPTIONS: Final = (*REPLAY_FILTERS, "dry_run", "expires_in", "reason")
+CANCEL_MANY_OPTIONS: Final = (*REPLAY_FILTERS, "dry_run")
+"""The options of ``cancel`` that only filters take (``--reason`` goes with both)."""
 
 
 def _option(name: str) -> str:
@@ -97,26 +104,44 @@ def check_retry_args(args: argparse.Namespace) -> None:
     at least one; ``args.replay`` is the checked filter (None for one id).
     A bad value is a :class:`UsageError` (exit 2); a status that retry does
     not apply to, :class:`NotApplied` (exit 1)."""
+    args.replay = _check_filters(args, "retry", REPLAY_OPTIONS)
+
+
+def check_cancel_args(args: argparse.Namespace) -> None:
+    """Before the store opens, as :func:`check_retry_args`: ``cancel ID``
+    takes no filter (``--wait`` only with an id), a bulk cancel at least one;
+    ``args.replay`` is the checked filter (None for one id)."""
+    args.replay = _check_filters(args, "cancel", CANCEL_MANY_OPTIONS)
+    if args.replay is not None and args.wait is not None:
+        raise UsageError("--wait goes with an id: a cancel by filters does not wait")
+
+
+def _check_filters(
+    args: argparse.Namespace, action: BulkAction, options: tuple[str, ...]
+) -> Filter | None:
     given = [
         name
-        for name in REPLAY_OPTIONS
+        for name in options
         if getattr(args, name) is not None and getattr(args, name) is not False
     ]
-    args.replay = None
     if args.id is not None:
         if given:
             raise UsageError(
-                f"retry takes an id or filters, not both (got {_option(given[0])} with an id)"
+                f"{action} takes an id or filters, not both (got {_option(given[0])} with an id)"
             )
-        return
+        try:
+            require_reason(args.reason)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        return None
     if not any(getattr(args, name) is not None for name in REPLAY_FILTERS):
         raise UsageError(
-            "retry needs a dispatch id, or at least one filter: "
+            f"{action} needs a dispatch id, or at least one filter: "
             + ", ".join(_option(name) for name in REPLAY_FILTERS)
         )
     try:
-        _, args.replay = bulk_filter(
-            "retry",
+        _, chosen = bulk_filter(
+            action,
             args.status,
             args.kind,
             args.ordering_key,
@@ -129,6 +154,7 @@ def check_retry_args(args: argparse.Namespace) -> None:
         raise NotApplied(str(exc)) from None
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    return chosen
 
 
 async def cmd_retry(db: Store, args: argparse.Namespace) -> int:
@@ -163,6 +189,70 @@ async def cmd_retry(db: Store, args: argparse.Namespace) -> int:
     else:
         skipped = f"; {result.skipped} had changed meanwhile" if result.skipped else ""
         print(f"retried {result.retried} of {result.matched} matching dispatches ({what}){skipped}")
+    return EXIT_OK
+
+
+async def cmd_cancel(db: Store, args: argparse.Namespace) -> int:
+    if args.replay is not None:
+        return await _cancel_many(db, args, args.replay)
+    wait = DEFAULT_CANCEL_WAIT_SECONDS if args.wait is None else args.wait
+    result: CancelResult | None = None
+    error: str | None = None
+    try:
+        result = await cancel_dispatch(
+            db, args.id, args.reason, wait_seconds=wait, actor=_actor("cancel")
+        )
+    except LookupError:
+        error = f"dispatch {args.id!r} not found"
+    except InvalidTransition as exc:  # too late, or a status with no cancel
+        error = str(exc)
+    if result is None:
+        row = await get_dispatch(db, args.id)
+        if args.json:
+            status = None if row is None else row["status"]
+            emit_json({"id": args.id, "applied": False, "error": error, "status": status})
+        print(f"trio-dispatch: {one_line(error, known_secrets())}", file=sys.stderr)
+        return EXIT_NOT_APPLIED
+    if args.json:
+        emit_json({**result.to_dict(), "applied": True, "error": None})
+    elif result.cancelled and result.previous == Status.DELIVERING:
+        print(f"cancelled {visible(args.id)}: its attempt {result.attempt} was stopped")
+    elif result.cancelled:
+        print(f"cancelled {visible(args.id)} (it was pending)")
+    else:
+        print(
+            f"cancel of {visible(args.id)} asked for: attempt {result.attempt} is still running "
+            f"after {wait:g}s; its worker records it when it stops the attempt, or the next "
+            "claim once the attempt's lease ends (unless the attempt succeeds first)"
+        )
+    return EXIT_OK
+
+
+async def _cancel_many(db: Store, args: argparse.Namespace, chosen: Filter) -> int:
+    result = await cancel_dispatches(
+        db,
+        deliver_to=chosen.deliver_to,
+        status=chosen.status,
+        since=chosen.since,
+        until=chosen.until,
+        kind=chosen.kind,
+        ordering_key=chosen.ordering_key,
+        dry_run=args.dry_run,
+        actor=_actor("cancel"),
+        reason=args.reason,
+    )
+    if args.json:
+        emit_json({**result.to_dict(), "filter": chosen.to_dict()})
+        return EXIT_OK
+    what = visible(chosen.describe())
+    if result.dry_run:
+        print(f"would cancel {result.matched} dispatches ({what})")
+        return EXIT_OK
+    skipped = f"; {result.skipped} had changed meanwhile" if result.skipped else ""
+    print(
+        f"cancelled {result.cancelled} and asked {result.requested} running attempts to stop, "
+        f"of {result.matched} matching dispatches ({what}){skipped}"
+    )
     return EXIT_OK
 
 

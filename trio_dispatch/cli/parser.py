@@ -14,6 +14,7 @@ from .._version import __version__
 from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
 from ..lifecycle import STATUSES
 from ..outbox import DEFAULT_LIST_LIMIT, PRUNE_CHUNK
+from ..outbox.cancel import DEFAULT_CANCEL_WAIT_SECONDS
 from ..outbox.ordering import require_ordering_key
 from ..outbox.reads import MIN_ID_PREFIX
 from ..redact import mask_url, visible
@@ -191,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="read the token from the first line of standard input instead",
     )
     _retry(command("retry", RETRY_HELP))
+    _cancel(command("cancel", CANCEL_HELP))
     command("purge", "delete one dispatch (recorded in its history)").add_argument(
         "id", help=ID_HELP
     )
@@ -283,38 +285,7 @@ def _retry(retry: argparse.ArgumentParser) -> None:
     replay = retry.add_argument_group(
         "replay: every dead_letter and expired dispatch matching these filters (at least one)"
     )
-    replay.add_argument(
-        "--deliver-to",
-        type=_route_arg,
-        metavar="NAME",
-        help="only rows for this destination (default: every destination)",
-    )
-    replay.add_argument(
-        "--status",
-        type=_status_arg,
-        metavar="STATUS",
-        help="only dead_letter or only expired rows (default: both)",
-    )
-    replay.add_argument(
-        "--since",
-        type=_time_arg,
-        metavar="TIME",
-        help="only rows that changed at or after TIME (default: no lower bound)",
-    )
-    replay.add_argument(
-        "--until",
-        type=_time_arg,
-        metavar="TIME",
-        help="only rows that changed before TIME (default: no upper bound)",
-    )
-    replay.add_argument("--kind", help="only rows of this kind (default: every kind)")
-    replay.add_argument(
-        "--ordering-key",
-        type=_ordering_key_arg,
-        metavar="KEY",
-        help="only rows of this ordering key (default: every row, keyed or not)",
-    )
-    replay.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    _row_filters(replay, "only dead_letter or only expired rows (default: both)")
     replay.add_argument(
         "--expires-in",
         type=parse_duration,
@@ -327,6 +298,92 @@ def _retry(retry: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="why, recorded in each row's transition (default: no reason)",
     )
+
+
+def _row_filters(group: argparse._ArgumentGroup, status_help: str) -> None:
+    """The filters that choose rows instead of an id (``retry``,
+    ``cancel``), and ``--dry-run``."""
+    group.add_argument(
+        "--deliver-to",
+        type=_route_arg,
+        metavar="NAME",
+        help="only rows for this destination (default: every destination)",
+    )
+    group.add_argument("--status", type=_status_arg, metavar="STATUS", help=status_help)
+    group.add_argument(
+        "--since",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed at or after TIME (default: no lower bound)",
+    )
+    group.add_argument(
+        "--until",
+        type=_time_arg,
+        metavar="TIME",
+        help="only rows that changed before TIME (default: no upper bound)",
+    )
+    group.add_argument("--kind", help="only rows of this kind (default: every kind)")
+    group.add_argument(
+        "--ordering-key",
+        type=_ordering_key_arg,
+        metavar="KEY",
+        help="only rows of this ordering key (default: every row, keyed or not)",
+    )
+    group.add_argument("--dry-run", action="store_true", help="count, change nothing")
+
+
+CANCEL_HELP: Final = (
+    "cancel a pending dispatch, or cut and cancel its running attempt; or, with "
+    "filters instead of an id, every pending and delivering one they match"
+)
+CANCEL_EPILOG: Final = (
+    "A pending row is cancelled at once. A running attempt is marked: the worker "
+    "running it cuts it within a second (a command's process group killed, a "
+    "callable cancelled, an HTTP request dropped) and records cancelled, unless the "
+    "attempt had already succeeded (too late: exit 1). With an id, the command waits "
+    "--wait seconds for that worker; if it has not answered by then, the cancel stays "
+    "asked for (exit 0): the worker records it, or the next claim once the attempt's "
+    "lease ends. With filters nothing waits. A cancelled head of an ordering key lets "
+    f"the key's next row go. TIME is {TIME_HELP}; --since and --until compare when "
+    "each row last changed. Exit codes: 0 cancelled or asked for, 1 not applied (too "
+    "late, another status, not found), 2 bad usage."
+)
+
+
+def _cancel(cancel: argparse.ArgumentParser) -> None:
+    """``cancel ID``, or ``cancel`` with filters."""
+    cancel.epilog = CANCEL_EPILOG
+    cancel.add_argument(
+        "id", nargs="?", help=ID_HELP + " (required unless filters are given instead)"
+    )
+    cancel.add_argument(
+        "--wait",
+        type=_seconds_arg,
+        metavar="SECONDS",
+        help="with an id: how long to wait for the worker of a running attempt to record "
+        f"the cancel (default {DEFAULT_CANCEL_WAIT_SECONDS:g}; 0: do not wait)",
+    )
+    cancel.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why, recorded in each row's transition (default: no reason)",
+    )
+    many = cancel.add_argument_group(
+        "bulk: every pending and delivering dispatch matching these filters (at least one)"
+    )
+    _row_filters(many, "only pending or only delivering rows (default: both)")
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"invalid seconds {visible(repr(text))}: give a number from 0 to 3600"
+        )
+    return value
 
 
 SCHEDULES_HELP: Final = (

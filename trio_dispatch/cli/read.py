@@ -179,13 +179,19 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
             continue
         if key == "next_attempt_at" and waiting:
             text = WAITING
-        elif key in ("next_attempt_at", "created_at", "updated_at", "expires_at"):
+        elif key in (
+            "next_attempt_at",
+            "created_at",
+            "updated_at",
+            "expires_at",
+            "cancel_requested_at",
+        ):
             text = format_time(None if value is None else float(value), now)
         elif key == "status" and acking:
             text = f"{visible(value)} (awaiting ack)"
         else:
             text = "-" if value is None else visible(value)
-        print(f"{key:<16}{text}")
+        print(f"{key + ' ':<16}{text}")  # a name of 16 or more keeps a space
     if behind is not None:
         print(f"{'waiting behind':<16}{visible(behind['id'])} ({visible(behind['status'])})")
     print("payload:")

@@ -16,7 +16,16 @@ from ..store import open_store
 from ..store.base import Store
 from .destinations import check_destinations_args, cmd_destinations
 from .destinations import is_read as destinations_read
-from .operate import check_retry_args, cmd_ack, cmd_migrate, cmd_prune, cmd_purge, cmd_retry
+from .operate import (
+    check_cancel_args,
+    check_retry_args,
+    cmd_ack,
+    cmd_cancel,
+    cmd_migrate,
+    cmd_prune,
+    cmd_purge,
+    cmd_retry,
+)
 from .output import UsageError
 from .read import cmd_history, cmd_ls, cmd_show, cmd_stats
 from .schedules import check_schedules_args, cmd_schedules, is_read
@@ -25,7 +34,7 @@ from .target import resolve_store
 READ_COMMANDS = frozenset({"ls", "show", "history", "stats"})
 """Commands that open the store read-only (and ``schedules`` with no action,
 ``destinations`` with none or ``show``)."""
-ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "purge"})
+ID_COMMANDS = frozenset({"show", "history", "ack", "retry", "cancel", "purge"})
 """Commands that name one dispatch (its id, or a unique prefix of it)."""
 
 
@@ -57,6 +66,7 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
     "history": cmd_history,
     "ack": cmd_ack,
     "retry": cmd_retry,
+    "cancel": cmd_cancel,
     "purge": cmd_purge,
     "prune": cmd_prune,
     "stats": cmd_stats,
@@ -69,6 +79,8 @@ STORE_COMMANDS: dict[str, Callable[[Store, argparse.Namespace], Awaitable[int]]]
 def cmd_store(args: argparse.Namespace) -> int:
     if args.command == "retry":
         check_retry_args(args)  # bad usage says so before any store is looked for
+    if args.command == "cancel":
+        check_cancel_args(args)
     migrating = args.command == "migrate"
     choice = resolve_store(args.db, args.config, args.busy_timeout, must_exist=not migrating)
     command = STORE_COMMANDS[args.command]
@@ -77,7 +89,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     if args.command == "schedules":
         check_schedules_args(args, choice)
         reading = is_read(args)
-    if args.command == "retry":
+    if args.command in ("retry", "cancel"):
         reading = args.dry_run  # a dry run only counts: the store opens read-only
     if args.command == "destinations":
         check_destinations_args(args, choice)

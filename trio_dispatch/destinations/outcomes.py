@@ -129,13 +129,17 @@ class Effects:
     (group commit), so each run clears it first; once the write returned,
     what it holds was committed."""
 
-    __slots__ = ("transitions",)
+    __slots__ = ("too_late", "transitions")
 
     def __init__(self) -> None:
         self.transitions: list[tuple[str, State]] = []
+        self.too_late = False
+        """The end was a success an operator's cancel reached too late
+        (SPEC 18): recorded as a success, the cancel taken back."""
 
     def clear(self) -> None:
         self.transitions.clear()
+        self.too_late = False
 
 
 class Ended(NamedTuple):

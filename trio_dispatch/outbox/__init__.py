@@ -22,8 +22,9 @@ One concern per module:
   a batch a transaction;
 - :mod:`.reads` -- get, list, history, stats;
 - :mod:`.operator` -- ack, retry, purge, prune;
-- :mod:`.bulk` -- retry or purge every row a filter matches (the
-  dashboard's bulk actions, replay).
+- :mod:`.cancel` -- cancel one dispatch, waiting or running (SPEC 18);
+- :mod:`.bulk` -- retry, purge or cancel every row a filter matches (the
+  dashboard's bulk actions, replay, bulk cancel).
 
 No transaction here spans the transport or any other await on the outside
 world.
@@ -31,7 +32,8 @@ world.
 
 from __future__ import annotations
 
-from .bulk import RetryResult, retry_dispatches
+from .bulk import CancelManyResult, RetryResult, cancel_dispatches, retry_dispatches
+from .cancel import CancelResult, cancel_dispatch
 from .delivery import (
     claim_due,
     finish_and_claim_next,
@@ -65,11 +67,15 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_RETENTION_SECONDS",
     "PRUNE_CHUNK",
+    "CancelManyResult",
+    "CancelResult",
     "Claim",
     "EnqueueResult",
     "Outcome",
     "RetryResult",
     "ack_dispatch",
+    "cancel_dispatch",
+    "cancel_dispatches",
     "claim_due",
     "dispatch_stats",
     "enqueue_dispatch",

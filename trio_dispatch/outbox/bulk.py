@@ -1,13 +1,19 @@
-"""Operator actions on every row that matches a filter (SPEC sections 15
-and 17): retry or purge by ``status`` and optional ``kind``,
+"""Operator actions on every row that matches a filter (SPEC sections 15,
+17 and 18): retry, purge or cancel by ``status`` and optional ``kind``,
 ``ordering_key``, ``deliver_to`` and the time each row last changed.
 
-- The dashboard's bulk retry and purge (:func:`apply_bulk`): at most
-  :data:`BULK_LIMIT` rows a request.
+- The dashboard's bulk retry, purge and cancel (:func:`apply_bulk`): at
+  most :data:`BULK_LIMIT` rows a request.
 - A replay (:func:`retry_dispatches`, ``trio-dispatch retry --deliver-to
   NAME``): every matching ``dead_letter``/``expired`` row, however many.
+- A bulk cancel (:func:`cancel_dispatches`, ``trio-dispatch cancel
+  --deliver-to NAME``): every matching ``pending``/``delivering`` row, each
+  as :func:`~.cancel.cancel_row` cancels one (a running attempt is marked
+  for its worker to cut; nothing waits for it).
 
-Both walk the matching rows in id order, :data:`~.operator.PRUNE_CHUNK`
+They walk the matching rows in id order (a cancel newest first: cancelling
+a key's rows from its tail, no row of the key is made due only to be
+cancelled by the next chunk), :data:`~.operator.PRUNE_CHUNK`
 rows per transaction. Each chunk reads the next rows after the last id of
 the chunk before it, holds their ordering keys' locks, and puts each row
 through the same compare-and-set as the one-row action
@@ -37,26 +43,26 @@ from ..errors import ActionRefused
 from ..lifecycle import Reason, Status
 from ..store.base import Conn, Database
 from ..times import iso_time
+from ..validate import MAX_REASON_LENGTH as MAX_REASON_LENGTH
 from ..validate import (
     clock_from,
     require_bool,
     require_int,
-    require_non_empty,
     require_number,
+    require_reason,
     require_route,
 )
 from ..values import show
 from . import sql
+from .cancel import CANCELLABLE, cancel_row
 from .machine import delete
 from .operator import PRUNE_CHUNK, RETRYABLE, _Keep, retry_row
 from .ordering import lock_keys, require_ordering_key
 
 BULK_LIMIT: Final = 10_000
 """Most rows one dashboard bulk action applies to."""
-BulkAction = Literal["retry", "purge"]
-BULK_ACTIONS: Final[tuple[BulkAction, ...]] = ("retry", "purge")
-MAX_REASON_LENGTH: Final = 500
-"""Longest operator's reason a replay records."""
+BulkAction = Literal["retry", "purge", "cancel"]
+BULK_ACTIONS: Final[tuple[BulkAction, ...]] = ("retry", "purge", "cancel")
 
 Instant = float | int | datetime.datetime
 """A time a filter takes: Unix seconds, or a datetime with a time zone."""
@@ -65,7 +71,8 @@ Instant = float | int | datetime.datetime
 @dataclasses.dataclass(frozen=True)
 class Filter:
     """Which rows a bulk action applies to. ``status`` None: every status
-    the action is for (a retry's: ``dead_letter`` and ``expired``).
+    the action is for (``defaults``; a retry's: ``dead_letter`` and
+    ``expired``, a cancel's: ``pending`` and ``delivering``).
     ``since``/``until`` (Unix seconds) bound the row's last change,
     ``since <= updated_at < until``."""
 
@@ -75,10 +82,11 @@ class Filter:
     deliver_to: str | None = None
     since: float | None = None
     until: float | None = None
+    defaults: tuple[Status, ...] = RETRYABLE
 
     @property
     def statuses(self) -> tuple[Status, ...]:
-        return RETRYABLE if self.status is None else (self.status,)
+        return self.defaults if self.status is None else (self.status,)
 
     def where(self) -> tuple[str, list[Any]]:
         """The ``WHERE`` clause and its parameters. The status and the
@@ -154,12 +162,41 @@ class BulkResult:
     matched: int
     """Rows that matched as the walk reached them (at most the limit)."""
     applied: int
-    """Rows retried or purged."""
+    """Rows retried, purged or cancelled (a cancel's: marked ones too)."""
+    requested: int = 0
+    """A cancel: of :attr:`applied`, the running attempts marked for their
+    workers to cut (the rest were cancelled at once)."""
 
     @property
     def skipped(self) -> int:
         """Matched rows that changed before their turn, left as they were."""
         return self.matched - self.applied
+
+    def to_dict(self) -> dict[str, Any]:
+        found = {**dataclasses.asdict(self), "skipped": self.skipped}
+        if self.action != "cancel":
+            del found["requested"]
+        return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelManyResult:
+    """What :func:`cancel_dispatches` did (or, with ``dry_run``, would do)."""
+
+    matched: int
+    """Rows that matched as the walk reached them; with ``dry_run``, the
+    rows that match now."""
+    cancelled: int
+    """Rows ``cancelled`` at once (pending, or running with no worker)."""
+    requested: int
+    """Running attempts marked: their workers cut them and record
+    ``cancelled`` (unless an attempt succeeds first)."""
+    dry_run: bool = False
+
+    @property
+    def skipped(self) -> int:
+        """Matched rows that changed before their turn, left as they were."""
+        return 0 if self.dry_run else self.matched - self.cancelled - self.requested
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "skipped": self.skipped}
@@ -213,10 +250,12 @@ def bulk_filter(
     """Check a bulk request: ``ValueError`` (``TypeError`` for a value of
     the wrong type) naming a bad value, and
     :class:`~trio_dispatch.errors.ActionRefused` for an action the status
-    has no edge for (retry is for ``dead_letter`` and ``expired`` rows;
-    ``delivered``/``acked`` rows may only be purged). A retry without a
-    status takes both ``dead_letter`` and ``expired`` rows; a purge needs
-    one. ``since``/``until``: Unix seconds or a datetime with a time zone."""
+    has no edge for (retry is for ``dead_letter`` and ``expired`` rows,
+    cancel for ``pending`` and ``delivering`` ones; ``delivered``/``acked``
+    rows may only be purged). A retry without a status takes both
+    ``dead_letter`` and ``expired`` rows, a cancel both ``pending`` and
+    ``delivering`` ones; a purge needs one. ``since``/``until``: Unix
+    seconds or a datetime with a time zone."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"action must be one of {', '.join(BULK_ACTIONS)}, got {show(action)}")
     if status is None and action == "purge":
@@ -247,7 +286,13 @@ def bulk_filter(
             f"retry of {chosen} rows is not allowed: operator retry is only for "
             "dead_letter or expired dispatches"
         )
-    return action, Filter(chosen, kind, key, route, start, end)
+    if action == "cancel" and chosen is not None and chosen not in CANCELLABLE:
+        raise ActionRefused(
+            f"cancel of {chosen} rows is not allowed: only pending or delivering "
+            "dispatches can be cancelled"
+        )
+    defaults = CANCELLABLE if action == "cancel" else RETRYABLE
+    return action, Filter(chosen, kind, key, route, start, end, defaults)
 
 
 def _count(conn: Conn, chosen: Filter, limit: int | None) -> int:
@@ -279,27 +324,35 @@ def _chunk(
     actor: str,
     metadata: Mapping[str, Any],
     expires_at: float | _Keep | None,
-) -> tuple[int, int, str | None]:
+    reason: str | None = None,
+) -> tuple[int, int, int, str | None]:
     """One transaction of a walk: the next ``size`` matching rows after id
-    ``after``, each retried or purged. Returns (rows read, rows changed,
-    the last id read)."""
+    ``after`` (a cancel's: before it, newest first), each retried, purged
+    or cancelled. Returns (rows read, rows changed, running attempts
+    marked, the last id read)."""
     clause, params = chosen.where()
+    newest_first = action == "cancel"
     if after is not None:
-        clause, params = f"{clause} AND id > ?", [*params, after]
+        clause, params = f"{clause} AND id {'<' if newest_first else '>'} ?", [*params, after]
     rows = conn.query(
         f"SELECT id, status, attempt, kind, ordering_key FROM dispatch_outbox "
-        f"WHERE {clause} ORDER BY id LIMIT ?",
+        f"WHERE {clause} ORDER BY id{' DESC' if newest_first else ''} LIMIT ?",
         [*params, size],
     )
     lock_keys(conn, [row["ordering_key"] for row in rows])  # all at once, in order
-    done = 0
+    done = marked = 0
     for row in rows:
         if action == "retry":
             done += retry_row(conn, row, at, actor, expires_at, metadata)
+        elif action == "cancel":
+            cancelled = cancel_row(conn, row["id"], at, actor, reason, metadata)
+            applied = "refused" if cancelled is None else cancelled[0]
+            done += applied != "refused"
+            marked += applied == "marked"
         else:
             summary = f"purged from {row['status']}"
             done += delete(conn, row, Reason.PURGED_OPERATOR, summary, actor, at, metadata)
-    return len(rows), done, str(rows[-1]["id"]) if rows else after
+    return len(rows), done, marked, str(rows[-1]["id"]) if rows else after
 
 
 async def _walk(
@@ -312,13 +365,15 @@ async def _walk(
     now: float | None,
     limit: int | None,
     expires_at: float | _Keep | None = _Keep.KEEP,
-) -> tuple[int, int]:
-    """Apply ``action`` to the rows ``chosen`` matches, in id order, a chunk
-    a transaction, up to ``limit`` rows (None: all). Returns (matched,
-    applied). Cancelled, the chunks committed so far stay committed."""
+    reason: str | None = None,
+) -> tuple[int, int, int]:
+    """Apply ``action`` to the rows ``chosen`` matches, in id order (a
+    cancel: newest first), a chunk a transaction, up to ``limit`` rows
+    (None: all). Returns (matched, applied, running attempts marked).
+    Cancelled, the chunks committed so far stay committed."""
     clock = clock_from(now)
     note = {"bulk": True, "filter": chosen.to_dict(), **(metadata or {})}
-    matched = applied = 0
+    matched = applied = requested = 0
     after: str | None = None
     while limit is None or matched < limit:
         size = PRUNE_CHUNK if limit is None else min(PRUNE_CHUNK, limit - matched)
@@ -332,12 +387,13 @@ async def _walk(
             actor=actor,
             metadata=note,
             expires_at=expires_at,
+            reason=reason,
         )
-        seen, done, after = await db.write(unit)
-        matched, applied = matched + seen, applied + done
+        seen, done, marked, after = await db.write(unit)
+        matched, applied, requested = matched + seen, applied + done, requested + marked
         if seen < size:
             break
-    return matched, applied
+    return matched, applied, requested
 
 
 async def apply_bulk(
@@ -350,29 +406,14 @@ async def apply_bulk(
     now: float | None = None,
     limit: int = BULK_LIMIT,
 ) -> BulkResult:
-    """Retry or purge the rows ``chosen`` matches, oldest id first, at most
-    ``limit``; each with its own transition (source ``operator``, its
-    metadata ``metadata`` with ``bulk`` and the filter)."""
-    matched, applied = await _walk(
+    """Retry, purge or cancel the rows ``chosen`` matches, oldest id first
+    (a cancel: newest first), at most ``limit``; each with its own
+    transition (source ``operator``, its metadata ``metadata`` with
+    ``bulk`` and the filter)."""
+    matched, applied, requested = await _walk(
         db, action, chosen, actor=actor, metadata=metadata, now=now, limit=limit
     )
-    return BulkResult(action, matched, applied)
-
-
-def require_reason(value: object) -> str | None:
-    """None, or an operator's reason: non-empty, one line, at most
-    :data:`MAX_REASON_LENGTH` characters; else a ``ValueError`` naming it."""
-    if value is None:
-        return None
-    text = require_non_empty("reason", value)
-    if len(text) > MAX_REASON_LENGTH:
-        raise ValueError(
-            f"reason must be at most {MAX_REASON_LENGTH} characters, got {len(text)}: "
-            f"{show(text[:40])}..."
-        )
-    if any(ord(char) < 32 or 127 <= ord(char) < 160 for char in text):
-        raise ValueError(f"reason must not contain control characters, got {show(value)}")
-    return text
+    return BulkResult(action, matched, applied, requested)
 
 
 async def retry_dispatches(
@@ -428,7 +469,7 @@ async def retry_dispatches(
     if dry_run:
         return RetryResult(await count_matching(db, chosen, limit), 0, dry_run=True)
     note = {**({} if why is None else {"reason": why}), **(metadata or {})}
-    matched, retried = await _walk(
+    matched, retried, _ = await _walk(
         db,
         "retry",
         chosen,
@@ -441,13 +482,71 @@ async def retry_dispatches(
     return RetryResult(matched, retried)
 
 
+async def cancel_dispatches(
+    db: Database,
+    *,
+    deliver_to: str | None = None,
+    status: str | None = None,
+    since: Instant | None = None,
+    until: Instant | None = None,
+    kind: str | None = None,
+    ordering_key: str | None = None,
+    dry_run: bool = False,
+    actor: str = "cancel_dispatches",
+    reason: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    limit: int | None = None,
+    now: float | None = None,
+) -> CancelManyResult:
+    """Cancel (SPEC section 18) every ``pending`` and ``delivering`` row
+    (``status``: one of them) that matches the filters, as
+    :func:`~.cancel.cancel_dispatch` cancels one, newest id first,
+    :data:`~.operator.PRUNE_CHUNK` rows a transaction: a pending row is
+    ``cancelled`` at once, a running attempt is marked for its worker to cut
+    (this does not wait for it: :attr:`CancelManyResult.requested`).
+    ``since``/``until`` bound when each row last changed, as for
+    :func:`retry_dispatches`; ``limit`` stops after that many rows (None:
+    all); ``dry_run`` counts the matching rows and writes nothing;
+    ``reason`` and ``metadata`` go into each transition with the filter.
+
+    A bad value raises ``ValueError``/``TypeError`` naming it, and
+    ``status`` other than ``pending``/``delivering``
+    :class:`~trio_dispatch.errors.ActionRefused`, before anything is
+    written. Cancelled or failing mid-way, the chunks committed stay
+    committed; run again, it takes up the rest (a cancelled row matches no
+    more; a marked one is marked again, which changes nothing)."""
+    _, chosen = bulk_filter(
+        "cancel", status, kind, ordering_key, deliver_to=deliver_to, since=since, until=until
+    )
+    require_bool("dry_run", dry_run)
+    why = require_reason(reason)
+    if limit is not None:
+        limit = require_int("limit", limit, minimum=1)
+    clock_from(now)  # checks ``now`` before anything is read
+    if dry_run:
+        return CancelManyResult(await count_matching(db, chosen, limit), 0, 0, dry_run=True)
+    matched, applied, requested = await _walk(
+        db,
+        "cancel",
+        chosen,
+        actor=actor,
+        metadata=metadata,
+        now=now,
+        limit=limit,
+        reason=why,
+    )
+    return CancelManyResult(matched, applied - requested, requested)
+
+
 __all__ = [
     "BULK_LIMIT",
     "BulkResult",
+    "CancelManyResult",
     "Filter",
     "RetryResult",
     "apply_bulk",
     "bulk_filter",
+    "cancel_dispatches",
     "count_matching",
     "require_reason",
     "retry_dispatches",

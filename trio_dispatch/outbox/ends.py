@@ -4,6 +4,15 @@ many attempts in one statement, and the finish that claims the slot's next
 row in the same transaction. Every change goes through the state machine's
 edge check (:func:`.machine.transition_rows`).
 
+An attempt an operator cancelled while it ran (SPEC 18: its row marked,
+``cancel_requested_at``) ends here too. Every end is fenced on no mark, so
+one that finds it writes nothing, and in the same transaction
+:func:`settle_cancels` decides: an attempt that succeeded keeps its success
+(the cancel came too late: the mark is taken back and the transition says
+so); any other end -- a failure, a throttle, an attempt cut by the cancel
+itself, one the worker's shutdown interrupted, one never made -- records
+``cancelled`` (:func:`cancel_attempt`). A keyed row's next row then goes.
+
 What the ends that applied do to their destinations -- a throttle, the
 breaker's bookkeeping -- is written in the same transaction by
 :func:`trio_dispatch.destinations.outcomes.record_ends`: an end fenced out
@@ -13,7 +22,8 @@ changes neither its row nor its destination.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..attempt import LAST_ERROR_LIMIT, TransportResult
@@ -33,7 +43,7 @@ from ..lifecycle import (
     Source,
     Status,
 )
-from ..store.base import Conn
+from ..store.base import Conn, Row
 from . import sql
 from .claim import ClaimRules, claim_rules
 from .ordering import lock_keys, promote
@@ -69,6 +79,9 @@ class AttemptEnd:
     none, every destination with the defaults."""
     effects: Effects | None = dataclasses.field(default=None, compare=False)
     """Filled with what the end did to its destination's breaker."""
+    too_late: Mapping[str, Any] | None = None
+    """Set by :func:`settle_cancels` on a success that a cancel reached too
+    late: the cancel's request, for the transition's metadata."""
 
     @property
     def book(self) -> DestinationBook:
@@ -250,10 +263,17 @@ def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
         if end.effects is not None:  # this run's, not a rolled-back one's
             end.effects.clear()
     outcomes = _finish_rows(conn, ends)
+    conflicted = [index for index, outcome in enumerate(outcomes) if outcome is Outcome.CONFLICT]
+    if conflicted:  # fenced out: moved on, or an operator's cancel marks it
+        settled = settle_cancels(conn, [ends[index] for index in conflicted])
+        for index, outcome in zip(conflicted, settled, strict=True):
+            outcomes[index] = outcome
+    # A cancelled attempt is neither a success nor a failure of its
+    # destination: its breaker and throttle hear nothing of it.
     applied = [
         end.ended()
         for end, outcome in zip(ends, outcomes, strict=True)
-        if outcome is not Outcome.CONFLICT
+        if outcome not in (Outcome.CONFLICT, Outcome.CANCELLED)
     ]
     if applied:
         record_ends(conn, applied)
@@ -290,6 +310,8 @@ def _finish_rows(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
             metadata["permanent"] = True
         if end.retry_after is not None and not end.result.ok:
             metadata["retry_after_seconds"] = end.retry_after
+        if end.too_late is not None:
+            metadata["cancel"] = {"too_late": True, **end.too_late}
         if reason is Reason.THROTTLED:
             metadata["throttle"] = {
                 "delay_seconds": end.wait,
@@ -413,8 +435,149 @@ def release(
     if not conn.execute(
         sql.RELEASE, (status, now, now, claim.dispatch_id, claim.attempt, claim.lease_until)
     ):
-        return Outcome.CONFLICT
+        # An operator's cancel reached it: the interrupted attempt is cancelled.
+        summary = f"{why} interrupted attempt {claim.attempt}, which an operator had cancelled"
+        cancelled = cancel_attempt(
+            conn,
+            claim.dispatch_id,
+            claim.attempt,
+            claim.lease_until,
+            claim.ordering_key,
+            now=now,
+            actor=actor,
+            source=Source.DELIVERY,
+            summary=summary,
+        )
+        return Outcome.CANCELLED if cancelled else Outcome.CONFLICT
     if status != Status.PENDING:
         promote(conn, [claim.ordering_key], now)
     insert_rows(conn, history)
     return outcome
+
+
+# -- cancels (SPEC 18) ---------------------------------------------------------
+
+
+def cancel_request(text: object) -> dict[str, Any]:
+    """A cancel's request as stored (JSON text: who asked, why, from where),
+    as a mapping; anything unreadable is kept as text, never an error."""
+    if not isinstance(text, str) or not text:
+        return {}
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return {"request": text}
+    return dict(found) if isinstance(found, dict) else {"request": found}
+
+
+def cancel_attempt(
+    conn: Conn,
+    dispatch_id: str,
+    attempt: int,
+    lease_until: float,
+    ordering_key: str | None,
+    *,
+    now: float,
+    actor: str,
+    source: Source,
+    summary: str,
+    metadata: Mapping[str, Any] | None = None,
+) -> bool:
+    """End the attempt ``(attempt, lease_until)`` of a delivering row as
+    ``cancelled`` (``dispatch.cancelled.operator``), fenced on that claim,
+    with the cancel's request (who asked, when, why) and ``metadata`` in
+    the transition; a keyed row's next row goes. False (nothing written)
+    if the row moved on. The caller holds the key's lock."""
+    found = conn.query_one(sql.CANCEL_REQUEST, (dispatch_id, attempt, lease_until))
+    if found is None:
+        return False
+    note: dict[str, Any] = {"attempt": attempt}
+    if found["cancel_requested_at"] is not None:
+        note["requested_at"] = found["cancel_requested_at"]
+        note.update(cancel_request(found["cancel_request"]))
+    note.update(metadata or {})
+    change = Change(
+        dispatch_id,
+        Status.DELIVERING,
+        Status.CANCELLED,
+        Reason.CANCELLED_OPERATOR,
+        summary,
+        source,
+        actor,
+        now,
+        note,
+    )
+    history = transition_rows([change])
+    if not conn.execute(sql.CANCEL_ATTEMPT, (now, dispatch_id, attempt, lease_until)):
+        return False
+    promote(conn, [ordering_key], now)
+    insert_rows(conn, history)
+    return True
+
+
+def marked(conn: Conn, ids: Sequence[str]) -> dict[str, Row]:
+    """The rows among ``ids`` that are delivering with a cancel asked for,
+    by id (each with its ``attempt`` and lease, ``next_attempt_at``)."""
+    if not ids:
+        return {}
+    arrays = conn.dialect.arrays
+    if arrays is not None:
+        rows = conn.query(sql.marked_attempts_many(arrays), [list(ids)])
+    else:
+        rows = conn.query(sql.marked_attempts(len(ids)), list(ids))
+    return {str(row["id"]): row for row in rows}
+
+
+def is_attempt(row: Row | None, claim: Claim) -> bool:
+    """Whether ``row`` (a marked row as :func:`marked` read it) is still at
+    ``claim``'s attempt, under its lease."""
+    return (
+        row is not None
+        and int(row["attempt"]) == claim.attempt
+        and float(row["next_attempt_at"]) == claim.lease_until
+    )
+
+
+def settle_cancels(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
+    """The ends the fenced finish left out: each whose row is still at its
+    attempt with a cancel asked for is settled now, in the finish's
+    transaction (the row stays locked to it): a success is recorded as it
+    would have been, the cancel taken back and named in the transition
+    (too late); any other end records ``cancelled``. An end whose row
+    moved on for another reason stays a CONFLICT."""
+    found = marked(conn, [end.claim.dispatch_id for end in ends])
+    outcomes: list[Outcome] = []
+    for end in ends:
+        claim = end.claim
+        row = found.get(claim.dispatch_id)
+        if not is_attempt(row, claim):
+            outcomes.append(Outcome.CONFLICT)
+            continue
+        fence = (claim.dispatch_id, claim.attempt, claim.lease_until)
+        if end.result.ok:  # it succeeded before the cancel reached it
+            request = conn.query_one(sql.CANCEL_REQUEST, fence)
+            conn.execute(sql.UNMARK, fence)
+            note = {} if request is None else cancel_request(request["cancel_request"])
+            if request is not None:
+                note["requested_at"] = request["cancel_requested_at"]
+            if end.effects is not None:
+                end.effects.too_late = True
+            [outcome] = _finish_rows(conn, [dataclasses.replace(end, too_late=note)])
+            outcomes.append(outcome)
+            continue
+        what = "cut by" if end.result.cancelled else "failed after"
+        cancelled = cancel_attempt(
+            conn,
+            claim.dispatch_id,
+            claim.attempt,
+            claim.lease_until,
+            claim.ordering_key,
+            now=end.now,
+            actor=end.actor,
+            source=Source.DELIVERY,
+            summary=f"attempt {claim.attempt} {what} an operator's cancel; cancelled",
+            # An attempt that failed by itself first says how.
+            metadata=None if end.result.cancelled else {"error": (end.result.error or "")[:200]},
+        )
+        outcomes.append(Outcome.CANCELLED if cancelled else Outcome.CONFLICT)
+    return outcomes

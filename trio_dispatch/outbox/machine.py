@@ -39,6 +39,7 @@ from .claim.rules import Claiming
 from .claim.scan import select_due
 from .claim.statements import select_if_due
 from .ends import AttemptEnd as AttemptEnd
+from .ends import cancel_attempt as cancel_attempt
 from .ends import finish_many as finish_many
 from .ends import give_back as give_back
 from .ends import plan_end as plan_end
@@ -185,7 +186,7 @@ _DEFAULT_RULES: Final = claim_rules()
 
 _SCAN_COLUMNS: Final = (
     "id, {row_key} AS row_key, status, attempt, max_attempts, expires_at, next_attempt_at, "
-    "created_at, deliver_to, ordering_key, throttles"
+    "created_at, deliver_to, ordering_key, throttles, cancel_requested_at"
 )
 
 
@@ -205,7 +206,9 @@ def claim_batch(
     dead-letter spent ones, and claim the rest with one statement per
     previous status, each leased until ``at + lease``. Returns the claims
     in scan order and the scan's counters (``attempted``, ``expired``,
-    ``dead_letter``; the others 0). ``rules`` (default
+    ``dead_letter``; the others 0). A delivering row whose lease ran out
+    with a cancel asked for (its worker died, or never heard it) is
+    recorded ``cancelled`` instead of attempted again (SPEC 18). ``rules`` (default
     :func:`~.claim.claim_rules`: the ordering keys' rule, ``block``) decide
     what the claim may take, at their five points (:mod:`.claim.rules`):
     only rows their term allows are read, their left-out destinations are
@@ -233,7 +236,20 @@ def claim_batch(
     counts["attempted"] = len(rows)
     starting: list[Row] = []
     for row in rows:
-        if row["expires_at"] is not None and row["expires_at"] <= at:
+        if row["status"] == Status.DELIVERING and row["cancel_requested_at"] is not None:
+            cancel_attempt(
+                conn,
+                row["id"],
+                row["attempt"],
+                row["next_attempt_at"],
+                row["ordering_key"],
+                now=at,
+                actor=actor,
+                source=Source.DELIVERY,
+                summary=f"lease of attempt {row['attempt']} expired after an operator's cancel; "
+                "cancelled instead of attempted again",
+            )
+        elif row["expires_at"] is not None and row["expires_at"] <= at:
             counts["expired"] += expire(conn, row, at, actor)
         elif row["status"] == Status.DELIVERING and spent(row):
             counts["dead_letter"] += spend(conn, row, at, actor)

@@ -97,9 +97,10 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
-READ_COLUMNS: Final = f"{COLUMNS}, throttles"
-"""What reads show of a row: every column of :data:`COLUMNS` and the
-throttled attempts (SPEC section 17)."""
+READ_COLUMNS: Final = f"{COLUMNS}, throttles, cancel_requested_at, cancel_request"
+"""What reads show of a row: every column of :data:`COLUMNS`, the
+throttled attempts (SPEC section 17) and a running attempt's cancel, when
+one was asked for and by whom (SPEC section 18)."""
 
 
 def list_newest(where: str) -> str:
@@ -236,6 +237,10 @@ SPEND: Final = (
 # its lease (`next_attempt_at` as the claim set it). The attempt alone is not
 # unique once an operator retry resets it to 0; the lease time is.
 FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
+# ... and on no cancel having been asked for the attempt (SPEC 18): an end
+# that finds the mark writes nothing, and the finish then settles the
+# cancel in the same transaction (cancelled, or the success that came first).
+UNMARKED: Final = "cancel_requested_at IS NULL"
 
 
 _FINISH_COLUMNS: Final = ("id", "attempt", "lease", "status", "next_at", "now", "err")
@@ -246,11 +251,11 @@ _FINISH: Final = (
     "FROM f WHERE dispatch_outbox.id = f.id "
     f"AND dispatch_outbox.status = '{Status.DELIVERING}' "
     "AND dispatch_outbox.attempt = f.attempt AND dispatch_outbox.next_attempt_at = f.lease "
-    "RETURNING dispatch_outbox.id AS id"
+    f"AND dispatch_outbox.{UNMARKED} RETURNING dispatch_outbox.id AS id"
 )
 """The end of many attempts, read from a row source ``f`` of
-:data:`_FINISH_COLUMNS`, each fenced on its claim; returns the ids whose
-end applied."""
+:data:`_FINISH_COLUMNS`, each fenced on its claim (and on no cancel asked
+for it); returns the ids whose end applied."""
 
 
 def _finish(source: str) -> str:
@@ -280,15 +285,60 @@ def finish_attempts_recorded(arrays: ArrayForms) -> Typed:
 
 
 RELEASE: Final = (
-    f"UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? WHERE {FENCE}"
+    "UPDATE dispatch_outbox SET status = ?, next_attempt_at = ?, updated_at = ? "
+    f"WHERE {FENCE} AND {UNMARKED}"
 )
 
 GIVE_BACK: Final = (
     f"UPDATE dispatch_outbox SET status = '{Status.PENDING}', attempt = attempt - 1, "
-    f"next_attempt_at = ?, updated_at = ?, last_error = ? WHERE {FENCE}"
+    f"next_attempt_at = ?, updated_at = ?, last_error = ? WHERE {FENCE} AND {UNMARKED}"
 )
 """Release an attempt that was never made (a local resource error): due at
 once, and the claim's attempt taken back."""
+
+
+# -- cancels (SPEC 18) -------------------------------------------------------------
+
+MARK_CANCEL: Final = (
+    "UPDATE dispatch_outbox SET cancel_requested_at = COALESCE(cancel_requested_at, ?), "
+    "cancel_request = COALESCE(cancel_request, ?) "
+    f"WHERE {FENCE}"
+)
+"""Mark the running attempt (fenced on the claim it was read with) as
+cancelled by an operator: the first request's time and author stay."""
+
+_MARKED: Final = (
+    "SELECT id, attempt, next_attempt_at, cancel_requested_at FROM dispatch_outbox "
+    f"WHERE {{ids}} AND status = '{Status.DELIVERING}' AND cancel_requested_at IS NOT NULL"
+)
+
+
+def marked_attempts(count: int) -> str:
+    """Which of ``count`` rows (by id) are delivering with a cancel asked
+    for: each row's attempt and lease, to match a claim."""
+    return _MARKED.format(ids=f"id IN ({', '.join('?' * count)})")
+
+
+@functools.cache
+def marked_attempts_many(arrays: ArrayForms) -> Typed:
+    """:func:`marked_attempts` with the ids as one array."""
+    return Typed(_MARKED.format(ids=arrays.any_of("id")))
+
+
+CANCEL_REQUEST: Final = (
+    f"SELECT cancel_requested_at, cancel_request FROM dispatch_outbox WHERE {FENCE}"
+)
+"""The cancel asked for a running attempt (NULLs: none), fenced on its claim."""
+
+CANCEL_ATTEMPT: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.CANCELLED}', updated_at = ? WHERE {FENCE}"
+)
+"""A running attempt's end as ``cancelled``, fenced on its claim."""
+
+UNMARK: Final = (
+    f"UPDATE dispatch_outbox SET cancel_requested_at = NULL, cancel_request = NULL WHERE {FENCE}"
+)
+"""Take a cancel back from an attempt that had succeeded first (too late)."""
 
 
 def count_throttles(count: int) -> str:

@@ -131,6 +131,10 @@ class Outcome(enum.Enum):
     RELEASED = "released"
     """Worker shutdown interrupted the attempt, or a local resource error
     kept it from being made: back to pending, due now."""
+    CANCELLED = "cancelled"
+    """An operator cancelled the dispatch while the attempt ran (SPEC
+    section 18): the attempt, cut or failed, ended the row as
+    ``cancelled``."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""
 

@@ -373,14 +373,35 @@ class Store(Database, Protocol):
         a pending dispatch in this process; return a function that removes
         it. Used by a worker to wake at once instead of waiting for a tick."""
 
+    def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback`` (in the event loop) with the dispatch id after
+        a cancel of a running attempt committed in this process; return a
+        function that removes it. A worker of this process cuts the
+        attempt at once (other processes hear through :class:`Listener`)."""
+
+    def notify_cancel(self, dispatch_id: str) -> None:
+        """Tell this process's cancel listeners that the cancel of
+        ``dispatch_id``'s running attempt has committed."""
+
 
 @runtime_checkable
 class Listener(Protocol):
     """A store that can tell this process about enqueues other processes
-    commit (PostgreSQL ``LISTEN``/``NOTIFY``). A worker listens when its
-    store is one; otherwise its tick (and in-process wake-ups) suffice."""
+    commit (PostgreSQL ``LISTEN``/``NOTIFY``; SQLite: any commit). A worker
+    listens when its store is one; otherwise its tick (and in-process
+    wake-ups) suffice."""
 
-    async def listen(self, callback: Callable[[], None]) -> None:
+    async def listen(
+        self,
+        callback: Callable[[], None],
+        *,
+        on_cancel: Callable[[str | None], None] | None = None,
+    ) -> None:
         """Call ``callback`` (in the event loop) after each enqueue any
         process commits, until cancelled; raise if notifications are
-        unavailable (the caller then relies on its tick)."""
+        unavailable (the caller then relies on its tick). With
+        ``on_cancel``, also call it after a cancel of a running attempt
+        commits anywhere (SPEC 18), with the dispatch id, or None where
+        the engine cannot say which (SQLite: after any commit), and once
+        when listening (re)starts: what committed before it may have gone
+        unheard."""

@@ -171,6 +171,7 @@ class BatchingStore(abc.ABC):
         self._idle = anyio.Event()
         self._tx_owner: object | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._cancel_listeners: list[Callable[[str], None]] = []
         self._closed = False
         self.stats = {"batches": 0, "units": 0, "hops": 0}
         """Write transactions run by group commit, the units they held, and
@@ -529,3 +530,16 @@ class BatchingStore(abc.ABC):
     def notify_enqueued(self) -> None:
         for callback in list(self._listeners):
             callback()
+
+    def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        self._cancel_listeners.append(callback)
+
+        def remove() -> None:
+            if callback in self._cancel_listeners:
+                self._cancel_listeners.remove(callback)
+
+        return remove
+
+    def notify_cancel(self, dispatch_id: str) -> None:
+        for callback in list(self._cancel_listeners):
+            callback(dispatch_id)

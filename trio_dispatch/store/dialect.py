@@ -5,10 +5,11 @@ Every statement the outbox runs is written once, in SQLite's spelling with
 what an engine spells differently -- its DDL, how a claim locks rows, how a
 row is addressed, how it says bulk work in one statement
 (:class:`ArrayForms`: PostgreSQL's are :mod:`.pg_statements`), how other
-processes are told of an enqueue, how migrators take turns -- is a field
-here. A connection carries its dialect (:attr:`~.base.Conn.dialect`), and
-the state machine asks it instead of testing for an engine: no module of
-the outbox spells an array, a cast, ``LATERAL`` or a notice. A new engine
+processes are told of an enqueue or of a running attempt's cancel, how
+migrators take turns -- is a field here. A connection carries its dialect
+(:attr:`~.base.Conn.dialect`), and the state machine asks it instead of
+testing for an engine: no module of the outbox spells an array, a cast,
+``LATERAL`` or a notice. A new engine
 is a connection module plus one :class:`Dialect`.
 """
 
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, Protocol
 
 from .pg_statements import ARRAYS as _POSTGRES_ARRAYS
+from .pg_statements import CANCEL_CHANNEL as CANCEL_CHANNEL
 from .pg_statements import CHANNEL as CHANNEL
 from .placeholders import Typed as Typed
 
@@ -108,6 +110,12 @@ class Dialect:
     commits, that a dispatch was enqueued (empty: they poll)."""
     listen: str = ""
     """The statement a connection runs to hear :attr:`notify`."""
+    cancel_notice: str = ""
+    """A statement taking a dispatch id that tells other processes, once the
+    transaction commits, that the running attempt of that dispatch was
+    cancelled (empty: they watch every commit, as SQLite's workers do)."""
+    cancel_listen: str = ""
+    """The statement a connection runs to hear :attr:`cancel_notice`."""
     index_hint: str = ""
     """How a statement names the index to read (``{}`` is its name), where
     the planner must be told: SQLite, without statistics, prefers the status
@@ -293,6 +301,8 @@ POSTGRES: Final = Dialect(
     schemas=True,
     notify=f"NOTIFY {CHANNEL}",
     listen=f"LISTEN {CHANNEL}",
+    cancel_notice=f"SELECT pg_notify('{CANCEL_CHANNEL}', ?) AS sent",
+    cancel_listen=f"LISTEN {CANCEL_CHANNEL}",
     migration_lock=f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK}) AS locked",
     key_locks=(
         f"SELECT COUNT(pg_advisory_xact_lock(hashtextextended(k, {KEY_LOCK_SEED}))) AS locked "

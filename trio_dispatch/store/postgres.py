@@ -60,7 +60,7 @@ from .base import (
     T,
 )
 from .batching import BatchingStore
-from .dialect import POSTGRES
+from .dialect import CANCEL_CHANNEL, POSTGRES
 from .pg_session import (
     PostgresConn,
     alive,
@@ -412,20 +412,29 @@ class PostgresStore(BatchingStore):
         self,
         callback: Callable[[], None],
         *,
+        on_cancel: Callable[[str | None], None] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``callback`` (in the event loop) whenever any process commits
-        an enqueue to this database, until cancelled. Raises if notifications
-        are unavailable (e.g. behind a transaction-mode pooler); the caller
+        an enqueue to this database, until cancelled. With ``on_cancel``,
+        the same connection also listens for cancels of running attempts
+        (:data:`~.dialect.CANCEL_CHANNEL`) and calls it with each one's
+        dispatch id -- and with None once listening (re)starts, since what
+        was sent before went unheard. Raises if notifications are
+        unavailable (e.g. behind a transaction-mode pooler); the caller
         then relies on its tick."""
-        conn = await anyio.to_thread.run_sync(self._listening)
+        cancels = on_cancel is not None
+        conn = await anyio.to_thread.run_sync(self._listening, cancels)
         try:
             task_status.started()
+            if on_cancel is not None:
+                on_cancel(None)
             while True:
                 try:
                     await _relay(
                         conn,
                         callback,
+                        on_cancel,
                         self._watched(conn),
                         self.network_timeout * LISTEN_CHECK_FACTOR,
                     )
@@ -434,24 +443,29 @@ class PostgresStore(BatchingStore):
                         raise
                     reason = error_text(exc)
                 await anyio.to_thread.run_sync(conn.close)
-                conn = await self._listen_again(reason)
+                conn = await self._listen_again(reason, cancels)
                 callback()  # what was sent while it was away is lost: look once
+                if on_cancel is not None:
+                    on_cancel(None)
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(conn.close)
 
-    def _listening(self) -> psycopg.Connection[Any]:
-        """A new connection that listens for enqueues (``POSTGRES.listen``)."""
+    def _listening(self, cancels: bool = False) -> psycopg.Connection[Any]:
+        """A new connection that listens for enqueues (``POSTGRES.listen``)
+        and, with ``cancels``, for cancels (``POSTGRES.cancel_listen``)."""
         conn = self._connect()
         try:
             with self._watched(conn).watched():
+                if cancels:
+                    conn.execute(POSTGRES.cancel_listen)
                 conn.execute(POSTGRES.listen)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    async def _listen_again(self, reason: str) -> psycopg.Connection[Any]:
+    async def _listen_again(self, reason: str, cancels: bool) -> psycopg.Connection[Any]:
         """Reconnect and listen, waiting :data:`RECONNECT_FIRST_DELAY`
         doubling to :data:`RECONNECT_MAX_DELAY` between tries while the
         server does not answer; anything else (e.g. a pooler refusing
@@ -461,7 +475,7 @@ class PostgresStore(BatchingStore):
         while True:
             tries += 1
             try:
-                conn = await anyio.to_thread.run_sync(self._listening)
+                conn = await anyio.to_thread.run_sync(self._listening, cancels)
             except psycopg.OperationalError as exc:
                 reason = error_text(exc)
                 delay = _next_delay(delay)
@@ -506,15 +520,17 @@ def _read(watched: PostgresConn, work: Callable[[PostgresConn], T]) -> T:
 async def _relay(
     conn: psycopg.Connection[Any],
     callback: Callable[[], None],
+    on_cancel: Callable[[str | None], None] | None,
     watched: PostgresConn,
     check_every: float,
 ) -> NoReturn:
-    """Call ``callback`` for each batch of notifications on ``conn`` until
-    its session ends (psycopg's OperationalError). After ``check_every``
-    seconds without a word, a round trip with the deadline checks that the
-    session still answers."""
+    """Call ``callback`` for each batch of enqueue notifications on
+    ``conn``, and ``on_cancel`` with the payload of each cancel
+    notification, until its session ends (psycopg's OperationalError).
+    After ``check_every`` seconds without a word, a round trip with the
+    deadline checks that the session still answers."""
     fd = conn.fileno()
-    heard: list[object] = []
+    heard: list[psycopg.Notify] = []
     conn.add_notify_handler(heard.append)  # what arrives during a check
     while True:
         # The event loop watches the socket: cancellation is at once,
@@ -523,12 +539,25 @@ async def _relay(
             await anyio.wait_readable(fd)
         if quiet.cancelled_caught:
             await anyio.to_thread.run_sync(_check, watched)
-            if heard:
-                heard.clear()
-                callback()
-            continue
-        if _drain_notifications(conn):
-            callback()
+            arrived = [(notice.channel, notice.payload) for notice in heard]
+            heard.clear()
+        else:
+            arrived = _drain_notifications(conn)
+        _route(arrived, callback, on_cancel)
+
+
+def _route(
+    arrived: list[tuple[str, str]],
+    callback: Callable[[], None],
+    on_cancel: Callable[[str | None], None] | None,
+) -> None:
+    """Enqueues wake once per batch; each cancel is told by its id."""
+    if any(channel != CANCEL_CHANNEL for channel, _ in arrived):
+        callback()
+    if on_cancel is not None:
+        for channel, payload in arrived:
+            if channel == CANCEL_CHANNEL:
+                on_cancel(payload or None)
 
 
 def _check(watched: PostgresConn) -> None:
@@ -538,15 +567,16 @@ def _check(watched: PostgresConn) -> None:
         watched._conn.execute("SELECT 1")
 
 
-def _drain_notifications(conn: psycopg.Connection[Any]) -> int:
-    """Read what the server sent on an idle listening connection; return how
-    many notifications came. Raises psycopg's OperationalError once the
-    session has ended (the server went away or ended it)."""
+def _drain_notifications(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """Read what the server sent on an idle listening connection; return the
+    notifications that came, as (channel, payload). Raises psycopg's
+    OperationalError once the session has ended (the server went away or
+    ended it)."""
     pgconn = conn.pgconn
     pgconn.consume_input()
-    count = 0
-    while pgconn.notifies() is not None:
-        count += 1
+    found: list[tuple[str, str]] = []
+    while (notice := pgconn.notifies()) is not None:
+        found.append((notice.relname.decode(), notice.extra.decode()))
     if pgconn.status != ConnStatus.OK:  # pragma: no cover - consume_input raises first
         raise psycopg.OperationalError("the connection is closed")
-    return count
+    return found

@@ -26,7 +26,10 @@ throttled attempts. Version 11 admits the statuses ``superseded`` and
 finished-age index rebuilt over every finished status. Version 12 adds a
 partial index of the live rows that have an ``expires_at``, by deadline:
 the worker's expiry sweep reads the rows past theirs, whichever
-destination or key holds them back, and nothing else.
+destination or key holds them back, and nothing else. Version 13 lets an
+operator's cancel mark a running attempt (SPEC section 18): when it was
+asked for and by whom, read by the worker that runs the attempt and by the
+fenced finish that ends it.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -391,6 +394,17 @@ _V12: Final[tuple[Step, ...]] = (
     """,
 )
 
+_V13: Final[tuple[Step, ...]] = (
+    # A delivering row an operator cancelled: the worker running its attempt
+    # cuts it and records `cancelled`, unless the attempt's finish comes
+    # first with a success. Set only on a delivering row; every write that
+    # moves a row out of `delivering` is fenced on it (NULL) or reads it.
+    "ALTER TABLE dispatch_outbox ADD COLUMN cancel_requested_at FLOAT NULL",
+    # Who asked and why (JSON: actor, reason, the client's address), for
+    # the transition that records the cancel.
+    "ALTER TABLE dispatch_outbox ADD COLUMN cancel_request TEXT NULL",
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -404,6 +418,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V10,
     _V11,
     _V12,
+    _V13,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 

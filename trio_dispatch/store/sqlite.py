@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -451,14 +452,18 @@ class SQLiteStore(BatchingStore):
         self,
         callback: Callable[[], None],
         *,
+        on_cancel: Callable[[str | None], None] | None = None,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``callback`` (in the event loop) within
         :data:`DATA_VERSION_POLL_SECONDS` of any commit another connection
         or process makes to this file, until cancelled: a dedicated
         read-only connection polls ``PRAGMA data_version``, which changes
-        when anyone else commits -- no table is read. An in-memory store has
-        no other connection: it returns only when cancelled."""
+        when anyone else commits -- no table is read. ``on_cancel`` is
+        called with None after each such commit (a cancel of a running
+        attempt is one; SQLite cannot say which) and once when the watch
+        begins. An in-memory store has no other connection: it returns
+        only when cancelled."""
         if self.path == ":memory:":
             task_status.started()
             await anyio.sleep_forever()
@@ -478,19 +483,27 @@ class SQLiteStore(BatchingStore):
             # taken as a change -- a wake too many, never one too few.
             await anyio.to_thread.run_sync(conn.execute, "PRAGMA busy_timeout = 0")
             task_status.started()
+            heard = callback if on_cancel is None else partial(_both, callback, on_cancel)
+            if on_cancel is not None:  # a cancel committed before the first poll
+                on_cancel(None)
             while True:
                 await anyio.sleep(DATA_VERSION_POLL_SECONDS)
                 try:
                     version = data_version()
                 except sqlite3.OperationalError:
-                    callback()
+                    heard()
                     continue
                 if version != seen:
                     seen = version
-                    callback()
+                    heard()
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(conn.close, limiter=limiter)
+
+
+def _both(callback: Callable[[], None], on_cancel: Callable[[str | None], None]) -> None:
+    callback()
+    on_cancel(None)
 
 
 SQLiteTransaction = BatchingTransaction

@@ -1,8 +1,8 @@
-"""Acting from the dashboard (SPEC sections 15 and 17): log in and out,
-retry and purge one row, and bulk retry or purge by filter after a
-confirmation (a bulk retry by destination and failure time is the
-dashboard's replay, at most :data:`~trio_dispatch.outbox.bulk.BULK_LIMIT`
-rows a request).
+"""Acting from the dashboard (SPEC sections 15, 17 and 18): log in and
+out, retry, cancel and purge one row, and bulk retry, cancel or purge by
+filter after a confirmation (a bulk retry by destination and failure time
+is the dashboard's replay; at most
+:data:`~trio_dispatch.outbox.bulk.BULK_LIMIT` rows a request).
 
 Every action is a POST, checked on the server: an operator's role (else
 403), and for a browser session the CSRF token and the same ``Origin``
@@ -28,11 +28,13 @@ from urllib.parse import parse_qs, quote, urlencode
 from ..errors import ActionRefused
 from ..lifecycle import InvalidTransition
 from ..outbox.bulk import BULK_LIMIT, BulkAction, Filter, apply_bulk, bulk_filter, count_matching
-from ..outbox.operator import purge_dispatch, retry_dispatch
+from ..outbox.cancel import CANCELLABLE, cancel_dispatch
+from ..outbox.operator import RETRYABLE, purge_dispatch, retry_dispatch
 from ..outbox.reads import get_dispatch
 from ..redact import scrubbed_logger, visible
 from ..store.base import Database
 from ..times import read_time
+from ..validate import require_reason
 from . import pages
 from .auth import Auth, Identity, Role, forgery, header, same_origin
 from .throttle import LOGIN_FAILURES, LOGIN_WINDOW_SECONDS, LoginThrottle
@@ -42,8 +44,14 @@ MAX_FORM_BYTES: Final = 16 * 1024
 ACTOR: Final = "web"
 FILTER_FIELDS: Final = ("status", "deliver_to", "kind", "ordering_key", "since", "until")
 """The fields that choose the rows of a bulk action."""
-_ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|purge)")
-_BULK: Final = re.compile(r"/actions/(retry|purge)")
+_ONE: Final = re.compile(r"/dispatches/([^/]+)/(retry|cancel|purge)")
+_BULK: Final = re.compile(r"/actions/(retry|cancel|purge)")
+ACTION_LABELS: Final = (("retry", "Retry"), ("cancel", "Cancel"), ("purge", "Purge"))
+"""The row actions, in the order their buttons show."""
+CANCEL_WAIT_SECONDS: Final = 5.0
+"""How long a cancel of a running attempt waits for its worker's answer
+before the dashboard says it is asked for (202)."""
+_DONE: Final = {"retry": "retried", "cancel": "cancelled", "purge": "purged"}
 HTML: Final = b"text/html; charset=utf-8"
 NO_SESSION: Final = {
     "bearer": "a bearer token has no session to end: /logout ends a browser's login "
@@ -105,6 +113,17 @@ def client(scope: Mapping[str, Any]) -> str:
     return str(found[0]) if found else "unknown"
 
 
+def offered(action: str, status: str | None) -> bool:
+    """Whether a row (or a filter) of ``status`` has ``action``: retry for
+    dead letters and expired rows, cancel for pending and delivering ones,
+    purge for any."""
+    if action == "retry":
+        return status in RETRYABLE
+    if action == "cancel":
+        return status in CANCELLABLE
+    return True
+
+
 def hidden(name: str, value: str) -> str:
     return f'<input type=hidden name="{pages.text(name)}" value="{pages.text(value)}">'
 
@@ -132,6 +151,8 @@ class Actions:
         self.auth = auth
         self.store_label = store_label
         self.throttle = LoginThrottle(auth.clock)
+        self.cancel_wait_seconds = CANCEL_WAIT_SECONDS
+        """How long a cancel of a running attempt waits for its worker."""
 
     def _page(
         self,
@@ -165,12 +186,14 @@ class Actions:
         document: Mapping[str, Any],
         message: str,
         back: str = "/",
+        *,
+        status: int = 200,
     ) -> Reply:
-        """An action that applied: its JSON when asked, else a redirect to
-        ``back`` (POST, redirect, GET: a reload asks nothing again), whose
-        page says ``message`` once to a browser session."""
+        """An action that applied: its JSON (with ``status``) when asked, else
+        a redirect to ``back`` (POST, redirect, GET: a reload asks nothing
+        again), whose page says ``message`` once to a browser session."""
         if wants_json(scope):
-            return Reply(200, json.dumps(document).encode() + b"\n", JSON)
+            return Reply(status, json.dumps(document).encode() + b"\n", JSON)
         if identity.session is not None:
             identity.session.notice = message
         return Reply(303, b"", HTML, ((b"location", back.encode("ascii")),))
@@ -265,12 +288,14 @@ class Actions:
         except ValueError as exc:
             return self._answer(scope, 400, {"error": str(exc)}, str(exc))
 
-    def _no_filter(self, scope: Mapping[str, Any], fields: Mapping[str, str]) -> Reply | None:
-        """The 400 that refuses a bulk retry nothing narrows, else None."""
-        if any(fields.get(name) for name in FILTER_FIELDS):
+    def _no_filter(
+        self, scope: Mapping[str, Any], fields: Mapping[str, str], action: str = "retry"
+    ) -> Reply | None:
+        """The 400 that refuses a bulk retry or cancel nothing narrows, else None."""
+        if action == "purge" or any(fields.get(name) for name in FILTER_FIELDS):
             return None
-        message = f"a bulk retry needs at least one filter: {', '.join(FILTER_FIELDS)}"
-        return self._answer(scope, 400, {"error": message}, message, "/actions/retry")
+        message = f"a bulk {action} needs at least one filter: {', '.join(FILTER_FIELDS)}"
+        return self._answer(scope, 400, {"error": message}, message, f"/actions/{action}")
 
     def _refusal(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str]
@@ -285,7 +310,7 @@ class Actions:
     async def one(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str], path: str
     ) -> Reply | None:
-        """``POST /dispatches/{id}/retry|purge``; None if ``path`` is not one."""
+        """``POST /dispatches/{id}/retry|cancel|purge``; None if ``path`` is not one."""
         match = _ONE.fullmatch(path)
         if match is None:
             return None
@@ -295,6 +320,8 @@ class Actions:
         dispatch_id, action = match[1], match[2]
         where = {"client": client(scope), "via": identity.via}
         back = pages.DISPATCH_PATH + quote(dispatch_id, safe="")
+        if action == "cancel":
+            return await self._cancel(scope, identity, form, dispatch_id, where)
         try:
             if action == "retry":
                 applied = await retry_dispatch(self.db, dispatch_id, actor=ACTOR, metadata=where)
@@ -335,7 +362,7 @@ class Actions:
             )
         row = await get_dispatch(self.db, dispatch_id)
         status = None if row is None else row["status"]
-        verb = "retried: pending again" if action == "retry" else "purged"
+        verb = "retried: pending again" if action == "retry" else _DONE[action]
         return self._done(
             scope,
             identity,
@@ -344,11 +371,63 @@ class Actions:
             back if action == "retry" else "/",
         )
 
+    async def _cancel(
+        self,
+        scope: Mapping[str, Any],
+        identity: Identity,
+        form: Mapping[str, str],
+        dispatch_id: str,
+        where: dict[str, str],
+    ) -> Reply:
+        """``POST /dispatches/{id}/cancel`` (SPEC 18): 200 cancelled; 202 a
+        running attempt's cancel asked for, its worker yet to answer; 409
+        too late or a status with no cancel; 404 unknown; 400 a bad
+        ``reason``."""
+        back = pages.DISPATCH_PATH + quote(dispatch_id, safe="")
+        try:
+            reason = require_reason(form.get("reason") or None)
+            result = await cancel_dispatch(
+                self.db,
+                dispatch_id,
+                reason,
+                wait_seconds=self.cancel_wait_seconds,
+                actor=ACTOR,
+                metadata=where,
+            )
+        except LookupError:
+            message = f"no dispatch {dispatch_id}"
+            document = {"id": dispatch_id, "applied": False, "error": message}
+            return self._answer(scope, 404, document, message)
+        except InvalidTransition as exc:  # too late, or a status with no cancel
+            log.info(
+                "web: cancel of %s from %s refused: %s", visible(dispatch_id), where["client"], exc
+            )
+            document = {"id": dispatch_id, "applied": False, "error": str(exc)}
+            return self._answer(scope, 409, document, str(exc), back)
+        except ValueError as exc:  # not an id, a bad reason
+            return self._answer(scope, 400, {"error": str(exc)}, str(exc))
+        log.info(
+            "web: cancel of dispatch %s by %s (%s) from %s: %s",
+            visible(dispatch_id),
+            identity.role,
+            identity.via,
+            where["client"],
+            result.status,
+        )
+        document = {**result.to_dict(), "action": "cancel", "applied": True}
+        if result.cancelled:
+            return self._done(scope, identity, document, f"dispatch {dispatch_id} cancelled", back)
+        message = (
+            f"cancel of dispatch {dispatch_id} asked for: its attempt {result.attempt} is still "
+            "running; its worker records the cancel when it stops it"
+        )
+        return self._done(scope, identity, document, message, back, status=202)
+
     async def confirm(
         self, scope: Mapping[str, Any], identity: Identity, path: str, query: Mapping[str, str]
     ) -> Reply | None:
-        """``GET /actions/retry|purge?status=...``: how many rows the action
-        would change, and the form that applies it; None if not that path.
+        """``GET /actions/retry|cancel|purge?status=...``: how many rows the
+        action would change, and the form that applies it; None if not that path.
         A retry's page also has the form that chooses its filters (replay),
         and without any filter shows only that."""
         match = _BULK.fullmatch(path)
@@ -364,7 +443,7 @@ class Actions:
                 f"{pages.replay_form({})}"
             )
             return self._page("Retry rows", body)
-        refused = self._no_filter(scope, query) if retry else None
+        refused = self._no_filter(scope, query, match[1])
         chosen_or_refusal = self._filter(scope, match[1], query) if refused is None else refused
         if isinstance(chosen_or_refusal, Reply):
             return chosen_or_refusal
@@ -392,7 +471,7 @@ class Actions:
             f"<h1>{pages.text(action.capitalize())} {count:,} rows?</h1>"
             f"<p>Rows with {pages.text(chosen.describe())}: {count:,}{cap}.</p>"
             f"{button if count else '<p>Nothing matches.</p>'}"
-            f'<p><a href="/?{pages.text(urlencode(listed))}">cancel</a></p>'
+            f'<p><a href="/?{pages.text(urlencode(listed))}">back, change nothing</a></p>'
             + (f"<h2>Change the filters</h2>{pages.replay_form(fields)}" if retry else "")
         )
         return self._page(f"{action.capitalize()} rows", body)
@@ -400,13 +479,13 @@ class Actions:
     async def bulk(
         self, scope: Mapping[str, Any], identity: Identity, form: Mapping[str, str], path: str
     ) -> Reply | None:
-        """``POST /actions/retry|purge``; None if ``path`` is not one."""
+        """``POST /actions/retry|cancel|purge``; None if ``path`` is not one."""
         match = _BULK.fullmatch(path)
         if match is None:
             return None
         refused = self._refusal(scope, identity, form)
-        if refused is None and match[1] == "retry":
-            refused = self._no_filter(scope, form)
+        if refused is None:
+            refused = self._no_filter(scope, form, match[1])
         if refused is not None:
             return refused
         chosen_or_refusal = self._filter(scope, match[1], form)
@@ -426,7 +505,9 @@ class Actions:
             result.applied,
             result.skipped,
         )
-        verb = "retried" if action == "retry" else "purged"
+        verb = _DONE[action]
+        if result.requested:
+            verb += f" ({result.requested:,} of them running: their workers stop them)"
         more = (
             f"; at most {BULK_LIMIT:,} a request: confirm again for the rest"
             if result.matched >= BULK_LIMIT

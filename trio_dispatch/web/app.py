@@ -1,7 +1,7 @@
 """The ASGI application behind ``/metrics``, ``/healthz`` and the dashboard
 (SPEC sections 11 and 15). It reads the store with bounded queries and
 answers GET and HEAD; with an operator token it also takes the POSTs of
-:mod:`.actions` (retry and purge, one row or by filter).
+:mod:`.actions` (retry, cancel and purge, one row or by filter).
 
 Roles come from :mod:`.auth`: with a viewer token every request must prove
 a role -- ``Authorization: Bearer <token>``, HTTP Basic with the token as
@@ -46,7 +46,6 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from anyio.abc import TaskGroup
 
-from ..outbox.operator import RETRYABLE
 from ..outbox.ordering import (
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
@@ -73,7 +72,16 @@ from ..schedules.runs import listing, states
 from ..store.base import Database
 from ..values import show
 from . import pages
-from .actions import Actions, FormTooLarge, Reply, action_form, client, read_form
+from .actions import (
+    ACTION_LABELS,
+    Actions,
+    FormTooLarge,
+    Reply,
+    action_form,
+    client,
+    offered,
+    read_form,
+)
 from .auth import Auth, Identity, Role, header
 from .binding import LOOPBACK_NAMES, AllowedHosts, Listen, parse_allowed_hosts
 from .destinations import DestinationsView
@@ -571,8 +579,8 @@ class WebApp:
             links = [
                 f'<a href="/actions/{action}?{pages.text(query)}">{label} all {pages.text(status)}'
                 f"{' of this filter' if kind or ordering_key else ''}...</a>"
-                for action, label in (("retry", "Retry"), ("purge", "Purge"))
-                if action == "purge" or status in RETRYABLE
+                for action, label in ACTION_LABELS
+                if offered(action, status)
             ]
         links.append(
             '<a id=replay-link href="/actions/retry">'
@@ -603,14 +611,15 @@ class WebApp:
         return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
 
     def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:
-        """Retry (a dead letter or expired row) and purge buttons for an
-        operator's browser session; a note for others who could act."""
+        """Retry (a dead letter or expired row), cancel (a pending or
+        delivering one) and purge buttons for an operator's browser
+        session; a note for others who could act."""
         if self.actions is None or identity.role < Role.OPERATOR:
             return ""
         forms = "".join(
             action_form(f"/dispatches/{dispatch_id}/{action}", label, identity)
-            for action, label in (("retry", "Retry"), ("purge", "Purge"))
-            if action == "purge" or status in RETRYABLE
+            for action, label in ACTION_LABELS
+            if offered(action, status)
         )
         if not forms:
             return "<p class=note>Log in (<a href=/login>/login</a>) to act from here.</p>"

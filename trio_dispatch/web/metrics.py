@@ -106,6 +106,15 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
         )
     statistics = worker.statistics()
     out += [deliveries, durations, *destination_families(worker)]
+    cancels = CounterMetricFamily(
+        "trio_dispatch_cancels",
+        "Running attempts an operator cancelled, as this worker settled them: cancelled "
+        "(the row ended cancelled) or too_late (the attempt had succeeded first).",
+        labels=["result"],
+    )
+    for result, n in sorted(worker.cancel_counts.snapshot().items()):
+        cancels.add_metric([result], n)
+    out.append(cancels)
     out.append(
         GaugeMetricFamily(
             "trio_dispatch_in_flight", "Deliveries running now.", value=statistics.in_flight

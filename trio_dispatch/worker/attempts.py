@@ -53,6 +53,7 @@ from ..transports import (
 from ..transports.base import timeout_message
 from ..validate import clock_from, require_int, require_number
 from ..values import show
+from .report import AttemptResult
 
 INTERRUPT_REASON: Final = "KeyboardInterrupt in the transport"
 """What a released row's history says when a Ctrl-C cut its attempt."""
@@ -102,6 +103,34 @@ class SharedDeadline:
     cut: float
     """The event-loop time the scope now ends at: the timeout's, unless a
     shutdown cut the attempt before it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """How an attempt whose scope was cancelled was cut."""
+
+    stopped_at: float | None
+    """When the worker cut it (event-loop time), or None: its own deadline."""
+    cancelled: bool
+    """An operator's cancel cut it (SPEC section 18)."""
+    closing: bool
+    """The worker is shutting down."""
+
+    def result(
+        self, result: AttemptResult, shared: SharedDeadline | None, lease_seconds: float
+    ) -> AttemptResult:
+        """The attempt's result: the transport's own timeout if its cut came
+        first (even inside a shutdown's grace, as its own scope would have
+        said); else the operator's cancel; else the lease's end, or, in a
+        shutdown, ``result`` (interrupted) however late the transport let
+        the attempt end."""
+        if shared is not None and (self.stopped_at is None or shared.cut <= self.stopped_at):
+            return transport_timeout_result(shared.timeout)
+        if self.cancelled:
+            return TransportResult.cut_by_cancel()
+        if not self.closing:
+            return lease_timeout_result(lease_seconds)
+        return result
 
 
 def share_deadline(transport: Transport, scope: anyio.CancelScope) -> SharedDeadline | None:

@@ -27,7 +27,8 @@ cancelled -- a command transport's whole process group is killed -- and
 their rows released to ``pending``, due at once. Delivery tasks are shielded
 from the outer cancellation so that grace and release can happen. A worker
 killed outright loses nothing either: its rows are recovered by any worker
-once their lease ends.
+once their lease ends. An operator's cancel of a running attempt is heard
+and carried out by :class:`.watch.CancelWatch`, a shutdown's grace included.
 """
 
 from __future__ import annotations
@@ -75,19 +76,19 @@ from ..transports import (
 )
 from .attempts import (
     INTERRUPT_REASON,
+    Cut,
     attempt_deadline,
     call_transport,
     late_claim,
-    lease_timeout_result,
     share_deadline,
-    transport_timeout_result,
 )
 from .expiry import ExpirySweeper
-from .metrics import DeliveryMetrics, DestinationMetrics
+from .metrics import CancelCounts, DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, log_outcome
 from .slots import SlotTable
 from .statistics import WorkerStatistics
+from .watch import CancelWatch, listen_to_others
 
 
 class _Configured(Protocol):
@@ -182,6 +183,10 @@ class DispatchWorker:
         )
         """Throttled attempts and breaker changes by destination (``/metrics``)."""
         self._slots = SlotTable(settings.concurrency)
+        self._cancels = CancelWatch(db, self._slots, self.log)
+        """Cuts the attempts an operator cancels (SPEC section 18)."""
+        self.cancel_counts = CancelCounts()
+        """Cancels of running attempts this worker settled (``/metrics``)."""
         self._caps = (
             None
             if settings.per_destination_concurrency is None
@@ -247,6 +252,13 @@ class DispatchWorker:
         if self._wake is not None:
             self._wake.set()
 
+    def _enqueued(self) -> None:
+        """An enqueue notice: scan now, and let the claims' fair-share turns
+        look for a destination that was not there before."""
+        if self._rules.turns is not None:
+            self._rules.turns.news()
+        self.wake()
+
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Deliver until cancelled; signals ``task_status`` once it listens
         for enqueues. On cancellation it stops claiming, gives running
@@ -260,7 +272,7 @@ class DispatchWorker:
         self._closing = False
         self._interrupt = None
         self._wake = anyio.Event()
-        remove = self.db.on_enqueue(self.wake)
+        remove = self.db.on_enqueue(self._enqueued)
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
@@ -293,18 +305,27 @@ class DispatchWorker:
             await stack.enter_async_context(opened(self.transport))  # e.g. an HTTP client
             async with anyio.create_task_group() as deliveries:
                 self._stop = deliveries.cancel_scope
-                scopes = [anyio.CancelScope() for _ in self.services()]
-                for scope, (_, service) in zip(scopes, self.services(), strict=True):
+                # The listener and the cancel watch hear cancels until the
+                # deliveries have stopped (a shutdown's grace included),
+                # shielded from the worker's own cancellation as they are.
+                running = [(anyio.CancelScope(shield=True), self._cancels.run)] + [
+                    (anyio.CancelScope(shield=name == "listener"), service)
+                    for name, service in self.services()
+                ]
+                for scope, service in running:
                     deliveries.start_soon(self._serve, service, scope)
                 task_status.started()
                 try:
                     await self._claim_loop(deliveries)
                 finally:
-                    for scope in scopes:  # the services stop before deliveries get their grace
-                        scope.cancel()
+                    for scope, _ in running:  # the services stop before deliveries get their grace
+                        if not scope.shield:
+                            scope.cancel()
                     self._closing = True  # no more claims, chained or scanned
                     with anyio.CancelScope(shield=True):
                         await self._stop_deliveries()
+                    for scope, _ in running:
+                        scope.cancel()
 
     def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
         """Run ``service`` beside the claim loop for as long as the worker
@@ -321,31 +342,14 @@ class DispatchWorker:
         :meth:`add_service` added."""
         found: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         if self.settings.listen and isinstance(self.db, Listener):
-            found.append(("listener", partial(self._listen, self.db)))
+            heard = (self.db, self._enqueued, self._cancels, self.settings.tick_seconds, self.log)
+            found.append(("listener", partial(listen_to_others, *heard)))
         return found + self._services
 
     @staticmethod
     async def _serve(service: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
         with scope:
             await service()
-
-    async def _listen(self, db: Listener) -> None:
-        """Wake on other processes' enqueues; if notifications fail (a pooler,
-        a server restart), poll on the tick and try listening again."""
-        failures = 0
-        while True:
-            try:
-                await db.listen(self.wake)
-            except Exception:
-                failures += 1
-                self.log.log(
-                    logging.WARNING if failures == 1 else logging.DEBUG,
-                    "cross-process wake-ups unavailable; polling every %gs",
-                    self.settings.tick_seconds,
-                    exc_info=True,
-                )
-            self.wake()  # catch up on anything enqueued meanwhile
-            await anyio.sleep(self.settings.tick_seconds)
 
     async def _claim_loop(self, deliveries: TaskGroup) -> None:
         while True:
@@ -369,6 +373,7 @@ class DispatchWorker:
             self._backlog = True  # a finishing delivery wakes us
             return self.settings.tick_seconds
         limit = min(self.settings.batch_size, free)
+        since = anyio.current_time()
         try:
             # Shielded: once claims commit they must reach a delivery task
             # (which finishes or releases them), even if the worker is being
@@ -394,6 +399,7 @@ class DispatchWorker:
             if self._closing:  # claimed as the worker began to stop: give it back
                 self._slots.cut(claim)
             deliveries.start_soon(self._deliver, claim)
+        self._cancels.claimed(claims, since)
         if counts["attempted"]:
             self.log.info(
                 "scan: claimed=%d expired=%d dead_letter=%d in_flight=%d",
@@ -467,21 +473,16 @@ class DispatchWorker:
                 self._closing = True  # no chained claim for this slot
                 result = Interrupted(INTERRUPT_REASON)
         if scope.cancelled_caught and interrupt is None:
-            # The transport's own timeout if its cut came first (even inside
-            # a shutdown's grace, as its own scope would have said), else
-            # the lease's end; a shutdown's earlier cut leaves the attempt
-            # interrupted, however late the transport let it end.
-            stopped_at = self._slots.cut_at(claim)
-            if shared is not None and (stopped_at is None or shared.cut <= stopped_at):
-                result = transport_timeout_result(shared.timeout)
-            elif not self._closing:
-                result = lease_timeout_result(self.settings.lease_seconds)
+            cut = Cut(self._slots.cut_at(claim), self._slots.cancelled(claim), self._closing)
+            result = cut.result(result, shared, self.settings.lease_seconds)
         trace.record(result)
         next_claim: Claim | None = None
+        since = anyio.current_time()  # a cancel heard from here may concern the next claim
         if isinstance(result, Interrupted):
             outcome = await self._outcome_writer().settle(claim, result)
             if outcome is Outcome.DEAD_LETTER:
                 self.counts["dead_letter"] += 1
+            self.cancel_counts.ended(outcome is Outcome.CANCELLED, too_late=False)
             log_outcome(
                 self.log,
                 self.metrics,
@@ -497,10 +498,11 @@ class DispatchWorker:
             outcome, next_claim = await self._settle_and_claim(claim, result, effects)
             if outcome is not None:
                 tally(self.counts, result, outcome)
-                if outcome is not Outcome.CONFLICT:
+                if outcome not in (Outcome.CONFLICT, Outcome.CANCELLED):
                     self.destination_metrics.ended(
                         claim.deliver_to, result.throttled, effects.transitions
                     )
+            self.cancel_counts.ended(outcome is Outcome.CANCELLED, effects.too_late)
             if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK, Outcome.THROTTLED) or result.local:
                 # Its new due time may come before the loop's planned wake-up
                 # (a short retry schedule, a Retry-After; a released row is
@@ -528,6 +530,7 @@ class DispatchWorker:
         self._slots.hand_over(claim, next_claim, scope)
         if self._closing:  # claimed as shutdown began: give it straight back
             self._slots.cut(next_claim)
+        self._cancels.claimed([next_claim], since)
         return next_claim
 
     def _stopped_by(self, interrupt: BaseException) -> None:

@@ -2,7 +2,8 @@
 section 11): attempts by outcome and kind, and their durations; how its
 schedules' runs are named there (SPEC section 14); its throttled attempts
 and the breaker changes its finishes made, by destination (SPEC section
-17, :class:`DestinationMetrics`).
+17, :class:`DestinationMetrics`); the cancels of its running attempts
+(SPEC section 18, :class:`CancelCounts`).
 
 Kinds are outside input, so the label set is bounded: at most
 :data:`MAX_KINDS` kinds get a label of their own and every other kind is
@@ -129,6 +130,28 @@ def _cumulative(counts: list[int]) -> Iterator[int]:
     for n in counts:
         total += n
         yield total
+
+
+class CancelCounts:
+    """The cancels of running attempts one worker settled (SPEC section
+    18): ``cancelled`` (the attempt, cut or not, ended its row
+    ``cancelled``) and ``too_late`` (it had succeeded first, and the
+    success stands). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = {"cancelled": 0, "too_late": 0}
+
+    def ended(self, cancelled: bool, too_late: bool) -> None:
+        """Count one attempt's end, if a cancel concerned it."""
+        if cancelled or too_late:
+            with self._lock:
+                self._counts["cancelled" if cancelled else "too_late"] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        """Each result's count so far."""
+        with self._lock:
+            return dict(self._counts)
 
 
 MAX_DESTINATIONS: Final = 50

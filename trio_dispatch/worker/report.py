@@ -22,11 +22,17 @@ from ..settings import WorkerSettings
 from .metrics import DeliveryMetrics
 
 _QUIET_OUTCOMES: Final = frozenset(
-    {Outcome.DELIVERED, Outcome.AWAITING_ACK, Outcome.RELEASED, Outcome.THROTTLED}
+    {
+        Outcome.DELIVERED,
+        Outcome.AWAITING_ACK,
+        Outcome.RELEASED,
+        Outcome.THROTTLED,
+        Outcome.CANCELLED,
+    }
 )
 """Outcomes logged at INFO (a throttle is the destination asking to wait,
-not a failure); a retry, a dead letter, a conflict or an end that could
-not be recorded is a WARNING."""
+and a cancel an operator's choice, not failures); a retry, a dead letter, a
+conflict or an end that could not be recorded is a WARNING."""
 
 
 @dataclasses.dataclass(frozen=True)

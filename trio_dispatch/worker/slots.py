@@ -21,6 +21,7 @@ class SlotTable:
         self.capacity = capacity
         self._scopes: dict[Claim, anyio.CancelScope] = {}
         self._cut_at: dict[Claim, float] = {}
+        self._cancelled: set[Claim] = set()
         self._drained: anyio.Event | None = None
 
     def __len__(self) -> int:
@@ -47,12 +48,26 @@ class SlotTable:
         """The slot of ``finished`` passes to ``claim`` (never free between)."""
         del self._scopes[finished]
         self._cut_at.pop(finished, None)
+        self._cancelled.discard(finished)
         self._scopes[claim] = scope
 
     def cut(self, claim: Claim) -> None:
         """Cut the attempt of ``claim`` now (shutdown), noting when."""
         self._cut_at.setdefault(claim, anyio.current_time())
         self._scopes[claim].cancel()
+
+    def cut_by_cancel(self, claim: Claim) -> bool:
+        """Cut the attempt of ``claim`` now because an operator cancelled it
+        (SPEC 18); False if it holds no slot any more."""
+        if claim not in self._scopes:
+            return False
+        self._cancelled.add(claim)
+        self.cut(claim)
+        return True
+
+    def cancelled(self, claim: Claim) -> bool:
+        """Whether an operator's cancel cut ``claim``'s attempt."""
+        return claim in self._cancelled
 
     def cut_at(self, claim: Claim) -> float | None:
         """When :meth:`cut` or :meth:`cancel_all` cut ``claim``'s attempt
@@ -63,6 +78,7 @@ class SlotTable:
     def release(self, claim: Claim) -> bool:
         """Free the slot of ``claim``; False if it held none."""
         self._cut_at.pop(claim, None)
+        self._cancelled.discard(claim)
         if self._scopes.pop(claim, None) is None:
             return False
         if self._drained is not None and not self._scopes:

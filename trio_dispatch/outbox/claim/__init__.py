@@ -10,7 +10,8 @@
   destination's state and shared limits, SPEC 17; its rate is
   :mod:`.gcra`);
 - :mod:`.fair` -- fair share: how a claim shares itself round-robin
-  between destinations (SPEC 17);
+  between destinations, and how consecutive claims take turns
+  (:class:`~.fair.Turns`) (SPEC 17);
 - :mod:`.statements` -- the claim's reads, built from the order and the
   rules' term; :mod:`.scan` -- which due rows a claim reads, bounded
   whatever a left-out destination holds.
@@ -29,6 +30,7 @@ from ...destinations.policy import Destination
 from ..ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy
 from .caps import DestinationCaps
 from .destinations import DestinationAdmission
+from .fair import Turns
 from .keys import OrderingKeys
 from .order import CLAIM_ORDER, ClaimOrder
 from .rules import NO_BOUNDS, NO_RULES, Bounds, ClaimRule, ClaimRules
@@ -44,13 +46,16 @@ def claim_rules(
     rule under ``ordering`` (every claim has it), given, a worker's
     per-destination ``caps``, and the destinations' admission under the
     ``destinations`` policies (every claim has it: a paused destination is
-    paused for every claimant)."""
+    paused for every claimant); with a fresh fair-share rotation
+    (:class:`~.fair.Turns`), so that the claims made with these rules take
+    turns between destinations."""
     return ClaimRules(
         (
             OrderingKeys(ordering),
             caps,
             DestinationAdmission(destinations),
-        )
+        ),
+        Turns(),
     )
 
 
@@ -65,5 +70,6 @@ __all__ = [
     "DestinationAdmission",
     "DestinationCaps",
     "OrderingKeys",
+    "Turns",
     "claim_rules",
 ]

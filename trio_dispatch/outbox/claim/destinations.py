@@ -24,20 +24,30 @@ one for a breaker whose cool-down ended (its probe).
 After the candidates are locked, in the same transaction
 (:meth:`DestinationAdmission.admit`), a destination with a shared limit or
 a probe to send has its state row created if absent and locked (``SELECT
-... FOR UPDATE`` where rows lock; SQLite's single writer serializes the
-same), in name order, and then -- in statements that start after the locks,
-so they see every claim committed before -- its state is read again, its
-running attempts counted again and its rate's ``rate_tat`` read; at most
-what they allow is admitted, oldest first, and in the same transaction the
-rate's ``rate_tat`` is advanced for the starts admitted and a probe is
-marked (``half_open``, ``probe_id``, ``probe_until`` = the claim's lease
-end, with its audit row). Two claims of one destination therefore decide
-one after the other, each from what the other committed: the limits hold
-however many claim at once. The rate's arithmetic is done at the store's
-time where hosts share a clock (PostgreSQL: the server's), read by the
-claim's first statement, so a host's clock skew may cost throughput, never
-exceed the rate; a claim that waited for another's lock decides at the
-time it began, which can only leave it fewer starts.
+... FOR UPDATE SKIP LOCKED`` where rows lock; SQLite's single writer
+serializes the same), in name order, and then -- in statements that start
+after the locks, so they see every claim committed before -- its state is
+read again, its running attempts counted again and its rate's ``rate_tat``
+read; at most what they allow is admitted, oldest first, and in the same
+transaction the rate's ``rate_tat`` is advanced for the starts admitted and
+a probe is marked (``half_open``, ``probe_id``, ``probe_until`` = the
+claim's lease end, with its audit row). Two claims of one destination
+therefore never decide at once, and each decides from what the other
+committed: the limits hold however many claim at once. A claim that finds
+the state row held by another claim's decision admits none of that
+destination's rows and does not wait: waiting, it would hold the row in its
+turn until its own commit, usually to admit nothing (the other took the
+room), and behind a busy rate the claims of four processes queued up so on
+the one row, each for a commit, while the rate's time fell behind the
+clock -- starts lost for good. The destination's rows go to the next claim.
+A destination whose one limit is a rate (no concurrency to count again, no
+probe, no pause that ended) is decided in one statement instead
+(:func:`_advance_if_room`: lock, read and advance at once, the same
+arithmetic); the locked read decides whatever that statement leaves.
+The rate's arithmetic is done at the store's time where hosts share a
+clock (PostgreSQL: the server's), read by the claim's first statement, so a
+host's clock skew may cost throughput, never exceed the rate; a claim
+decides at the time it began, which can only leave it fewer starts.
 
 For the ends of attempts (throttles, the breaker's counting, closing it
 after a probe), only the state row needs writing: the next claim reads it.
@@ -51,7 +61,7 @@ import dataclasses
 import functools
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from ...destinations.policy import Destination, policy_for
@@ -70,6 +80,12 @@ from ...store.dialect import ArrayForms, Dialect
 from ...store.schema import DESTINATION_INDEX, DUE_INDEX
 from . import gcra, statements
 from .rules import Bounds, Claiming, ClaimRule
+
+PASSED_OVER: Final = 8
+"""Claims in a row that find a destination's state row held before one
+makes it again, in case it was removed (an ``INSERT ... ON CONFLICT DO
+NOTHING``, nothing when it is there): behind a busy rate a held row is the
+common case, and every claim would pay that statement."""
 
 UNBOUNDED: Final = sys.maxsize
 """The room of a destination nothing limits."""
@@ -127,9 +143,11 @@ def _ensure(arrays: ArrayForms | None, count: int) -> str:
 
 @functools.cache
 def _lock(dialect: Dialect, count: int) -> str:
+    # SKIP LOCKED: a state row another claim holds is passed over, not
+    # waited for (see DestinationAdmission.admit).
     return (
         f"SELECT {COLUMNS} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
-        f"ORDER BY name{dialect.row_lock}"
+        f"ORDER BY name{dialect.lock_clause}"
     )
 
 
@@ -138,6 +156,54 @@ _PROBE: Final = (
     f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
     "probe_until = ?, updated_at = ? WHERE name = ?"
 )
+_START: Final = "(CASE WHEN rate_tat IS NULL OR rate_tat < ? THEN ? ELSE rate_tat END)"
+"""``max(rate_tat, now)`` (parameters: ``now`` twice), portable."""
+_PLAINLY_ACTIVE: Final = (
+    f"state = '{State.ACTIVE}' AND (throttled_until IS NULL OR throttled_until <= ?)"
+)
+
+
+@functools.cache
+def _advance_if_room(dialect: Dialect, count: int) -> str:
+    """The quick decision of rate-only destinations, in one statement where
+    the lock, the read and the write take three: for each of ``count``
+    destinations (``destination``, candidate starts ``n``, the rate's
+    interval ``step``, its ``burst``), if its state row is plainly active,
+    admit starts by the rate at the rate's clock (``now``) and advance
+    ``rate_tat`` by them -- the arithmetic of :mod:`.gcra`, ``max(tat,
+    now) + starts * step`` while that less ``now`` is at most ``burst *
+    step``. Where rows lock (PostgreSQL) it locks the rows in name order,
+    passing over those another claim holds, admits as many of ``n`` as the
+    rate allows (at least one) and answers ``name, admitted``; elsewhere
+    (SQLite: one writer, the bounds read in this very transaction) it
+    admits all ``n`` or none and answers ``name``. Parameters: the
+    destinations' columns (arrays, or ``count`` rows of four), then
+    ``now, now, at, now`` where rows lock, else ``now, now, at, at, now,
+    now, now``."""
+    arrays = dialect.arrays
+    source = (
+        arrays.rows(("text", "int8", "float8", "float8"))
+        if arrays is not None
+        else "VALUES " + ", ".join(["(?, ?, ?, ?)"] * count)
+    )
+    wanted = f"WITH w(destination, n, step, burst) AS ({source})"
+    if dialect.lock_clause:
+        return (
+            f"{wanted}, held AS (SELECT name AS held, {_START} AS start FROM {TABLE} "
+            f"WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
+            f"ORDER BY name{dialect.lock_clause}), "
+            "room AS (SELECT held, start, step, LEAST(n, FLOOR(burst - (start - ?) / step "
+            f"+ {gcra.SLACK})) AS admitted FROM held JOIN w ON destination = held) "
+            f"UPDATE {TABLE} SET rate_tat = start + admitted * step, updated_at = ? FROM room "
+            "WHERE name = held AND admitted >= 1 RETURNING name, admitted"
+        )
+    per = "(SELECT {} FROM w WHERE destination = name)"
+    return (
+        f"{wanted} UPDATE {TABLE} SET rate_tat = {_START} + {per.format('n * step')}, "
+        f"updated_at = ? WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
+        f"AND {_START} - ? + {per.format('n * step')} "
+        f"<= {per.format(f'(burst + {gcra.SLACK}) * step')} RETURNING name"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +237,9 @@ class DestinationAdmission(ClaimRule):
         """Destinations this process saw with a state row: no row is ever
         removed, so the claim need not create theirs again (a lost update
         of this set only costs one more statement)."""
+        self._passed: Counter[str] = Counter()
+        """Claims in a row that found a destination's state row held (or
+        gone): past :data:`PASSED_OVER`, it is made again if gone."""
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DestinationAdmission) and other._key == self._key
@@ -275,12 +344,25 @@ class DestinationAdmission(ClaimRule):
         if not guarded:
             return rows
         at = claiming.at
-        locked = self._lock_rows(conn, guarded)
-        counted = [name for name in guarded if self.policy(name).concurrency is not None]
+        self._ensure_rows(conn, guarded)
+        candidates = Counter(str(row["deliver_to"]) for row in rows)
+        quick = [
+            name
+            for name in guarded
+            if name not in probes and name not in settled and self._rate_only(name)
+        ]
+        allowed = self._advance_if_room(conn, quick, candidates, now, at) if quick else {}
+        for name in allowed:
+            self._passed.pop(name, None)
+        slow = [name for name in guarded if name not in allowed]
+        locked = self._lock_rows(conn, slow) if slow else {}
+        counted = [name for name in slow if self.policy(name).concurrency is not None]
         running = self.running(conn, at, counted) if counted else {}
-        allowed: dict[str, int] = {}
         probe: dict[str, str | None] = {}
-        for name in guarded:
+        for name in slow:
+            if name not in locked:  # another claim decides for it now: none of its rows here
+                allowed[name] = 0
+                continue
             state = locked[name]
             settle(conn, name, state, at)
             allowed[name] = self._allowed(name, state, running.get(name, 0), at, now)
@@ -302,24 +384,78 @@ class DestinationAdmission(ClaimRule):
                 taken[name] += 1
                 first.setdefault(name, row)
             admitted.append(row)
-        self._started(conn, locked, taken, first, claiming, now)
+        # The quick decisions advanced their rates already.
+        self._started(
+            conn, locked, {n: k for n, k in taken.items() if n in locked}, first, claiming, now
+        )
         return admitted
 
-    def _lock_rows(self, conn: Conn, names: list[str]) -> dict[str, Row]:
-        """The state rows of ``names`` (sorted), created where absent, locked
-        in name order until the transaction ends (where rows lock)."""
-        arrays = conn.dialect.arrays
+    def _rate_only(self, name: str) -> bool:
+        policy = self.policy(name)
+        return policy.gcra_rate is not None and policy.concurrency is None
+
+    def _advance_if_room(
+        self, conn: Conn, names: list[str], candidates: Mapping[str, int], now: float, at: float
+    ) -> dict[str, int]:
+        """The starts admitted of the rate-only ``names`` (sorted) that
+        :func:`_advance_if_room`'s one statement decided, their rates
+        advanced; those it did not decide (held by another claim, not
+        plainly active, or, on SQLite, short of room for every candidate)
+        are left to the locked read."""
+        dialect = conn.dialect
+        columns = []
+        for name in names:
+            policy = self.policy(name)
+            rate = policy.gcra_rate
+            assert rate is not None
+            columns.append((name, candidates[name], rate.interval, float(policy.burst)))
+        if dialect.arrays is not None:
+            head: tuple[Any, ...] = tuple(list(column) for column in zip(*columns, strict=True))
+        else:
+            head = tuple(value for column in columns for value in column)
+        statement = _advance_if_room(dialect, len(names))
+        if dialect.lock_clause:
+            found = conn.query(statement, (*head, now, now, at, now, at))
+            return {str(row["name"]): int(row["admitted"]) for row in found}
+        found = conn.query(statement, (*head, now, now, at, at, now, now, now))
+        return {str(row["name"]): candidates[str(row["name"])] for row in found}
+
+    def _ensure_rows(self, conn: Conn, names: list[str]) -> None:
+        """Create the state rows of ``names`` this process has not seen."""
         fresh = [name for name in names if name not in self._rows]
         if fresh:
+            arrays = conn.dialect.arrays
             conn.execute(_ensure(arrays, len(fresh)), _values(arrays, fresh))
-        statement = _lock(conn.dialect, len(names))
-        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
-        if len(locked) < len(names):  # a row this process saw is gone: make it again
-            conn.execute(_ensure(arrays, len(names)), _values(arrays, names))
-            locked = {str(r["name"]): r for r in conn.query(statement, _values(arrays, names))}
+            self._remember(fresh)
+
+    def _remember(self, names: Iterable[str]) -> None:
         if len(self._rows) > 10_000:
             self._rows.clear()
-        self._rows.update(locked)
+        self._rows.update(names)
+
+    def _lock_rows(self, conn: Conn, names: list[str]) -> dict[str, Row]:
+        """The state rows of ``names`` (sorted, created already), locked in
+        name order until the transaction ends where rows lock -- passing
+        over a row another claim holds (it is not in the answer)."""
+        arrays = conn.dialect.arrays
+        statement = _lock(conn.dialect, len(names))
+        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
+        missing = [name for name in names if name not in locked]
+        for name in locked:
+            self._passed.pop(name, None)
+        if missing and conn.dialect.lock_clause:
+            # Held by another claim -- or gone (no row is removed but by
+            # hand): after a few such claims in a row, forgotten, so that
+            # the next claim of it makes it again if need be.
+            self._passed.update(missing)
+            over = [name for name in missing if self._passed[name] >= PASSED_OVER]
+            self._rows.difference_update(over)
+            if len(self._passed) > 10_000:
+                self._passed.clear()
+        elif missing:  # nothing holds rows here: gone, make it again
+            conn.execute(_ensure(arrays, len(missing)), _values(arrays, missing))
+            again = conn.query(_lock(conn.dialect, len(missing)), _values(arrays, missing))
+            locked.update((str(row["name"]), row) for row in again)
         return locked
 
     def _allowed(self, name: str, state: Row, running: int, at: float, now: float) -> int:

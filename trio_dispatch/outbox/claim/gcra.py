@@ -19,7 +19,7 @@ from typing import Final
 
 from ...destinations.policy import Rate
 
-_SLACK: Final = 1e-9
+SLACK: Final = 1e-9
 """Float error of a whole number of intervals (``0.02 * 3`` is not 0.06):
 counted in the decision's favour, never by more than a billionth of an
 interval."""
@@ -29,7 +29,7 @@ def room(rate: Rate, burst: int, tat: float | None, now: float) -> int:
     """How many starts the rate admits at ``now`` (0 or more)."""
     interval = rate.interval
     used = 0.0 if tat is None else max(0.0, tat - now)
-    return max(0, math.floor((burst * interval - used) / interval + _SLACK))
+    return max(0, math.floor((burst * interval - used) / interval + SLACK))
 
 
 def advanced(rate: Rate, tat: float | None, now: float, starts: int) -> float:

@@ -49,6 +49,7 @@ from ...store.base import Conn, Row
 
 if TYPE_CHECKING:
     from ..transitions import Claim
+    from .fair import Turns
 
 Room = Callable[[str], int]
 """How many more attempts a destination may start now."""
@@ -152,12 +153,25 @@ def _overrides(rule: ClaimRule, hook: str) -> bool:
 class ClaimRules:
     """The rules of one claim, composed: the terms joined, the bounds
     combined (every rule's left-out destinations; the least room), and the
-    hooks run in the order the rules are listed. Equal when the rules are
-    (a worker's finishes with one rule set claim together)."""
+    hooks run in the order the rules are listed. ``turns`` (optional) is the
+    fair share's rotation across this claimant's claims (:class:`~.fair.Turns`):
+    the scan orders destinations by it, and every claim made is a turn. Equal
+    when the rules are (a worker's finishes with one rule set claim
+    together)."""
 
-    __slots__ = ("_admitting", "_bounding", "_claiming", "_ending", "_taking", "rules", "term")
+    __slots__ = (
+        "_admitting",
+        "_bounding",
+        "_claiming",
+        "_ending",
+        "_taking",
+        "rules",
+        "term",
+        "turns",
+    )
 
-    def __init__(self, rules: Iterable[ClaimRule | None] = ()) -> None:
+    def __init__(self, rules: Iterable[ClaimRule | None] = (), turns: Turns | None = None) -> None:
+        self.turns = turns
         self.rules: tuple[ClaimRule, ...] = tuple(rule for rule in rules if rule is not None)
         self.term = " AND ".join(rule.term for rule in self.rules if rule.term)
         """Every rule's term, joined (empty: no term)."""
@@ -218,8 +232,11 @@ class ClaimRules:
         return rows
 
     def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
-        """Tell every rule of the claims made."""
+        """Tell every rule of the claims made (and the turns: each claim is
+        one)."""
         if claims:
+            if self.turns is not None:
+                self.turns.served(claim.deliver_to for claim in claims)
             for rule in self._claiming:
                 rule.claimed(conn, claims, claiming)
 

@@ -13,7 +13,12 @@ due rows: with one, the rows read are the claim; with several, the claim
 reads an equal share of each one's range of the destination index (topped
 up once from those that hold more) and takes them round-robin, so no
 destination's backlog holds back another's next row for more than one
-claim.
+claim. Where the claimant keeps turns (:class:`~.fair.Turns`: a worker
+does), the destinations are served least recently served first, and a
+claim whose first rows are of a destination served within the last round
+looks at every head too: a worker's one-row claims (one per finishing
+attempt) take turns between destinations instead of always taking the
+backlog's oldest row.
 
 Leaving destinations out inside the due index's read would step over every
 row of theirs that comes first: one capped destination with 200,000 due
@@ -41,6 +46,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, Final
 
 from ...lifecycle import WAITING_AT, Status
@@ -48,7 +54,7 @@ from ...store.base import Conn, Row
 from ...store.schema import DESTINATION_INDEX
 from .. import sql
 from . import statements
-from .fair import by_destination, interleave, quotas, topped_up
+from .fair import Turns, by_destination, interleave, quotas, topped_up
 from .order import CLAIM_ORDER
 from .rules import NO_RULES, Bounds, ClaimRules, Room
 
@@ -80,7 +86,9 @@ def select_due(
     destinations their bounds (``bounds``, if the caller read them already)
     leave out are never read, and where the read bounds each destination it
     takes at most its room. With ``fair``, the rows are shared round-robin
-    by destination (:mod:`.fair`), each destination's oldest first; without,
+    by destination (:mod:`.fair`), each destination's oldest first, the
+    destinations least recently served first where ``rules`` keep turns
+    (:attr:`~.rules.ClaimRules.turns`); without,
     they are the first ``limit`` in claim order. ``columns`` must name the
     order's columns, ``deliver_to`` and ``status`` (and ``id`` to lock). The
     rows read are bounded by ``limit``, the window and the number of
@@ -90,16 +98,18 @@ def select_due(
     if bounds is None:
         bounds = rules.bounds(conn, now)
     room = bounds.room
+    turns = rules.turns if fair else None
     if not bounds.skip:  # the common claim: one ordered range read per live status
         rows, upto = _merged(conn, now, limit, columns, lock_clause, term)
         if not fair:
             return rows[:limit]
         if upto is None:  # every due row is here: share them
-            return interleave(by_destination(rows), limit, room)
+            return interleave(_in_turn(by_destination(rows), turns), limit, room)
         first = _first_round(rows, limit, upto)
-        if first is not None:  # as many destinations' heads as the claim takes
-            return first
-        heads = _heads(conn, now, frozenset(), room)
+        if first is not None and not _turn_due(first, turns):
+            return first  # as many destinations' heads as the claim takes
+        alone = turns is not None and turns.alone(row["deliver_to"] for row in rows)
+        heads = [] if alone else _heads(conn, now, frozenset(), room, turns)
         if len(heads) <= 1:  # one destination's backlog: the rows read are its oldest
             return interleave(by_destination(rows), limit, room)
         # Read locked where rows lock: a row another claimant holds is
@@ -109,11 +119,15 @@ def select_due(
     room_of = room or (lambda destination: limit)
     wanted, complete = _window(conn, now, limit, columns, bounds.skip, room_of, term)
     if complete:
-        chosen = interleave(by_destination(wanted), limit) if fair else wanted[:limit]
-    elif fair and (first := _first_round(wanted, limit)) is not None:
+        chosen = (
+            interleave(_in_turn(by_destination(wanted), turns), limit) if fair else wanted[:limit]
+        )
+    elif (
+        fair and (first := _first_round(wanted, limit)) is not None and not _turn_due(first, turns)
+    ):
         chosen = first
     elif fair:
-        heads = _heads(conn, now, bounds.skip, room_of)
+        heads = _heads(conn, now, bounds.skip, room_of, turns)
         shared = _fair(conn, now, limit, columns, heads, room_of, term, lock_clause)
         if len(shared) >= limit or not lock_clause:
             return shared
@@ -128,6 +142,22 @@ def select_due(
     else:
         chosen = _by_destination(conn, now, limit, columns, bounds.skip, room_of, term)
     return _locked(conn, chosen, now, columns, term, lock_clause)
+
+
+def _in_turn(
+    groups: list[tuple[str, list[Row]]], turns: Turns | None
+) -> list[tuple[str, list[Row]]]:
+    """Destinations' rows (in the order of their oldest) least recently
+    served first, where the claimant keeps turns."""
+    return groups if turns is None else turns.order(groups, itemgetter(0))
+
+
+def _turn_due(first: Sequence[Row], turns: Turns | None) -> bool:
+    """Whether a destination of the first round (``first``, the oldest
+    heads) was served within the last round: another destination, its head
+    further on, may be due its turn first -- so the claim looks at every
+    head."""
+    return turns is not None and turns.recent(row["deliver_to"] for row in first)
 
 
 def _first_round(rows: Sequence[Row], limit: int, upto: Any = None) -> list[Row] | None:
@@ -236,20 +266,32 @@ def _window(
     return wanted, complete_to is None
 
 
-def _heads(conn: Conn, now: float, left_out: frozenset[str], room: Room | None = None) -> list[Row]:
+def _heads(
+    conn: Conn,
+    now: float,
+    left_out: frozenset[str],
+    room: Room | None = None,
+    turns: Turns | None = None,
+) -> list[Row]:
     """The first row (``deliver_to`` and the order's columns) of each
     destination not left out (and with room) whose first row is due at
-    ``now``, in claim order: a loose scan of the destination index."""
+    ``now``, in claim order -- least recently served first where the
+    claimant keeps ``turns`` (which hear how many there are): a loose scan
+    of the destination index."""
     indexed_by = conn.dialect.use_index(DESTINATION_INDEX)
+    live = conn.query(statements.destination_heads(conn.dialect.row_key, indexed_by))
     heads = [
         head
-        for head in conn.query(statements.destination_heads(conn.dialect.row_key, indexed_by))
+        for head in live
         if head["deliver_to"] not in left_out
         and head["next_attempt_at"] <= now
         and (room is None or room(str(head["deliver_to"])) > 0)
     ]
     heads.sort(key=_order)
-    return heads
+    if turns is None:
+        return heads
+    turns.looked(len(heads), [head["deliver_to"] for head in live])
+    return turns.order(heads, itemgetter("deliver_to"))
 
 
 def _ranges(
@@ -318,8 +360,8 @@ def _fair(
     lock_clause: str = "",
 ) -> list[Row]:
     """``limit`` due rows shared round-robin among the destinations of
-    ``heads`` (in claim order; the first ``limit`` of them, since a round
-    takes one row of each): an equal share of each one's range first, then
+    ``heads`` (in the order to serve them; the first ``limit`` of them,
+    since a round takes one row of each): an equal share of each one's range first, then
     once more from those that held all they were asked while the claim is
     not full; locked as read with ``lock_clause``."""
     names = [head["deliver_to"] for head in heads[:limit]]
