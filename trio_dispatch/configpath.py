@@ -41,7 +41,7 @@ def find_config_path(
 
 
 def resolve_notify_template(project_dir: str | Path | None = None) -> list[str] | None:
-    """The configured transport argv template, or None (ADR D3, SPEC 8).
+    """The configured transport argv template, or None (docs/configuration.md).
 
     Reads ``<project_dir>/trio-dispatch.yaml`` when a directory is given, else
     the file :func:`find_config_path` finds. Returns a fresh list when

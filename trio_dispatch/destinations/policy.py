@@ -101,7 +101,7 @@ class Breaker:
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
-    """The policy of one destination (SPEC section 17). Every limit is
+    """The policy of one destination (docs/destinations.md). Every limit is
     shared by every worker, process and host on the store.
 
     ``concurrency``: most ``delivering`` rows at once (a dead worker's rows

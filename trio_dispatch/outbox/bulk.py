@@ -433,7 +433,7 @@ async def retry_dispatches(
     limit: int | None = None,
     now: float | None = None,
 ) -> RetryResult:
-    """Replay (SPEC section 17): every ``dead_letter`` and ``expired`` row
+    """Replay (docs/cli.md, "Replay after an outage"): every ``dead_letter`` and ``expired`` row
     (``status``: one of them) that matches the filters goes back to
     ``pending`` -- attempt 0, due now, ``last_error`` cleared, reason
     ``dispatch.pending.operator_retry``, source ``operator`` -- in id

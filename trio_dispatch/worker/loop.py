@@ -108,8 +108,8 @@ class DispatchWorker:
     """Deliver due dispatches from ``db`` until cancelled.
 
     ``transport`` is an async callable or :class:`Transport`; without one,
-    the argv ``notify_template`` is run (None is a recorded failure on every
-    attempt, as in ADR D3). ``settings`` (a
+    the argv ``notify_template`` is run (None: every attempt fails, each
+    failure recorded). ``settings`` (a
     :class:`~trio_dispatch.settings.WorkerSettings`, e.g.
     ``WorkerSettings.from_config(config)``) says how it runs; any setting
     may also be given by name as a keyword (``concurrency=4``), which wins:
@@ -123,10 +123,10 @@ class DispatchWorker:
     (None: the worker's own; :meth:`from_config` passes the configuration
     file's folder). ``schedules`` (:class:`~trio_dispatch.schedules.Schedule`)
     fire their ticks from a service beside the claim loop, one dispatch per
-    tick however many workers run them (SPEC section 14). ``destinations``
+    tick however many workers run them (docs/schedules.md). ``destinations``
     maps a ``deliver_to`` value (or ``"*"``) to its
     :class:`~trio_dispatch.destinations.Destination` policy: limits, throttle
-    cap and breaker shared by every worker on the store (SPEC section 17).
+    cap and breaker shared by every worker on the store (docs/destinations.md).
 
     Trio::
 
@@ -156,7 +156,7 @@ class DispatchWorker:
         require_store(db, "DispatchWorker")
         self.db = db
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
-        """Each destination's policy (SPEC section 17), checked."""
+        """Each destination's policy (docs/destinations.md), checked."""
         self._book = DestinationBook(self.destinations)
         self.settings = settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked, and the one place the worker reads them
@@ -217,7 +217,7 @@ class DispatchWorker:
         """Expires the rows no claim reads at their deadline (:mod:`.expiry`)."""
         self.add_service("expiry", self.expiry.run)
         self.scheduler = Scheduler(db, schedules, clock=clock, log=self.log) if schedules else None
-        """Fires the ``schedules``' ticks (SPEC section 14); None without any."""
+        """Fires the ``schedules``' ticks (docs/schedules.md); None without any."""
         if self.scheduler is not None:
             self.add_service("schedules", self.scheduler.run)
 
