@@ -11,6 +11,7 @@ import logging
 import os
 import resource
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +61,19 @@ async def descriptors_settled() -> None:
         while (count := len(os.listdir("/proc/self/fd"))) != seen:
             seen = count
             await anyio.sleep(0.3)
+
+
+def idle_descriptors(pid: int) -> int:
+    """The descriptors process ``pid`` holds once idle: the count read when it
+    has stayed the same over four of the worker's 0.5 s ticks (its writer
+    opens the WAL file at its first scan, after "worker started")."""
+    readings: list[int] = []
+    deadline = time.monotonic() + 15
+    while len(readings) < 5 or len(set(readings[-5:])) != 1:
+        assert time.monotonic() < deadline, readings
+        readings.append(len(os.listdir(f"/proc/{pid}/fd")))
+        time.sleep(0.5)
+    return readings[-1]
 
 
 def assert_released_not_counted(raw: RawDB, dispatch_id: str) -> None:
@@ -151,7 +165,7 @@ def test_a_worker_process_short_of_descriptors_releases_and_delivers_once_they_r
         while "worker started" not in process.stderr.readline():
             assert process.poll() is None
         soft, hard = resource.prlimit(process.pid, resource.RLIMIT_NOFILE)
-        held = len(os.listdir(f"/proc/{process.pid}/fd"))
+        held = idle_descriptors(process.pid)
         resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (held, hard))
 
         async def enqueue() -> str:
