@@ -7,7 +7,9 @@ The checks (:func:`tick_figures`), from the store alone: per tick
 (counted both through ``schedule_run_id`` and through the envelope's
 ``schedule``/``scheduled_for`` metadata, so a dispatch written without its
 run would show), and no tick missing between a schedule's first and last
-fired tick: some worker lived throughout, so none may be lost.
+fired tick: some worker lived throughout, so none may be lost (the schedules
+say ``missed: all``: a tick a loaded worker reaches after the next one is due
+fires late, backfilled, instead of being passed over as ``latest`` would).
 
     .venv/bin/python scripts/schedule_soak.py workers [--seconds 8] [--store URL]
     .venv/bin/python scripts/schedule_soak.py kills   [--seconds 10] [--store URL]
@@ -57,7 +59,15 @@ def role_schedule_worker(db: str, count: int) -> None:
     from trio_dispatch.schedules import Schedule
 
     schedules = [
-        Schedule(name=name, kind="soak.tick", deliver_to="ticks", every=f"{EVERY_SECONDS}s")
+        # missed: all -- a tick a loaded worker reaches after the next one is
+        # due is fired late (backfilled), not passed over: each tick counts.
+        Schedule(
+            name=name,
+            kind="soak.tick",
+            deliver_to="ticks",
+            every=f"{EVERY_SECONDS}s",
+            missed="all",
+        )
         for name in schedule_names(count)
     ]
 

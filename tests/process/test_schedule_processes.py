@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from ..conftest import RawDB
-from ..helpers import start_worker
 
 
 def _driver() -> ModuleType:
@@ -46,7 +45,8 @@ def _assert_each_tick_once(figures: dict[str, Any], seconds: float, engine: str)
     assert figures["metadata_ticks_without_run"] == 0, figures
     assert figures["dispatches"] == figures["ticks"], figures
     assert figures["missing_ticks"] == 0, figures
-    assert figures["backfilled"] == 0, figures
+    # A tick a loaded worker reaches late fires backfilled (missed: all), once.
+    assert figures["backfilled"] <= figures["ticks"] // 4, figures
     # Fired throughout: every schedule has about one tick a second, to the end
     # (a little slack for a loaded machine, where a fire may come late).
     assert min(figures["ticks_by_schedule"].values()) >= seconds - 2, figures
@@ -148,11 +148,24 @@ def _until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def _stop(worker: subprocess.Popen[str]) -> str:
+def _start_logged(config: Path, log: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """A worker process whose log goes to ``log``, which the test reads while
+    it runs (a pipe would be read only once it stops)."""
+    with log.open("wb") as file:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "trio_dispatch", "--config", str(config), "worker"],
+            stdout=subprocess.DEVNULL,
+            stderr=file,
+        )
+    return worker, log
+
+
+def _stop_logged(worker: subprocess.Popen[bytes], log: Path) -> str:
     worker.send_signal(signal.SIGTERM)
-    _, stderr = worker.communicate(timeout=30)
-    assert worker.returncode == 0, stderr
-    return stderr
+    worker.wait(timeout=30)
+    said = log.read_text()
+    assert worker.returncode == 0, said
+    return said
 
 
 @pytest.mark.slow
@@ -180,21 +193,27 @@ def test_a_rolling_deploy_that_changes_a_schedule_fires_each_tick_with_one_defin
     anyio.run(migrate)
     old = _deploy(tmp_path, "old", db_target, "1s", "old")
     new = _deploy(tmp_path, "new", db_target, "2s", "new")
-    running = start_worker(old)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    running, old_log = _start_logged(old, logs / "old.log")
     try:
         _until(lambda: count("old") >= 2)
-        deployed = start_worker(new)  # the deploy starts a worker with the new definition
+        # the deploy starts a worker with the new definition
+        deployed, new_log = _start_logged(new, logs / "new.log")
         try:
             _until(lambda: count("new") >= 2)
-            said_old = _stop(running)  # ... and stops the old one
+            _until(lambda: "is not this worker's" in old_log.read_text())
+            said_old = _stop_logged(running, old_log)  # ... and stops the old one
             # A straggler with the old definition restarts: it takes nothing back.
-            running = start_worker(old)
+            running, again_log = _start_logged(old, logs / "again.log")
+            _until(lambda: "is not this worker's" in again_log.read_text())
             seen = count("new")
             _until(lambda: count("new") >= seen + 2)
-            said_again = _stop(running)
+            said_again = _stop_logged(running, again_log)
         finally:
             if deployed.poll() is None:
-                said_new = _stop(deployed)
+                _until(lambda: "is now the one in force" in new_log.read_text())
+                said_new = _stop_logged(deployed, new_log)
     finally:
         if running.poll() is None:
             running.kill()
