@@ -172,26 +172,45 @@ class _Psycopg:
         # (a missing table on this search_path, a lock_timeout on a dedup
         # key another transaction holds, a cancel) aborts the whole
         # transaction. So every enqueue runs in a savepoint, on a warm
-        # connection as on a cold one; pipelined, the SAVEPOINT rides with
-        # the first statement and RELEASE is the only extra round trip.
+        # connection as on a cold one. Pipelined, the SAVEPOINT, the
+        # statements whose results are not read (a plain row, its history
+        # and NOTIFY: one statement) and the RELEASE go in one round trip:
+        # the pipeline's sync as it closes.
         import psycopg
 
+        conn = self._raw
         if not psycopg.Pipeline.is_supported():  # libpq before 14
             with self._protected():
                 yield
             return
-        with self._raw.pipeline() as pipeline:
-            if pipeline.level > 1:
-                # The caller's own pipeline: what it queued runs now, and
-                # any error of its own is raised here, before anything of
-                # this enqueue is sent.
-                pipeline.sync()
-            self._borrowed.pipeline = pipeline
-            try:
-                with self._protected():
+        begun = False
+        try:
+            with conn.pipeline() as pipeline:
+                if pipeline.level > 1:
+                    # The caller's own pipeline: what it queued runs now, and
+                    # any error of its own is raised here, before anything of
+                    # this enqueue is sent.
+                    pipeline.sync()
+                self._borrowed.pipeline = pipeline
+                try:
+                    if conn.autocommit:  # no transaction to join: its own, committed at once
+                        with conn.transaction():
+                            yield
+                        return
+                    conn.execute(f"SAVEPOINT {_SAVEPOINT}")  # begins the caller's transaction
+                    begun = True
                     yield
-            finally:
-                self._borrowed.pipeline = None
+                    conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+                finally:
+                    self._borrowed.pipeline = None
+            # Closed, the pipeline has synced: an error of a statement sent
+            # unread (the RELEASE then skipped) was raised there.
+        except BaseException:
+            if begun:
+                with contextlib.suppress(psycopg.Error):  # the first error is the one to see
+                    conn.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+                    conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            raise
 
     @contextlib.contextmanager
     def _protected(self) -> Iterator[None]:
@@ -231,6 +250,9 @@ class _SQLAlchemyConn:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         return int(self._conn.exec_driver_sql(self._sql(sql), tuple(params)).rowcount)
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.execute(sql, params)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         result = self._conn.exec_driver_sql(self._sql(sql), [tuple(row) for row in rows])
@@ -351,8 +373,20 @@ def _adapt(conn: object) -> _Adapter:
         from sqlalchemy.orm import Session
 
         if isinstance(conn, Session):
-            return _SQLAlchemy(conn.connection())  # begins the session's transaction
+            conn = conn.connection()  # begins the session's transaction
         if isinstance(conn, Connection):
+            # On psycopg (not its asyncio driver) the enqueue goes through
+            # the driver's connection, as a psycopg caller's does: one round
+            # trip. SQLAlchemy's transaction is the driver's, so it commits
+            # or rolls back the enqueue with the rest.
+            driver = conn.connection.driver_connection
+            if type(driver).__module__.startswith("psycopg"):
+                import psycopg
+
+                if isinstance(driver, psycopg.Connection):
+                    if not conn.in_transaction():
+                        conn.begin()  # as SQLAlchemy's autobegin: its commit() commits ours
+                    return _Psycopg(driver)
             return _SQLAlchemy(conn)
     if isinstance(conn, SQLiteConn):
         return _Unit(conn)

@@ -14,8 +14,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 
@@ -25,12 +26,18 @@ from trio_dispatch import (
     open_store,
     sync,
 )
+from trio_dispatch.outbox.enqueue import EnqueueCall
+from trio_dispatch.outbox.inserts import insert_new
+from trio_dispatch.store.base import Conn
+from trio_dispatch.store.dialect import POSTGRES
+from trio_dispatch.store.pg_session import placeholders
 
 from .harness import (
     BODY,
     BODY_JSON,
     ROOT,
     TURNS,
+    WARMUP,
     Bench,
     Figure,
     Outcome,
@@ -118,7 +125,11 @@ def pg_sync_tx_rates(url: str, n: int, turns: int = TURNS) -> list[float]:
     one business INSERT and a commit; the same with
     ``sync.enqueue_dispatch`` before the commit; and the same with a bare
     ``SELECT 1`` instead -- one more round trip, the floor of any enqueue
-    that goes to the server."""
+    that goes to the server; and the same with the enqueue's own statements
+    sent bare -- SAVEPOINT, the statement (row, history, NOTIFY) and RELEASE
+    in one pipelined round trip, its parameters built beforehand -- the
+    floor of an enqueue that keeps the caller's transaction usable after a
+    failure (the server's work without ours)."""
     import psycopg
 
     table = APP_TABLE.replace("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY")
@@ -140,17 +151,49 @@ def pg_sync_tx_rates(url: str, n: int, turns: int = TURNS) -> list[float]:
                         )
                     elif extra == "round trip":
                         conn.execute("SELECT 1")
+                    elif extra == "statement":
+                        statement, params = next(bare)
+                        with conn.pipeline():
+                            conn.execute("SAVEPOINT bare")
+                            conn.execute(statement, params)
+                            conn.execute("RELEASE SAVEPOINT bare")
 
         return sync_side(run)
 
+    bare = iter([enqueue_statement() for _ in range(n + 2 * WARMUP)])
+
     async def both() -> list[float]:
-        return await interleave([side(""), side("enqueue"), side("round trip")], n, turns)
+        sides = [side(""), side("enqueue"), side("round trip"), side("statement")]
+        return await interleave(sides, n, turns)
 
     try:
         result: list[float] = anyio.run(both)
         return result
     finally:
         conn.close()
+
+
+class _Recorder:
+    """A connection that keeps the one statement an enqueue sends unread."""
+
+    dialect = POSTGRES
+
+    def __init__(self) -> None:
+        self.sent: tuple[str, tuple[Any, ...]] | None = None
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.sent = (placeholders(sql), tuple(params))
+
+
+def enqueue_statement() -> tuple[str, tuple[Any, ...]]:
+    """The statement and parameters ``sync.enqueue_dispatch`` sends for the
+    bench's row on PostgreSQL (a plain row: one statement, sent unread)."""
+    recorder = _Recorder()
+    with EnqueueCall() as call:
+        new = call.new({"kind": "order.created", "deliver_to": "seat-1", "body": BODY})
+        insert_new(cast(Conn, recorder), new, time.time())
+    assert recorder.sent is not None
+    return recorder.sent
 
 
 CROSS_PRODUCER: Final = """
@@ -229,9 +272,11 @@ def run_sync(bench: Bench) -> Outcome:
             raw, unit = go(unit_rates, at("unit-raw"), at("unit"), n_tx)
             pairs.add("unit", unit, raw)
             if pg is not None:
-                raw, with_outbox, round_trip = pg_sync_tx_rates(fresh_postgres(pg[0]), n_tx)
+                raw, with_outbox, round_trip, bare = pg_sync_tx_rates(fresh_postgres(pg[0]), n_tx)
                 pairs.add("sync-pg", with_outbox, raw)
                 pairs.add("sync-pg-floor", round_trip, raw)
+                pairs.add("sync-pg-statement", bare, raw)
+                pairs.add("sync-pg-ours-vs-statement", with_outbox, bare)
         figures.append(
             pairs.figure(
                 "sync-sqlite",
@@ -268,8 +313,9 @@ def run_sync(bench: Bench) -> Outcome:
                     "/s",
                     "the caller's own psycopg connection: `with conn.transaction():` one "
                     "INSERT; ours adds `sync.enqueue_dispatch(conn, ...)` (one statement: "
-                    "the row, its transition and the NOTIFY in a data-modifying WITH) to each",
-                    0.80,
+                    "the row, its transition and the NOTIFY in a data-modifying WITH, "
+                    "pipelined with its SAVEPOINT and RELEASE: one round trip) to each",
+                    0.75,
                     "same tx without enqueue",
                     "sync",
                 )
@@ -286,6 +332,33 @@ def run_sync(bench: Bench) -> Outcome:
                     "same tx without it",
                     "sync",
                     target="(a floor)",
+                )
+            )
+            figures.append(
+                pairs.figure(
+                    "sync-pg-statement",
+                    "the floor: the same tx + the enqueue's statements sent bare, vs without",
+                    "/s",
+                    "the same transaction with the enqueue's SAVEPOINT, statement and "
+                    "RELEASE in one pipelined round trip, parameters built beforehand: the "
+                    "server's work for the row, its history, the NOTIFY and the savepoint",
+                    0.0,
+                    "same tx without it",
+                    "sync",
+                    target="(a floor)",
+                )
+            )
+            figures.append(
+                pairs.figure(
+                    "sync-pg-ours-vs-statement",
+                    "caller's psycopg tx + sync.enqueue_dispatch, vs the bare statements",
+                    "/s",
+                    "ours beside the floor above: what the library's own work (checks, "
+                    "the envelope, the adapter) costs on top of the server's",
+                    0.0,
+                    "same tx + bare statements",
+                    "sync",
+                    target="(our share)",
                 )
             )
         n_lat = 60 if bench.quick else 200

@@ -667,17 +667,99 @@ def test_an_error_queued_in_the_callers_pipeline_is_raised_before_the_enqueue_se
 
 
 @pytest.mark.postgres_only
-def test_a_warm_enqueue_takes_two_round_trips_with_its_savepoint(app: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("extra", "round_trips"),
+    [({}, 1), ({"dedup_key": "d"}, 2)],
+    ids=["plain", "dedup key"],
+)
+def test_a_warm_enqueue_takes_one_round_trip_with_its_savepoint(
+    app: Any, tmp_path: Path, raw: RawDB, extra: dict[str, str], round_trips: int
+) -> None:
     outbox.enqueue_dispatch(app, kind="k", deliver_to="warm")
     trace = tmp_path / "libpq.trace"
     with trace.open("w") as sink:
         app.pgconn.trace(sink.fileno())
         try:
-            outbox.enqueue_dispatch(app, kind="k", deliver_to="x")
+            outbox.enqueue_dispatch(app, kind="k", deliver_to="x", **extra)  # type: ignore[arg-type]
         finally:
             app.pgconn.untrace()
     sent = trace.read_text()
-    # SAVEPOINT rides with the one-statement enqueue; RELEASE is the second.
-    assert sent.count("\tReadyForQuery") == 2
+    # SAVEPOINT, the one-statement enqueue (row, history, NOTIFY) and RELEASE
+    # go together; a dedup key's insert is read first (a hit returns the
+    # first row's id), and RELEASE follows.
+    assert sent.count("\tReadyForQuery") == round_trips
     assert "SAVEPOINT trio_dispatch_enqueue" in sent and "RELEASE SAVEPOINT" in sent
-    app.rollback()
+    app.commit()
+    assert raw.counts() == (2, 2)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("pipeline", [False, True], ids=["plain", "pipeline"])
+def test_an_insert_that_fails_in_the_one_round_trip_leaves_the_callers_transaction_usable(
+    app: Any, engine: str, db_target: str, raw: RawDB, pipeline: bool
+) -> None:
+    """A plain row's insert is sent unread with the RELEASE; the server
+    refuses it (a trigger of the app's): the error is raised by the enqueue,
+    and the caller's transaction goes on with nothing of it."""
+    import psycopg
+
+    with contextlib.closing(connect(engine, db_target, autocommit=True)) as setup:
+        setup.execute(
+            "CREATE OR REPLACE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN IF NEW.deliver_to = 'refused' THEN RAISE EXCEPTION 'refused by the app'; "
+            "END IF; RETURN NEW; END $$"
+        )
+        setup.execute("DROP TRIGGER IF EXISTS refuse ON dispatch_outbox")
+        setup.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON dispatch_outbox "
+            "FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+    try:
+        with app.pipeline() if pipeline else contextlib.nullcontext():
+            order(app, engine, "o-1")
+            first = outbox.enqueue_dispatch(app, kind="k", deliver_to="before")
+            with pytest.raises(psycopg.errors.RaiseException, match="refused by the app"):
+                outbox.enqueue_dispatch(app, kind="k", deliver_to="refused")
+            order(app, engine, "o-2")
+            second = outbox.enqueue_dispatch(app, kind="k", deliver_to="after")
+        app.commit()
+    finally:
+        with contextlib.closing(connect(engine, db_target, autocommit=True)) as setup:
+            setup.execute("DROP TRIGGER refuse ON dispatch_outbox")
+            setup.execute("DROP FUNCTION refuse()")
+    assert raw.scalar("SELECT COUNT(*) FROM orders") == 2
+    rows = raw.rows("SELECT id, deliver_to FROM dispatch_outbox ORDER BY deliver_to")
+    assert [(r["id"], r["deliver_to"]) for r in rows] == [(second, "after"), (first, "before")]
+    assert raw.counts() == (2, 2)
+
+
+@pytest.mark.postgres_only
+def test_an_sqlalchemy_session_on_psycopg_enqueues_in_one_round_trip(
+    app: Any, engine: str, db_target: str, raw: RawDB, tmp_path: Path
+) -> None:
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    sa_engine = create_engine(sqlalchemy_url(engine, db_target))
+    trace = tmp_path / "libpq.trace"
+    try:
+        with Session(sa_engine) as session:
+            outbox.enqueue_dispatch(session, kind="k", deliver_to="warm")
+            driver: Any = session.connection().connection.driver_connection
+            with trace.open("w") as sink:
+                driver.pgconn.trace(sink.fileno())
+                try:
+                    kept = outbox.enqueue_dispatch(session, kind="k", deliver_to="x")
+                finally:
+                    driver.pgconn.untrace()
+            session.commit()
+        # The enqueue as a Connection's first statement: SQLAlchemy's own
+        # transaction holds it, so its rollback undoes it.
+        with sa_engine.connect() as connection:
+            outbox.enqueue_dispatch(connection, kind="k", deliver_to="rolled back")
+            connection.rollback()
+    finally:
+        sa_engine.dispose()
+    assert trace.read_text().count("\tReadyForQuery") == 1
+    assert kept in {row["id"] for row in raw.rows("SELECT id FROM dispatch_outbox")}
+    assert raw.counts() == (2, 2)

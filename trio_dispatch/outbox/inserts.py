@@ -82,7 +82,11 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     if arrays is not None:  # row, history and NOTIFY in one round trip
         entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
         statement = sql.insert_dispatch_recorded(arrays)
-        inserted = conn.query_one(statement, (*_row(new, now), entity_type, *history)) is not None
+        params = (*_row(new, now), entity_type, *history)
+        if new.dedup_key is None:  # nothing can conflict: no result to read
+            conn.send(statement, params)
+            return EnqueueResult(new.id, False)
+        inserted = conn.query_one(statement, params) is not None
     else:
         inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
         if inserted:

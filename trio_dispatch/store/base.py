@@ -294,6 +294,12 @@ class Conn(Protocol):
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement for each parameter row; return rows changed."""
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement whose result is not read. A connection may send
+        it with what follows (a caller's pipelined psycopg connection: the
+        enqueue's end), where its error is raised, before the transaction
+        ends; elsewhere it runs at once, as :meth:`execute`."""
+
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         """Run a query (or a statement with ``RETURNING``); return its rows."""
 

@@ -341,6 +341,9 @@ class PostgresConn:
             self._send(lambda: cursor.execute(placeholders(sql), tuple(params)), bool(params))
             return cursor.rowcount
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.execute(sql, params)
+
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         with self._conn.cursor() as cursor:
             self._send(lambda: cursor.executemany(placeholders(sql), [tuple(r) for r in rows]))
@@ -366,7 +369,8 @@ class BorrowedPostgresConn(PostgresConn):
     rows, sent as they are -- no deadline, no ``BEGIN`` of its own, a lost
     connection left as the driver's error for the caller -- and nothing of
     the connection's settings changed. Inside a pipeline (:attr:`pipeline`)
-    each statement's result is synced at once: the enqueue reads it next."""
+    each statement's result is synced at once, the enqueue reads it next,
+    but for :meth:`send`'s, which go with what follows."""
 
     __slots__ = ("pipeline",)
 
@@ -374,6 +378,14 @@ class BorrowedPostgresConn(PostgresConn):
         super().__init__(conn, where)
         self.pipeline: psycopg.Pipeline | None = None
         """The pipeline the caller's transaction runs in now, or None."""
+
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        if self.pipeline is None:
+            self.execute(sql, params)
+            return
+        # Queued: it goes out with the next statement that is read, or the
+        # enqueue's RELEASE and sync, which raise its error.
+        self._conn.execute(placeholders(sql), tuple(params))
 
     def _send(self, send: Callable[[], object], pipelined: bool = True) -> None:
         send()

@@ -79,6 +79,9 @@ class SQLiteConn:
         finally:
             cursor.close()
 
+    def send(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.execute(sql, params)
+
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if Undecodable.made and any(Undecodable in map(type, row) for row in rows):
             return sum(self.execute(sql, row) for row in rows)
