@@ -35,7 +35,7 @@ Sections (``--section``; default: all of them, in this order):
   beside the same rows unkeyed; unkeyed deliveries and one claim beside a
   blocked key's 100,000-row backlog, and without it; one hot key beside the
   no-op transport at concurrency 1.
-- ``schedules``: schedules (SPEC 14) on SQLite and PostgreSQL: the fire lag
+- ``schedules``: schedules (docs/schedules.md) on SQLite and PostgreSQL: the fire lag
   (p50, p99) of 1,000 schedules ``every: 1m`` spread by ``jitter_seconds:
   60`` over 4 worker processes, beside the same at one instant (jitter 0),
   and the ticks doubled; then the CPU of an idle worker with 1,000
@@ -43,8 +43,8 @@ Sections (``--section``; default: all of them, in this order):
   boundaries); ``--quick`` 200 schedules, one tick each, about 8.
 - ``tracing``: one producer's enqueues and a worker's deliveries with the
   ``[otel]`` extra and no tracer provider, and with an SDK provider whose
-  exporter drops every span, each beside no tracing (SPEC section 16).
-- ``destinations``: destination policies (SPEC 17) on SQLite and
+  exporter drops every span, each beside no tracing (docs/tracing.md).
+- ``destinations``: destination policies (docs/destinations.md) on SQLite and
   PostgreSQL: 4 worker processes sharing ``rate: 200/s`` (starts beside
   ``200 x t``, the most in any window beyond the rate beside the burst); the
   others' deliveries and one claim beside a paused destination's 200,000
@@ -52,11 +52,11 @@ Sections (``--section``; default: all of them, in this order):
   (fair share) beside B alone; a rate that never binds beside no policy;
   the others' deliveries while the sweep expires a paused destination's
   100,000 past-due rows, beside the same rows with deadlines ahead.
-- ``cancel``: an operator's cancel of a running command attempt (SPEC 18)
+- ``cancel``: an operator's cancel of a running command attempt (docs/controls.md)
   on SQLite and PostgreSQL: the p99 of 50 cancels, from the cancel to the
   command's process group gone (killed by a worker process, reaped),
   beside as many SIGTERMs sent straight to such a group; target 1 s.
-- ``priority``: priorities (SPEC 18) on SQLite and PostgreSQL: a drain of
+- ``priority``: priorities (docs/controls.md) on SQLite and PostgreSQL: a drain of
   rows of priorities -10..10 beside the same rows at 0; one claim among
   1,000,000 finished rows beside 1,000; an idle claim among 20,000 retries
   of mixed priorities due within 50 minutes beside the same at 0.

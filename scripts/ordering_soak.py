@@ -1,4 +1,4 @@
-"""Ordering keys under real processes (SPEC 13): worker processes that are
+"""Ordering keys under real processes (docs/ordering.md): worker processes that are
 SIGKILLed and restarted, or left alone, on one store, and a log of every
 attempt's start and end from inside the transport.
 

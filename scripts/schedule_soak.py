@@ -1,4 +1,4 @@
-"""Schedules (SPEC 14) under real worker processes: several workers with the
+"""Schedules (docs/schedules.md) under real worker processes: several workers with the
 same ``every: 1s`` schedules on one store, left alone or with one of them
 SIGKILLed and restarted every second or two.
 

@@ -34,7 +34,7 @@ TERMINAL = ("delivered", "acked", "dead_letter", "expired", "cancelled")
 CANCELLED_REASON = "dispatch.cancelled.operator"
 
 POLICY_ENV = "SOAK_DESTINATION_POLICY"
-"""A JSON destination policy (SPEC 17) the roles share: the producer then
+"""A JSON destination policy (docs/destinations.md) the roles share: the producer then
 spreads its rows over three destinations and every worker runs with the
 policy as ``"*"``, so the soak crosses rates, shared concurrency and an
 opening breaker with its SIGKILLs."""
@@ -299,7 +299,7 @@ def crash_soak(
     role runs with it over three destinations; with ``fail_rate`` a seeded
     share of sends fail (so a breaker opens and rows retry); with
     ``cancel_rate`` an operator process cancels that share of the rows as
-    they are committed, waiting or running (SPEC 18): each ends
+    they are committed, waiting or running (docs/controls.md): each ends
     ``cancelled`` with its transition, or delivered first (too late)."""
     rng = random.Random(seed)
     if policy is None:

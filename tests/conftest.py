@@ -117,8 +117,8 @@ def _system_cas_loaded_once() -> Iterator[None]:
 
 @pytest.fixture
 def spans() -> Iterator[Any]:
-    """An in-memory span exporter that receives this test's spans (SPEC
-    section 16): a tracer provider of the test's own, never the global one,
+    """An in-memory span exporter that receives this test's spans
+    (docs/tracing.md): a tracer provider of the test's own, never the global one,
     which a process can set only once."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor

@@ -141,7 +141,7 @@ class TransportResult:
     @classmethod
     def cut_by_cancel(cls) -> TransportResult:
         """The attempt was cut because an operator cancelled the dispatch
-        while it ran (SPEC section 18)."""
+        while it ran (docs/controls.md)."""
         return cls(ok=False, error="cut by an operator's cancel", cancelled=True)
 
 

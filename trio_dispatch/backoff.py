@@ -1,4 +1,4 @@
-"""Retry backoff: the ADR schedule or a configured one, with optional jitter."""
+"""Retry backoff: ``backoff_seconds`` or a configured schedule, with optional jitter."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ MAX_SCHEDULE_SECONDS: Final = 10 * 365 * 86400
 
 
 def check_retry_schedule(name: str, value: object) -> tuple[float, ...] | None:
-    """A retry schedule as the worker uses it: None (the ADR backoff) or a
+    """A retry schedule as the worker uses it: None (``backoff_seconds``) or a
     non-empty list of seconds, each a finite number from 0 to
     :data:`MAX_SCHEDULE_SECONDS`. Raises ``ValueError`` naming ``name``."""
     if value is None:

@@ -1,12 +1,12 @@
 """The configuration file: find it, load it safely, validate every key.
 
-One YAML file (SPEC section 8), read only with :func:`yaml.safe_load`, so a
+One YAML file (docs/configuration.md), read only with :func:`yaml.safe_load`, so a
 tag such as ``!!python/object/apply`` is refused before any object is built.
 Validation is strict: an unknown key or a value of the wrong type raises
 :class:`ConfigError` with a one-line message that names the file and the
 dotted key. :func:`resolve_notify_template` is the one lenient reader: it
 never raises, because an absent or invalid transport template is a delivery
-failure, not a crash (ADR D3).
+failure, not a crash (docs/guarantees.md).
 
 The worker's settings are not a section of their own here: the ``worker:``
 keys, ``dispatch.retry_schedule``, ``dispatch.ordering.on_dead_letter`` and
@@ -138,7 +138,7 @@ class HttpConfig:
     """The viewer's token every request must carry (required beyond loopback)."""
     operator_token: str | None = None
     """The operator's token: with it, the dashboard can retry and purge
-    (SPEC section 15); without it, the web view is read-only."""
+    (docs/dashboard.md); without it, the web view is read-only."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Connections the server keeps open at once; more are closed as they arrive."""
     allowed_hosts: tuple[str, ...] | None = None
@@ -160,9 +160,9 @@ class Config:
     path: Path | None
     """The absolute path of the file this came from; None if built in memory."""
     schedules: tuple[Schedule, ...] = ()
-    """The ``schedules:`` section (SPEC section 14)."""
+    """The ``schedules:`` section (docs/schedules.md)."""
     destinations: Mapping[str, Destination] = dataclasses.field(default_factory=dict)
-    """The ``destinations:`` section (SPEC section 17): each ``deliver_to``
+    """The ``destinations:`` section (docs/destinations.md): each ``deliver_to``
     value's (or ``"*"``'s) shared limits, throttle cap and breaker."""
     network_timeout_seconds: float = DEFAULT_NETWORK_TIMEOUT_SECONDS
     """PostgreSQL: how long past ``busy_timeout_seconds`` a round trip may go

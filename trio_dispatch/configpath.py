@@ -1,7 +1,7 @@
-"""Where the configuration file is (SPEC section 8's order), and the one
+"""Where the configuration file is (in the order docs/configuration.md gives), and the one
 lenient reader of it: :func:`resolve_notify_template`, which never raises,
 because an absent or invalid transport template is a delivery failure, not
-a crash (ADR D3)."""
+a crash (docs/guarantees.md)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def find_config_path(
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> Path | None:
-    """Where the config file is, by SPEC order; None means run on defaults.
+    """Where the config file is (docs/configuration.md); None means run on defaults.
 
     ``explicit`` (``--config``) wins and is returned even if the file does not
     exist, so the caller reports it; then ``$TRIO_DISPATCH_CONFIG`` when set

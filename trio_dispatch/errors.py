@@ -56,7 +56,7 @@ class InvalidTransition(DispatchError, ValueError):
 
 class CancelTooLate(InvalidTransition):
     """A cancel that reached a running attempt after it had succeeded: the
-    success stands (SPEC section 18). ``from_status`` is what the row
+    success stands (docs/controls.md). ``from_status`` is what the row
     became (``delivered``, or ``pending`` awaiting its ack)."""
 
     def __init__(self, dispatch_id: str, status: str, why: str = "") -> None:

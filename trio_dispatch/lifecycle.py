@@ -1,5 +1,5 @@
 """The dispatch lifecycle: statuses, reason codes, sources, and the closed
-graph of edges between statuses (SPEC section 7).
+graph of edges between statuses (docs/lifecycle.md).
 
 This module is the vocabulary; :mod:`trio_dispatch.outbox.machine` is the one
 place that writes a status, and it checks every change against
@@ -52,13 +52,13 @@ class Status(enum.StrEnum):
     Out: an operator retry (``pending``)."""
     SUPERSEDED = "superseded"
     """A newer row with the same coalesce key took its place while it was
-    waiting, never claimed (SPEC section 18); its transition names the new
+    waiting, never claimed (docs/controls.md); its transition names the new
     row. Final. In: enqueue (``replace``, ``debounce``)."""
     CANCELLED = "cancelled"
     """An operator cancelled it: at once while ``pending``; while
     ``delivering``, by the worker running the attempt, which cuts it and
-    records this unless the attempt had already succeeded (SPEC section
-    18). Final. In: an operator (pending), the delivery loop (delivering),
+    records this unless the attempt had already succeeded
+    (docs/controls.md#cancel). Final. In: an operator (pending), the delivery loop (delivering),
     an operator (delivering, when no worker holds the attempt's lease)."""
 
 
@@ -108,7 +108,7 @@ STATUS_CHECK_SQL: Final = status_in(Status)
 
 
 class Reason(enum.StrEnum):
-    """The reason code of a transition row: the closed set of SPEC section 7."""
+    """The reason code of a transition row: the closed set of docs/lifecycle.md."""
 
     ENQUEUED = "dispatch.pending.enqueued"
     """Enqueue (source ``system``, actor ``enqueue_dispatch``)."""
@@ -124,7 +124,7 @@ class Reason(enum.StrEnum):
     """The destination asked to be left alone for a while (HTTP 429/503 with
     ``Retry-After``, a callable's ``Throttled``, a command's exit 75): the
     row waits for the destination; the attempt does not count toward
-    ``max_attempts`` (up to 20 per row, SPEC section 17)."""
+    ``max_attempts`` (up to 20 per row, docs/destinations.md)."""
     MAX_ATTEMPTS = "dispatch.dead_letter.max_attempts"
     """The transport failed with no attempt left, or for good (E2BIG), or the
     last attempt's lease ran out."""
@@ -177,12 +177,12 @@ class Source(enum.StrEnum):
     SYSTEM = "system"
     """Enqueue (and a coalescing enqueue's supersede)."""
     DELIVERY = "scheduler"
-    """The delivery loop: claims, attempt ends, expiry, release (SPEC
-    section 7 names its stored value ``scheduler``)."""
+    """The delivery loop: claims, attempt ends, expiry, release (its stored
+    value is ``scheduler``: docs/lifecycle.md)."""
     SCHEDULES = "scheduler"
     """A schedule's fire: the first transition of a tick's (or a manual
-    run's) dispatch (SPEC section 14). The same stored value as
-    :attr:`DELIVERY`, which the SPEC pins for both: an alias, so
+    run's) dispatch (docs/schedules.md). The same stored value as
+    :attr:`DELIVERY`, which docs/lifecycle.md gives both: an alias, so
     ``Source.SCHEDULES is Source.DELIVERY``; the two names say which of the
     two writers the code means."""
     CONSUMER = "consumer"

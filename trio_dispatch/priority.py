@@ -1,4 +1,4 @@
-"""Priority (SPEC section 18): the values a row's ``priority`` may take, the
+"""Priority (docs/controls.md): the values a row's ``priority`` may take, the
 head start it gives, and the SQL every reader of the claim order shares.
 
 A row of priority ``p`` is ordered among due rows as if it had become due

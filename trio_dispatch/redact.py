@@ -1,4 +1,4 @@
-"""Keeping secrets and hostile text out of what we print (SPEC section 12).
+"""Keeping secrets and hostile text out of what we print (docs/security.md).
 
 - :func:`mask_url` hides the password of a URL (``postgresql://user:***@host/db``);
   :func:`scrub` does it for every URL inside a text and removes known secret

@@ -1,4 +1,4 @@
-"""Revival heartbeats (ADR D6): one ``revival_ping`` per seat per reset."""
+"""Revival heartbeats (docs/usage.md): one ``revival_ping`` per seat per reset."""
 
 from __future__ import annotations
 

@@ -119,17 +119,17 @@ class WorkerSettings:
     lease_margin_seconds: float = CLAIM_LEASE_MARGIN_SECONDS
     """A claim's lease is ``timeout_seconds`` plus this."""
     retry_schedule: Sequence[float] | None = None
-    """Seconds before attempt 2, 3, ... (the last repeats); None: the ADR
-    backoff."""
+    """Seconds before attempt 2, 3, ... (the last repeats); None:
+    ``backoff_seconds``."""
     per_destination_concurrency: int | None = None
     """Most deliveries to one ``deliver_to`` at once; None: no cap below
     ``concurrency``."""
     ordering_on_dead_letter: OrderingPolicy = DEFAULT_ORDERING_POLICY
     """What a key's head that ends ``dead_letter`` or ``expired`` does to the
-    rows behind it (SPEC section 13): ``block`` (they wait for an operator)
+    rows behind it (docs/ordering.md): ``block`` (they wait for an operator)
     or ``skip`` (the next row goes)."""
     priority_step_seconds: float | None = None
-    """The head start of one priority level, in seconds (SPEC section 18),
+    """The head start of one priority level, in seconds (docs/controls.md),
     which the worker records as the store's when it starts (every enqueue
     reads it there); None: the store's as it is (300 unless set)."""
 

@@ -1,4 +1,4 @@
-"""The versioned signal envelope stored as a dispatch's payload (ADR D1).
+"""The versioned signal envelope stored as a dispatch's payload (docs/payload.md).
 
 The JSON form is a wire contract: field names, order and meaning match the
 source design, with ``metadata.lion_class`` naming the concrete class here.

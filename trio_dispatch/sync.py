@@ -1,4 +1,4 @@
-"""Enqueue inside the transaction you already have (SPEC section 9).
+"""Enqueue inside the transaction you already have (docs/usage.md#use-your-own-connection).
 
 An outbox is transactional only if its row commits with the caller's own
 writes. These functions write through the caller's connection, inside the

@@ -1,4 +1,4 @@
-"""Tracing (SPEC section 16): OpenTelemetry spans around an enqueue and
+"""Tracing (docs/tracing.md): OpenTelemetry spans around an enqueue and
 around each delivery attempt, and the trace context carried to the
 destination.
 

@@ -1,4 +1,4 @@
-"""Validation of what users pass in (SPEC B2): every check runs before
+"""Validation of what users pass in (docs/usage.md): every check runs before
 anything is written, and every error names the value and what is allowed.
 
 These are the checks of the library and of the configuration file alike, so

@@ -1,5 +1,5 @@
 """Section ``cancel``: how soon an operator's cancel stops a running
-command attempt (SPEC 18), on SQLite and on PostgreSQL in one run.
+command attempt (docs/controls.md), on SQLite and on PostgreSQL in one run.
 
 A worker process runs a command that says its process group and sleeps;
 this process, another one as an operator's would be, cancels the row

@@ -1,4 +1,4 @@
-"""Section ``destinations``: what destination policies (SPEC 17) promise and
+"""Section ``destinations``: what destination policies (docs/destinations.md) promise and
 cost, on SQLite and on PostgreSQL in one run.
 
 - Accuracy: 4 worker processes (default concurrency 16, no-op callable)

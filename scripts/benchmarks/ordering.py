@@ -1,4 +1,4 @@
-"""Section ``ordering``: what ordering keys (SPEC 13) cost, on SQLite and on
+"""Section ``ordering``: what ordering keys (docs/ordering.md) cost, on SQLite and on
 PostgreSQL in one run.
 
 - Many keys: 10,000 keys x 5 rows (``--quick``: 2,000 x 5), a no-op

@@ -1,4 +1,4 @@
-"""Section ``priority``: what priorities (SPEC 18) cost, on SQLite and on
+"""Section ``priority``: what priorities (docs/controls.md) cost, on SQLite and on
 PostgreSQL in one run.
 
 - Mixed priorities: a worker (no-op transport, concurrency 16) drains

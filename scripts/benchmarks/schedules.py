@@ -1,5 +1,5 @@
 """Section ``schedules``: how promptly and how cheaply workers fire schedules
-(SPEC 14).
+(docs/schedules.md).
 
 - Fire lag: 1,000 schedules ``every: 1m`` (``--quick``: 200), 4 worker
   processes (no-op transport) on one store, two ticks of each (``--quick``:

@@ -255,7 +255,7 @@ async def cross_process_latency(target: str, n: int, tick: float) -> list[float]
 
 
 def run_sync(bench: Bench) -> Outcome:
-    """Enqueue through the caller's own connection (SPEC section 9): its
+    """Enqueue through the caller's own connection (docs/usage.md#use-your-own-connection): its
     cost in the caller's transaction on both engines, a whole transaction as
     one unit of our group commit, and how soon a worker wakes for another
     process's commit."""

@@ -1,4 +1,4 @@
-"""Section ``tracing``: what tracing (SPEC section 16) costs an enqueue and a
+"""Section ``tracing``: what tracing (docs/tracing.md) costs an enqueue and a
 delivery, three ways in one run: without tracing (``tracing.ACTIVE``
 False: the one flag the hot paths check when opentelemetry is missing),
 with the ``[otel]`` extra installed and no tracer provider set, and with an

@@ -1,4 +1,4 @@
-"""Consumer acknowledgement (SPEC section 4 "ack tier", section 7; ADR D5).
+"""Consumer acknowledgement (docs/guarantees.md, docs/lifecycle.md).
 
 Every test runs on trio and asyncio against a real SQLite file and asserts
 what is committed, read back through a separate sqlite3 connection (``raw``).

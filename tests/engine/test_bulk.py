@@ -1,4 +1,4 @@
-"""Bulk operator actions (SPEC 15) on a real store, both engines: exactly
+"""Bulk operator actions (docs/dashboard.md) on a real store, both engines: exactly
 the filtered rows change, each with its own transition; a refused action
 changes nothing."""
 

@@ -1,4 +1,4 @@
-"""Cancel (SPEC section 18) on both engines and both backends, through the
+"""Cancel (docs/controls.md) on both engines and both backends, through the
 library and real rows: a pending row at once, a running attempt marked and
 settled by its fenced finish (cancelled, or too late after a success),
 lease recovery and shutdown release of a marked attempt, ordering keys,

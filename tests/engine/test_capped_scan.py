@@ -1,6 +1,6 @@
 """A scan that leaves out destinations at their per-destination cap reads a
-bounded part of the table, whatever those destinations hold (SPEC section
-10), and still claims what the plain filtered read would, in due order. On
+bounded part of the table, whatever those destinations hold
+(docs/webhooks.md), and still claims what the plain filtered read would, in due order. On
 real stores, both engines; the bound is counted in what the engine reads
 (SQLite's virtual machine steps, PostgreSQL's tuples read), never timed."""
 
@@ -291,6 +291,6 @@ async def test_a_version_2_database_gets_the_destination_index_and_keeps_its_row
     version = raw.scalar("SELECT MAX(version) FROM trio_dispatch_schema")
     assert version == SCHEMA_VERSION == len(MIGRATIONS)
     index = raw.scalar("SELECT sql FROM sqlite_master WHERE name = ?", (DESTINATION_INDEX,))
-    # Keyed by the claim rank since the priority migration (SPEC 18).
+    # Keyed by the claim rank since the priority migration (docs/controls.md).
     assert "(deliver_to, (next_attempt_at - head_start), created_at, next_attempt_at)" in index
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 101

@@ -1,4 +1,4 @@
-"""Delivery (ADR D3-D5, SPEC 4): scan, expiry, claim, fencing, backoff,
+"""Delivery (docs/guarantees.md): scan, expiry, claim, fencing, backoff,
 dead letter, the ack tier and failure bookkeeping."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Destination admission in the claim (SPEC section 17), on real SQLite
+"""Destination admission in the claim (docs/destinations.md), on real SQLite
 files and the real PostgreSQL, both anyio backends: destinations closed to
 claims are neither claimed nor read; a breaker sends one probe among any
 number of claimants; a shared concurrency holds across stores; a rate is

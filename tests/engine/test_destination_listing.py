@@ -1,5 +1,5 @@
-"""What operators see of destinations (SPEC section 17, "Seen by
-operators"), on both engines and both anyio backends: which destinations
+"""What operators see of destinations (docs/destinations.md#what-operators-see),
+on both engines and both anyio backends: which destinations
 are listed, each one's state as it stands now from the stored row, its
 counters, its audit; and that a listing reads a bounded part of the store
 whatever a destination's backlog, and writes nothing."""

@@ -1,4 +1,4 @@
-"""Destinations' shared state (SPEC section 17): the policy a configuration
+"""Destinations' shared state (docs/destinations.md): the policy a configuration
 gives, and the operators' pause, resume and enable, each one transaction
 with its audit row, on both engines and both anyio backends."""
 

@@ -1,4 +1,4 @@
-"""Enqueue (ADR D2, SPEC 3): ids, envelope, dedup, validation, atomicity."""
+"""Enqueue (docs/usage.md): ids, envelope, dedup, validation, atomicity."""
 
 from __future__ import annotations
 

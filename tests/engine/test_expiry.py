@@ -1,4 +1,4 @@
-"""The expiry sweep (SPEC sections 7, 13 and 17) on both engines and both
+"""The expiry sweep (docs/destinations.md#expiry-of-rows-held-back) on both engines and both
 backends: rows no claim reads -- a paused or throttled destination's, one
 behind its shared concurrency or rate, one at a worker's cap, a keyed row
 waiting behind its head -- expire at their own ``expires_at`` with the

@@ -1,4 +1,4 @@
-"""Fair share across consecutive claims (SPEC 17), on real SQLite files and
+"""Fair share across consecutive claims (docs/destinations.md), on real SQLite files and
 the real PostgreSQL, both anyio backends: a claimant's one-row claims take
 turns between the destinations with due rows, least recently served first,
 however large the backlog whose rows are the oldest; a worker whose slots

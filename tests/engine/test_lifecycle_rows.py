@@ -1,4 +1,4 @@
-"""Every path that writes a status change writes the SPEC's reason and source,
+"""Every path that writes a status change writes the documented reason and source,
 and the schema's check and partial indexes name exactly the enum's statuses:
 read back from real rows."""
 
@@ -152,7 +152,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert claim.dispatch_id == released
     assert await release_attempt(store, claim, now=T0 + 6) is Outcome.RELEASED
 
-    # Operator cancels (SPEC 18): a pending row at once, a running attempt
+    # Operator cancels (docs/controls.md): a pending row at once, a running attempt
     # by the fenced end of the attempt its worker cut.
     cancelled = await add("ok", now=T0 + 7)
     assert (await cancel_dispatch(store, cancelled, now=T0 + 7)).cancelled
@@ -270,7 +270,7 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
         else:  # pragma: no cover - a code the walk cannot produce
             pytest.fail(f"unexpected {where}")
         # Each transition starts where the entity's previous one ended, and
-        # every status change is an edge of the SPEC graph.
+        # every status change is an edge of the graph (docs/lifecycle.md).
         entity = str(t["entity_id"])
         assert t["previous_status"] == last_status.get(entity), where
         if t["previous_status"] is not None and t["status"] != "purged":

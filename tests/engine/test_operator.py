@@ -1,4 +1,4 @@
-"""Operator controls (SPEC sections 1 and 6, ADR D6): get, list, retry,
+"""Operator controls (docs/usage.md, docs/cli.md): get, list, retry,
 purge, prune, history and the revival heartbeat.
 
 Every test runs on trio and asyncio against a real SQLite file and asserts
@@ -91,8 +91,8 @@ async def test_get_dispatch_returns_row_with_payload_decoded_to_dict(
     assert got["payload"]["dispatch_id"] == dispatch_id
     assert got["payload"]["body"] == {"text": "h\u00e9llo", "n": [1, 2]}
     # key_seq is the store's own bookkeeping of a key's order, not shown,
-    # nor is head_start (what the priority made of the step, SPEC 18);
-    # throttles is, beside the attempts (SPEC section 17), and the priority.
+    # nor is head_start (what the priority made of the step, docs/controls.md);
+    # throttles is, beside the attempts (docs/destinations.md), and the priority.
     assert {k: v for k, v in got.items() if k != "payload"} == {
         k: v for k, v in stored.items() if k not in ("payload", "key_seq", "head_start")
     }

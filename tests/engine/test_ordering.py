@@ -1,4 +1,4 @@
-"""Ordering keys (SPEC section 13) on both engines and both backends: rows of
+"""Ordering keys (docs/ordering.md) on both engines and both backends: rows of
 one key are claimed one at a time in id order; a failing, unacknowledged or
 recovered head keeps its place; a dead head blocks its key (``block``) or
 lets the next row go (``skip``); an operator's retry or purge unblocks it;

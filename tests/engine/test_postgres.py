@@ -95,7 +95,7 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE (dedup_key IS NOT NULL)" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    # The claim rank where the ADR's index had next_attempt_at (SPEC 18).
+    # The claim rank where the original index had next_attempt_at (docs/controls.md).
     assert "(status, ((next_attempt_at - head_start)), created_at, next_attempt_at)" in due
     assert "(ordering_key, key_seq, id)" in indexes["ix_dispatch_outbox_ordering_seq"]
     assert "pending" in due and "delivering" in due

@@ -1,4 +1,4 @@
-"""Priority (SPEC section 18) on real stores, both engines and both anyio
+"""Priority (docs/controls.md) on real stores, both engines and both anyio
 backends: among due rows a row of priority p goes as if it had become due
 p * step sooner, it is never claimed before it is due, a row of the lowest
 priority behind a flood still goes within 20 steps of a row of priority 0,

@@ -1,4 +1,4 @@
-"""How a claim decides a shared limit under contention (SPEC 17), on real
+"""How a claim decides a shared limit under contention (docs/destinations.md), on real
 SQLite files and the real PostgreSQL, both anyio backends: a rate admits
 what its room allows of each claim, whichever way the claim decides it; a
 claim passes over a destination whose state row another claim holds,

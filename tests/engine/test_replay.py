@@ -1,4 +1,4 @@
-"""Replay (SPEC 17): ``retry_dispatches`` on both engines and both
+"""Replay (docs/destinations.md): ``retry_dispatches`` on both engines and both
 backends puts exactly the filtered failed rows back to ``pending``, in id
 order, a chunk a transaction; ordering keys keep their order; a dry run
 writes nothing; a second run retries nothing twice and takes up what an

@@ -1,4 +1,4 @@
-"""Schedules on a real store (SPEC 14), both engines and both backends: one
+"""Schedules on a real store (docs/schedules.md), both engines and both backends: one
 dispatch per tick however many schedulers race, missed ticks by policy,
 pause and resume, manual runs, the envelope and history, pruning."""
 

@@ -1,4 +1,4 @@
-"""Schema version 11 (SPEC section 18): a database of version 10, whose
+"""Schema version 11 (docs/controls.md): a database of version 10, whose
 status CHECK and finished-age index know six statuses, admits ``superseded``
 and ``cancelled`` after the migration, keeps every row, and still refuses
 a status outside the enum; read back on both engines."""

@@ -21,7 +21,7 @@ from ..helpers import HeldWriter, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
-# (name, type, notnull, default) of every ADR D1 column, in order.
+# (name, type, notnull, default) of every column of schema version 1, in order.
 ADR_COLUMNS = [
     ("id", "TEXT", 0, None),
     ("kind", "TEXT", 1, None),
@@ -40,17 +40,17 @@ ADR_COLUMNS = [
     ("created_at", "FLOAT", 1, None),
     ("expires_at", "FLOAT", 0, None),
     ("updated_at", "FLOAT", 0, None),
-    # Schema v5: ordering keys (SPEC section 13), appended, nullable.
+    # Schema v5: ordering keys (docs/ordering.md), appended, nullable.
     ("ordering_key", "TEXT", 0, None),
     # Schema v8: a keyed row's place in its key by commit order.
     ("key_seq", "BIGINT", 1, "0"),
-    # Schema v10: a row's throttled attempts (SPEC section 17).
+    # Schema v10: a row's throttled attempts (docs/destinations.md).
     ("throttles", "INTEGER", 1, "0"),
-    # A running attempt's cancel, when asked and by whom (SPEC section 18).
+    # A running attempt's cancel, when asked and by whom (docs/controls.md).
     ("cancel_requested_at", "FLOAT", 0, None),
     ("cancel_request", "TEXT", 0, None),
     # The priority migration: a row's priority and the head start it gave
-    # (SPEC section 18).
+    # (docs/controls.md).
     ("priority", "INTEGER", 1, "0"),
     ("head_start", "FLOAT", 1, "0"),
 ]
@@ -73,8 +73,8 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     dedup = indexes["ux_dispatch_outbox_dedup_key"]
     assert "UNIQUE" in dedup and "WHERE dedup_key IS NOT NULL" in dedup
     due = indexes["ix_dispatch_outbox_status_next_attempt"]
-    # ADR D1's (status, next_attempt_at), with created_at appended (schema
-    # v2), and the claim rank in next_attempt_at's place (SPEC section 18):
+    # Version 1's (status, next_attempt_at), with created_at appended (schema
+    # v2), and the claim rank in next_attempt_at's place (docs/controls.md):
     # with every priority 0 the rank is next_attempt_at.
     assert "(status, (next_attempt_at - head_start), created_at, next_attempt_at)" in due
     assert "WHERE status IN ('pending', 'delivering')" in due

@@ -1,4 +1,4 @@
-"""Enqueue inside the caller's own transaction (SPEC section 9): sqlite3,
+"""Enqueue inside the caller's own transaction (docs/usage.md#use-your-own-connection): sqlite3,
 psycopg and SQLAlchemy connections, on real databases; commit, rollback,
 errors that leave the caller's transaction usable, a SIGKILLed producer,
 a same-key race between two processes, and wake-ups at commit."""

@@ -1,4 +1,4 @@
-"""Throttling and the circuit breaker's bookkeeping (SPEC section 17), the
+"""Throttling and the circuit breaker's bookkeeping (docs/destinations.md), the
 finish side: each transport's throttle (a webhook's 429 and 503 with
 ``Retry-After``, a callable's ``Throttled``, a command's exit 75) ends its
 attempt back in ``pending`` without spending it, and throttles the
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.anyio
 
 T0 = 1_000_000.0
 BACKOFF_1 = 60.0
-"""The ADR backoff after attempt 1: a throttle without a delay waits it."""
+"""``backoff_seconds`` after attempt 1: a throttle without a delay waits it."""
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tracing on every engine and both anyio backends (SPEC section 16): the
+"""Tracing on every engine and both anyio backends (docs/tracing.md): the
 ``create`` span of an enqueue and its context in the stored envelope, a
 ``process`` span per attempt linked to it (through a pass and through the
 worker), a failed attempt's error, and the sync enqueue functions."""

@@ -1,4 +1,4 @@
-"""``trio-dispatch cancel`` (SPEC section 18) on both engines: one row
+"""``trio-dispatch cancel`` (docs/controls.md) on both engines: one row
 (pending, running, finished, unknown, too late in a real child process),
 by filters with ``--dry-run`` writing nothing, ``--json``, and the usage
 refusals (one line, exit 1 or 2, nothing written)."""

@@ -1,4 +1,4 @@
-"""The dashboard's cancel (SPEC sections 15 and 18) over real sockets and
+"""The dashboard's cancel (docs/dashboard.md, docs/controls.md) over real sockets and
 real stores, both engines and both backends: only an operator cancels, a
 browser session only with its CSRF token and its own origin; 200, 202,
 404 and 409 with their reasons; the bulk cancel after its confirmation;

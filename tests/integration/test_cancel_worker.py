@@ -1,5 +1,5 @@
-"""A running attempt cancelled while a real worker runs it (SPEC section
-18), on both engines and both backends: the cancel comes from another
+"""A running attempt cancelled while a real worker runs it
+(docs/controls.md#cancel), on both engines and both backends: the cancel comes from another
 store (as another process's would), the worker hears it (PostgreSQL: its
 notice; SQLite: the commit watch), cuts the attempt -- a real child's
 process group killed, a callable's scope cancelled, a real HTTP request

@@ -1,5 +1,5 @@
 """An operator pauses and resumes a destination in a real browser (Debian's
-Chromium, JavaScript off), as SPEC sections 15 and 17 ask: logs in, finds
+Chromium, JavaScript off), as docs/dashboard.md and docs/destinations.md say: logs in, finds
 the destination on ``/destinations``, pauses it from its page for a while
 with a reason, sees it paused (and the audit row), then resumes it."""
 

@@ -1,5 +1,5 @@
-"""``trio-dispatch destinations`` (SPEC section 17, "Pause" and "Seen by
-operators") on both engines: the listing and ``show`` (read-only: they
+"""``trio-dispatch destinations`` (docs/destinations.md#pause-and-resume,
+docs/destinations.md#what-operators-see) on both engines: the listing and ``show`` (read-only: they
 write nothing), pause with ``--for`` or ``--until``, resume and enable, each
 one line and one audit row naming the command's user; a name no one knows
 and bad values write nothing."""

@@ -1,4 +1,4 @@
-"""The dashboard's destinations (SPEC sections 15 and 17) over real sockets
+"""The dashboard's destinations (docs/dashboard.md, docs/destinations.md) over real sockets
 and real stores, both engines and both backends: the page and each
 destination's page for every role, an operator's pause, resume and enable
 (bearer and browser session, its CSRF token and Origin), the audit rows

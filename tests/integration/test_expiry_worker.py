@@ -1,5 +1,5 @@
 """A running worker expires the rows its claims never read at their own
-``expires_at`` (SPEC sections 7, 13 and 17): a paused destination's, a
+``expires_at`` (docs/destinations.md#expiry-of-rows-held-back): a paused destination's, a
 throttled one's, one at the worker's cap, a keyed row behind a slow head,
 while the attempts holding them back still run; two workers on one store
 write one transition per row; a sweep that fails is rolled back whole,

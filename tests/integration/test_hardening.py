@@ -1,4 +1,4 @@
-"""SPEC section 12, finding by finding: what a hostile user, a careless
+"""docs/security.md, finding by finding: what a hostile user, a careless
 operator or a crash could do, and what must hold instead. Each test failed
 before the rule it guards was in place."""
 

@@ -1,4 +1,5 @@
-"""Hostile input (SPEC 3, 4, 8): enqueue arguments of every type and size,
+"""Hostile input (docs/usage.md, docs/guarantees.md, docs/configuration.md):
+enqueue arguments of every type and size,
 transport templates, payloads and routes full of shell syntax, NUL, invalid
 UTF-8, 1 MiB bodies, and malformed or malicious YAML.
 
@@ -749,7 +750,7 @@ async def test_a_one_mebibyte_payload_in_argv_is_a_recorded_failure_not_a_crash(
 ) -> None:
     # One argv element is limited by the kernel (128 KiB on Linux): exec fails
     # with E2BIG, the same way on every attempt, so the dispatch is
-    # dead-lettered at once (SPEC section 12) instead of retried for hours.
+    # dead-lettered at once (docs/security.md) instead of retried for hours.
     store = big_store
     dispatch_id = await enqueue_dispatch(
         store, kind="big", deliver_to="seat", body=BIG_BODIES["ascii-blob"]
@@ -822,7 +823,7 @@ def test_render_argv_substitutes_only_whole_token_elements(
 
 
 def is_runnable_template(value: object) -> bool:
-    """What the spec calls a valid template (a non-empty list of str; a tuple
+    """What docs/guarantees.md calls a valid template (a non-empty list of str; a tuple
     of str counts too): these would start a process."""
     return (
         isinstance(value, list | tuple)

@@ -1,4 +1,4 @@
-"""What the CLI shows of ordering keys (SPEC section 13): the key and the
+"""What the CLI shows of ordering keys (docs/ordering.md): the key and the
 row a keyed row waits behind (``show``), ``ls --ordering-key`` and
 ``ls --blocked``, and "waiting" in place of a waiting row's next attempt,
 on rows that real delivery passes put in those states."""

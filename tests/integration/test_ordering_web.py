@@ -1,4 +1,4 @@
-"""What the dashboard and /metrics show of ordering keys (SPEC section 13):
+"""What the dashboard and /metrics show of ordering keys (docs/ordering.md):
 a row's key and the row it waits behind, the list's key column and filter,
 the blocked keys' count (bounded) and page, and ``trio_dispatch_blocked_keys``
 -- on rows real passes put in those states, on both engines."""

@@ -1,4 +1,4 @@
-"""What operators see of priority (SPEC section 18): ``ls`` (a PRI column
+"""What operators see of priority (docs/controls.md): ``ls`` (a PRI column
 when a listed row has one other than 0, and ``--json``), ``show`` and its
 ``--json``, the dashboard's list and a dispatch's page."""
 

@@ -1,4 +1,4 @@
-"""``trio-dispatch retry`` with filters (SPEC 17, replay) on both engines:
+"""``trio-dispatch retry`` with filters (docs/destinations.md#replay) on both engines:
 the round trip in a child process (dry run, run, run again), the refusals
 (one line, exit 1 or 2, nothing written) and the help."""
 

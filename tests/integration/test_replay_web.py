@@ -1,5 +1,5 @@
-"""The dashboard's bulk retry by destination and failure time (SPEC 17,
-replay; SPEC 15 roles and audit) over real sockets, both engines and both
+"""The dashboard's bulk retry by destination and failure time (docs/destinations.md#replay;
+docs/dashboard.md roles and audit) over real sockets, both engines and both
 backends: the count first, then exactly those rows, each with its audit;
 the form's own fields post back the same rows; refusals change nothing."""
 

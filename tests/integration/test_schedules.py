@@ -1,5 +1,5 @@
 """Retry schedules, a destination's Retry-After and 410, and per-destination
-caps (SPEC section 10: they apply to every transport), on real stores and
+caps (docs/webhooks.md: they apply to every transport), on real stores and
 both backends."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def test_retry_after_delays_the_next_attempt_to_at_least_that_capped_at_a_
     result = TransportResult.failure("HTTP 503: busy", retry_after=retry_after)
     await finish_attempt(store, claim, result, now=T0 + 1)
     row = raw.row(dispatch_id)
-    assert row["next_attempt_at"] == T0 + 1 + expected_wait  # the ADR backoff is 60 s
+    assert row["next_attempt_at"] == T0 + 1 + expected_wait  # backoff_seconds(1) is 60 s
     metadata = _last(raw, dispatch_id)["metadata"]
     assert metadata["retry_after_seconds"] == min(retry_after, 86400.0)
     assert metadata["next_attempt_at"] == T0 + 1 + expected_wait

@@ -1,4 +1,4 @@
-"""``trio-dispatch schedules`` (SPEC section 14): the listing (read-only,
+"""``trio-dispatch schedules`` (docs/schedules.md): the listing (read-only,
 like every read command), pause and resume kept in the store, manual runs,
 and names the configuration does not hold -- on both engines; and a worker
 running in this process that obeys a pause made from the command line."""

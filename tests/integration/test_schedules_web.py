@@ -1,4 +1,4 @@
-"""What ``/metrics`` and the dashboard show of schedules (SPEC section 14):
+"""What ``/metrics`` and the dashboard show of schedules (docs/schedules.md):
 ``trio_dispatch_schedule_runs_total`` and
 ``trio_dispatch_schedule_next_fire_timestamp_seconds`` scraped from a real
 worker firing an ``every: 1s`` schedule, and the ``/schedules`` page and

@@ -1,4 +1,4 @@
-"""The trace context at the destination (SPEC section 16): a real local
+"""The trace context at the destination (docs/tracing.md): a real local
 HTTP receiver gets ``traceparent``, a real command child ``TRACEPARENT``,
 both the attempt's ``process`` span; and without opentelemetry importable,
 enqueue and delivery work and nothing of it is imported."""

@@ -1,4 +1,4 @@
-"""/metrics, /healthz and the read-only dashboard (SPEC section 11), served
+"""/metrics, /healthz and the read-only dashboard (docs/dashboard.md), served
 by hypercorn on real sockets over real stores, on both anyio backends."""
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ async def test_metrics_have_the_specified_names_types_and_labels(
         "acked": 1.0,
         "dead_letter": 1.0,
         "expired": 1.0,
-        "superseded": 0.0,  # every status is listed, these two (SPEC 18) at 0
+        "superseded": 0.0,  # every status is listed, these two (docs/controls.md) at 0
         "cancelled": 0.0,
     }
     deliveries = samples(families["trio_dispatch_deliveries"])

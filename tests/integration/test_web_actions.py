@@ -1,4 +1,4 @@
-"""Acting from the dashboard (SPEC 15) over real sockets and real stores,
+"""Acting from the dashboard (docs/dashboard.md) over real sockets and real stores,
 both engines and both backends: every route under each role, the login
 session's forgery checks, bulk actions, 404/409 with reasons, the audit
 trail and the logs."""

@@ -1,4 +1,4 @@
-"""The webhook transport against real local HTTP servers (SPEC section 10):
+"""The webhook transport against real local HTTP servers (docs/webhooks.md):
 every request verified by the independent ``standardwebhooks`` package,
 outcomes recorded on real stores, on both anyio backends."""
 

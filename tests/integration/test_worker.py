@@ -1,4 +1,4 @@
-"""DispatchWorker (SPEC section 5): embedding, wake-up, bounded concurrency,
+"""DispatchWorker (docs/usage.md): embedding, wake-up, bounded concurrency,
 timeouts with kill semantics, store faults, and graceful shutdown."""
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ async def test_the_backoff_and_the_next_attempt_run_on_a_mock_clock(
     db_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
     # The worker's wall clock tied to trio's virtual time, running 100 times
-    # faster than real time: the 60 s backoff of ADR D4 passes in 0.6 s, and
+    # faster than real time: the 60 s backoff after attempt 1 passes in 0.6 s, and
     # the retry starts when it is due. (Not autojump: while the store's
     # thread works the loop is idle, and autojump would race virtual time
     # from deadline to deadline until the thread answered.)
@@ -343,7 +343,7 @@ async def test_a_locked_database_is_logged_and_the_worker_resumes_after(
     assert failure.exc_info is not None and "locked" in str(failure.exc_info[1])
 
 
-# -- callable transports (SPEC B8) -----------------------------------------
+# -- callable transports (docs/usage.md) ----------------------------------
 
 
 async def asyncio_only_send(delivery: Delivery) -> None:

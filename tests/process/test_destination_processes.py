@@ -1,4 +1,4 @@
-"""A destination's shared limits (SPEC 17) under real worker processes on
+"""A destination's shared limits (docs/destinations.md) under real worker processes on
 one PostgreSQL database: three workers, each free to run eight attempts,
 never run more attempts to a destination at once than its concurrency,
 nor start them faster than its rate; an unlimited destination beside it is

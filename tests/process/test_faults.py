@@ -342,7 +342,7 @@ def assert_store_consistent(
     assert set(per_id) == set(committed)
     resent = {i for i, n in per_id.items() if n > 1}
     assert resent <= redelivery_allowed, f"sent again though its finish was recorded: {resent}"
-    # Each row and its transition were written together (B4): the last
+    # Each row and its transition were written together (docs/guarantees.md): the last
     # transition names the row's status.
     assert (
         raw.scalar(
@@ -436,7 +436,7 @@ async def run_fault_scenario(fault: Fault, db_path: Path, caplog: pytest.LogCapt
                         for i in (2, 3)
                     ],
                 )
-            # The outbox's point (B1): the caller's own write and the
+            # The outbox's point (docs/usage.md): the caller's own write and the
             # dispatch fail together.
             with pytest.raises(sqlite3.OperationalError, match=fault.error_text):
                 async with producer.transaction() as tx:

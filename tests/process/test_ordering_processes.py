@@ -1,4 +1,4 @@
-"""Ordering keys (SPEC 13) under real worker processes: SIGKILL loops and
+"""Ordering keys (docs/ordering.md) under real worker processes: SIGKILL loops and
 several workers on one database (scripts/ordering_soak.py). Under CI the
 full sizes below run; a developer's run uses smaller ones."""
 

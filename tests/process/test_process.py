@@ -1,4 +1,4 @@
-"""A transport child never outlives its worker (SPEC section 12): SIGKILL a
+"""A transport child never outlives its worker (docs/security.md): SIGKILL a
 real worker process and its child, and the child's own children, are gone
 within a second; while the worker lives, its children live as long as they
 need (the spawning thread is not a pool thread that ends after 10 s)."""

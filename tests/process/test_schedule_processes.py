@@ -1,4 +1,4 @@
-"""Schedules (SPEC 14) under real worker processes (scripts/schedule_soak.py):
+"""Schedules (docs/schedules.md) under real worker processes (scripts/schedule_soak.py):
 three workers with the same ``every: 1s`` schedules on one store fire each
 tick exactly once, left alone and with one of them SIGKILLed and restarted
 every second or two; a rolling deploy that changes a schedule fires each

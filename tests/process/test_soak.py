@@ -30,7 +30,7 @@ soak = _soak()
 @pytest.mark.slow
 def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -> None:
     """SIGKILLs while an operator cancels a fifth of the rows as they come,
-    waiting or running (SPEC 18): a cancelled row is accounted for by its
+    waiting or running (docs/controls.md): a cancelled row is accounted for by its
     transition, every other row is sent, and no (id, attempt) twice."""
     n, kills = size(300, 150), size(6, 4)
     figures = soak.crash_soak(tmp_path, n=n, kills=kills, cancel_rate=0.2)
@@ -49,7 +49,7 @@ def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
     tmp_path: Path,
 ) -> None:
     """SIGKILLs while three destinations run under a shared rate, a shared
-    concurrency and a breaker that failures open (SPEC 17): every row ends
+    concurrency and a breaker that failures open (docs/destinations.md): every row ends
     accounted for, and no (id, attempt) is sent twice."""
     n, kills = size(300, 150), size(6, 4)
     policy = {

@@ -1,4 +1,4 @@
-"""The ADR's backoff formula, value by value."""
+"""The default backoff formula, ``backoff_seconds``, value by value."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``check-config`` and the ``schedules:`` section (SPEC section 14): each
+"""``check-config`` and the ``schedules:`` section (docs/schedules.md): each
 schedule shown with its cadence, timezone, missed policy and next fire; a
 bad schedule reported as one line naming its dotted key."""
 

@@ -1,4 +1,4 @@
-"""Destinations without a store (SPEC section 17): ``check-config`` shows
+"""Destinations without a store (docs/destinations.md): ``check-config`` shows
 the ``destinations:`` section ("*" first) and names each bad policy by its
 dotted key, one problem each; the starts a rate admits; the command's
 argument checks, which refuse a bad value before any store is opened."""

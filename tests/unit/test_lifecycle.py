@@ -1,4 +1,4 @@
-"""The closed lifecycle graph and reason codes (SPEC section 7).
+"""The closed lifecycle graph and reason codes (docs/lifecycle.md).
 
 The edge graph is checked pair by pair against ``lifecycle.check_edge``; the
 reason codes are checked on every transition row that real dispatches write
@@ -25,32 +25,32 @@ STATUSES = (
     "acked",
     "dead_letter",
     "expired",
-    "superseded",  # section 18
-    "cancelled",  # section 18
+    "superseded",  # coalescing
+    "cancelled",  # cancel
 )
 
-# SPEC section 7, transcribed: (from, to) -> operator only.
-# SPEC section 7's graph, with who takes each edge: delivery edges are the
+# docs/lifecycle.md, transcribed: (from, to) -> who may take it.
+# docs/lifecycle.md's graph, with who takes each edge: delivery edges are the
 # scheduler's, acks the consumer's, revival of a failed row the operator's.
 SPEC_EDGE_SOURCES = {
     ("pending", "delivering"): ("scheduler",),
     ("pending", "expired"): ("scheduler",),
     ("pending", "acked"): ("consumer",),
-    ("pending", "superseded"): ("system", "scheduler"),  # section 18: an enqueue, a schedule's
-    ("pending", "cancelled"): ("operator",),  # section 18
+    ("pending", "superseded"): ("system", "scheduler"),  # coalescing: an enqueue, a schedule's
+    ("pending", "cancelled"): ("operator",),  # cancel
     ("delivering", "delivering"): ("scheduler",),
     ("delivering", "pending"): ("scheduler",),
     ("delivering", "delivered"): ("scheduler",),
     ("delivering", "acked"): ("consumer",),
     ("delivering", "dead_letter"): ("scheduler",),
     ("delivering", "expired"): ("scheduler",),
-    ("delivering", "cancelled"): ("scheduler", "operator"),  # section 18
+    ("delivering", "cancelled"): ("scheduler", "operator"),  # cancel
     ("dead_letter", "pending"): ("operator",),
     ("expired", "pending"): ("operator",),
 }
 SPEC_EDGES = frozenset(SPEC_EDGE_SOURCES)
 
-# SPEC section 7, the reason-code table, transcribed.
+# docs/lifecycle.md, the reason-code table, transcribed.
 SPEC_REASON_CODES = frozenset(
     {
         "dispatch.pending.enqueued",
@@ -58,7 +58,7 @@ SPEC_REASON_CODES = frozenset(
         "dispatch.delivered.transport_ok",
         "dispatch.pending.awaiting_ack",
         "dispatch.pending.retry_backoff",
-        "dispatch.pending.throttled",  # section 17
+        "dispatch.pending.throttled",  # a throttle
         "dispatch.dead_letter.max_attempts",
         "dispatch.dead_letter.ack_timeout",
         "dispatch.dead_letter.gone",
@@ -68,8 +68,8 @@ SPEC_REASON_CODES = frozenset(
         "dispatch.pending.released",
         "dispatch.purged.operator",
         "dispatch.purged.retention",
-        "dispatch.superseded.coalesced",  # section 18
-        "dispatch.cancelled.operator",  # section 18
+        "dispatch.superseded.coalesced",  # coalescing
+        "dispatch.cancelled.operator",  # cancel
     }
 )
 
@@ -117,7 +117,7 @@ async def test_check_edge_allows_exactly_the_spec_graph_for_each_source(
 
 
 async def test_delivery_and_schedules_are_two_names_of_the_one_stored_source() -> None:
-    # SPEC 7 and 14 pin the value "scheduler" for both writers; the code
+    # docs/lifecycle.md gives both writers the value "scheduler"; the code
     # names each, and the stored column cannot tell them apart.
     assert lc.Source.DELIVERY.value == lc.Source.SCHEDULES.value == "scheduler"
     assert lc.Source["SCHEDULES"] is lc.Source["DELIVERY"]  # an alias, one member

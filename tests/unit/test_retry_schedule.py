@@ -20,7 +20,7 @@ def test_a_schedule_gives_the_delay_before_each_next_attempt_and_repeats_its_las
         1800.0,
         1800.0,
     ]
-    assert retry_delay(1) == 60.0  # without one: the ADR backoff
+    assert retry_delay(1) == 60.0  # without one: backoff_seconds
 
 
 @pytest.mark.parametrize(

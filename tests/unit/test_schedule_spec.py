@@ -1,4 +1,4 @@
-"""Schedules without a store (SPEC 14): checks, ticks across DST, the plan
+"""Schedules without a store (docs/schedules.md): checks, ticks across DST, the plan
 for missed ticks, the configuration section."""
 
 from __future__ import annotations

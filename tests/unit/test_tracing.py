@@ -1,4 +1,4 @@
-"""Tracing's pure parts (SPEC section 16): the trace context read back from
+"""Tracing's pure parts (docs/tracing.md): the trace context read back from
 an envelope's head, and a failed attempt's ``error.type``."""
 
 from __future__ import annotations

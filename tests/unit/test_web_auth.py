@@ -1,4 +1,4 @@
-"""Roles, sessions and forgery checks of the dashboard (SPEC 15), without a
+"""Roles, sessions and forgery checks of the dashboard (docs/dashboard.md), without a
 server: what each credential proves."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The ``trio-dispatch`` command: the worker, and operator tools that work
-directly on the store with no worker running (SPEC sections 6 and 12).
+directly on the store with no worker running (docs/cli.md, docs/security.md).
 
 Exit codes: 0 applied or found, 1 not applied (conflict) or not found, 2 bad
 usage, configuration or an unusable store. Every error is one line on

@@ -1,5 +1,5 @@
 """``destinations``: what operators see of each destination and their three
-acts on one (SPEC section 17).
+acts on one (docs/destinations.md).
 
 ``destinations`` lists each destination the configuration names (``"*"``
 excepted), each with live rows and each with state in the store: its state

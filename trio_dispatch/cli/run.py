@@ -172,7 +172,7 @@ def cmd_web(args: argparse.Namespace) -> int:
         async with (
             # snapshot: every request reads on a connection of its own, so an
             # idle database gets no -wal/-shm files and a later commit by
-            # another process is seen by the next request (SPEC 12).
+            # another process is seen by the next request (docs/security.md).
             open_store(
                 choice.target,
                 busy_timeout=choice.busy_timeout,

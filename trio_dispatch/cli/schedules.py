@@ -1,5 +1,5 @@
 """``schedules``: the configured schedules as the store knows them, and the
-operator's three acts on one (SPEC section 14).
+operator's three acts on one (docs/schedules.md).
 
 ``schedules`` lists each schedule of the configuration (its cadence,
 timezone, paused flag, newest run and next fire) on a store opened

@@ -1,4 +1,4 @@
-"""What a command works on: the configuration found by SPEC order, the store
+"""What a command works on: the configuration found in the order of docs/configuration.md, the store
 (``--db``, ``--db-env`` or the configuration's), and the values read from
 outside argv (``--db-env``, ``--token-stdin``). Every problem is a
 :class:`~.output.UsageError` naming what was tried.
@@ -35,7 +35,7 @@ from .output import UsageError
 
 
 def load_cli_config(explicit: str | None) -> Config:
-    """The configuration by SPEC order (``--config``, then
+    """The configuration in the order of docs/configuration.md (``--config``, then
     ``$TRIO_DISPATCH_CONFIG``, then ``./trio-dispatch.yaml``); defaults when
     none exists. A named file that is missing is an error."""
     path = find_config_path(explicit)
@@ -72,9 +72,9 @@ def resolve_store(
     must_exist: bool = True,
 ) -> StoreChoice:
     """The store an operator command works on: ``--db``, else the ``store``
-    of the configuration found by SPEC order; ``busy_timeout`` is
+    of the configuration found (docs/configuration.md); ``busy_timeout`` is
     ``--busy-timeout``, else the ``busy_timeout_seconds`` of the
-    configuration found by SPEC order (with ``--db`` too, as the worker
+    configuration found the same way (with ``--db`` too, as the worker
     does). The configuration's ``schema`` goes with its ``store``: a
     ``--db`` URL names its own (``options=-csearch_path%3DNAME``). A SQLite
     store must already exist unless ``must_exist`` is False

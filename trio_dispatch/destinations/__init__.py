@@ -1,4 +1,4 @@
-"""Destinations as entities (SPEC section 17): a ``deliver_to`` value with a
+"""Destinations as entities (docs/destinations.md): a ``deliver_to`` value with a
 policy from configuration (:mod:`.policy`) and a runtime state in the store
 (:mod:`.state`) that every worker, process and host shares; what operators
 see of them is :mod:`.listing` (read-only).

@@ -1,5 +1,5 @@
-"""What operators see of destinations (SPEC section 17, "Seen by
-operators"): one :class:`Entry` per destination -- each one the
+"""What operators see of destinations
+(docs/destinations.md#what-operators-see): one :class:`Entry` per destination -- each one the
 configuration names (``"*"`` excepted), each with live rows, each with a
 state row -- with its state as it stands now, its policy, the starts its
 rate admits now, its shared concurrency in use, its pending rows, how long

@@ -1,4 +1,4 @@
-"""What the ends of attempts do to their destinations (SPEC section 17):
+"""What the ends of attempts do to their destinations (docs/destinations.md):
 the finish side of throttling and the circuit breaker's bookkeeping.
 
 :func:`record_ends` runs inside the transaction that finishes the attempts
@@ -135,7 +135,7 @@ class Effects:
         self.transitions: list[tuple[str, State]] = []
         self.too_late = False
         """The end was a success an operator's cancel reached too late
-        (SPEC 18): recorded as a success, the cancel taken back."""
+        (docs/controls.md): recorded as a success, the cancel taken back."""
 
     def clear(self) -> None:
         self.transitions.clear()

@@ -10,11 +10,11 @@ One concern per module:
   destination admission), composed through one interface; the due scan,
   shared fairly between destinations, bounded whatever a left-out
   destination holds;
-- :mod:`.enqueue` -- the enqueue API (ADR D2) and
+- :mod:`.enqueue` -- the enqueue API (docs/usage.md) and
   :class:`~.enqueue.EnqueueCall`, the one entry point that makes every
   dispatch (checks, body limit, ``create`` span), whoever enqueues it: the
   API, :mod:`trio_dispatch.sync`, a schedule's fire;
-- :mod:`.delivery` -- the claim and the attempt's end (ADR D3-D5), each
+- :mod:`.delivery` -- the claim and the attempt's end (docs/guarantees.md), each
   one transaction (the transport call between them is the worker's:
   :mod:`trio_dispatch.worker.attempts`);
 - :mod:`.expiry` -- the expiry sweep: rows past their deadline that no
@@ -22,7 +22,7 @@ One concern per module:
   a batch a transaction;
 - :mod:`.reads` -- get, list, history, stats;
 - :mod:`.operator` -- ack, retry, purge, prune;
-- :mod:`.cancel` -- cancel one dispatch, waiting or running (SPEC 18);
+- :mod:`.cancel` -- cancel one dispatch, waiting or running (docs/controls.md);
 - :mod:`.bulk` -- retry, purge or cancel every row a filter matches (the
   dashboard's bulk actions, replay, bulk cancel).
 

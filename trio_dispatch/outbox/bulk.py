@@ -1,5 +1,6 @@
-"""Operator actions on every row that matches a filter (SPEC sections 15,
-17 and 18): retry, purge or cancel by ``status`` and optional ``kind``,
+"""Operator actions on every row that matches a filter (docs/dashboard.md,
+docs/destinations.md#replay, docs/controls.md#cancel): retry, purge or
+cancel by ``status`` and optional ``kind``,
 ``ordering_key``, ``deliver_to`` and the time each row last changed.
 
 - The dashboard's bulk retry, purge and cancel (:func:`apply_bulk`): at
@@ -498,7 +499,7 @@ async def cancel_dispatches(
     limit: int | None = None,
     now: float | None = None,
 ) -> CancelManyResult:
-    """Cancel (SPEC section 18) every ``pending`` and ``delivering`` row
+    """Cancel (docs/controls.md) every ``pending`` and ``delivering`` row
     (``status``: one of them) that matches the filters, as
     :func:`~.cancel.cancel_dispatch` cancels one, newest id first,
     :data:`~.operator.PRUNE_CHUNK` rows a transaction: a pending row is

@@ -1,4 +1,4 @@
-"""Cancel (SPEC section 18): an operator ends a dispatch that has not been
+"""Cancel (docs/controls.md): an operator ends a dispatch that has not been
 delivered, whether it waits or is being sent.
 
 - A ``pending`` row becomes ``cancelled`` at once
@@ -207,7 +207,7 @@ async def cancel_dispatch(
     actor: str = "cancel_dispatch",
     metadata: Mapping[str, Any] | None = None,
 ) -> CancelResult:
-    """Cancel one dispatch (SPEC section 18) and say what came of it.
+    """Cancel one dispatch (docs/controls.md) and say what came of it.
 
     A ``pending`` row (or a ``delivering`` one whose lease has run out) is
     ``cancelled`` at once. A running attempt is marked, its worker told,

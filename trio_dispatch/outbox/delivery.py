@@ -1,4 +1,4 @@
-"""Delivery (ADR D3-D5), the outbox's side: claim due rows and record each
+"""Delivery (docs/guarantees.md), the outbox's side: claim due rows and record each
 attempt's end, each one transaction.
 
 A delivery is three steps: a claim (one transaction), the transport call
@@ -75,7 +75,7 @@ async def claim_due(
     ordering keys' policy for a head that ended ``dead_letter`` or
     ``expired``), ``caps`` (no destination gets more attempts than its
     cap allows: :class:`~.claim.caps.DestinationCaps`) and ``destinations``
-    (each destination's policy, SPEC 17, as a mapping or a worker's
+    (each destination's policy, docs/destinations.md, as a mapping or a worker's
     :class:`~trio_dispatch.destinations.outcomes.DestinationBook`; paused,
     throttled and open destinations are kept out without one)."""
     read_clock = clock or clock_from(now)
@@ -123,7 +123,7 @@ async def finish_attempt(
     and transition) in one transaction, fenced on ``(delivering,
     claim.attempt)``: returns :attr:`Outcome.CONFLICT` and writes nothing if
     the row moved on (acked, purged, or recovered by another claimant). A
-    retry waits ``retry_schedule``'s delay (the ADR backoff without one),
+    retry waits ``retry_schedule``'s delay (``backoff_seconds`` without one),
     or the destination's ``Retry-After`` if that is later. A throttle
     (:attr:`TransportResult.throttled`) returns the row to ``pending``,
     due when the destination allows (capped by its policy in
@@ -196,7 +196,7 @@ async def release_attempt(
 
 
 def tally(counts: dict[str, int], result: TransportResult, outcome: Outcome) -> None:
-    """Add one finished attempt to a counter mapping (ADR D4/D5 meanings:
+    """Add one finished attempt to a counter mapping (docs/usage.md:
     ``delivered`` counts successful transport calls whose finish applied)."""
     if outcome is Outcome.CONFLICT:
         return

@@ -4,7 +4,7 @@ many attempts in one statement, and the finish that claims the slot's next
 row in the same transaction. Every change goes through the state machine's
 edge check (:func:`.machine.transition_rows`).
 
-An attempt an operator cancelled while it ran (SPEC 18: its row marked,
+An attempt an operator cancelled while it ran (docs/controls.md: its row marked,
 ``cancel_requested_at``) ends here too. Every end is fenced on no mark, so
 one that finds it writes nothing, and in the same transaction
 :func:`settle_cancels` decides: an attempt that succeeded keeps its success
@@ -163,7 +163,7 @@ def _end_change(
 
 def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]:
     """(outcome, new status, reason code, summary, last_error) of one
-    attempt's end, per ADR D4/D5."""
+    attempt's end (docs/lifecycle.md)."""
     claim, result, delay = end.claim, end.result, end.wait
     attempts_left = claim.attempts_left
     if result.local and not result.ok:
@@ -252,7 +252,7 @@ def plan_end(end: AttemptEnd) -> tuple[Outcome, Status, Reason, str, str | None]
 
 def finish_many(conn: Conn, ends: list[AttemptEnd]) -> list[Outcome]:
     """Record attempt ends -- status, due time, ``last_error`` and transition
-    together (SPEC B4) -- each fenced on its claim; an end whose row moved
+    together (docs/guarantees.md) -- each fenced on its claim; an end whose row moved
     on is a CONFLICT and writes nothing. One UPDATE for all of them, one
     INSERT batch. A keyed row that leaves the live set makes the next row
     of its key due (:mod:`.ordering`). A throttled end adds one to its
@@ -455,7 +455,7 @@ def release(
     return outcome
 
 
-# -- cancels (SPEC 18) ---------------------------------------------------------
+# -- cancels (docs/controls.md) ------------------------------------------------
 
 
 def cancel_request(text: object) -> dict[str, Any]:

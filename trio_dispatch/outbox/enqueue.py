@@ -1,11 +1,11 @@
-"""Enqueue (ADR D2): validate, build the envelope, commit row and transition.
+"""Enqueue (docs/usage.md): validate, build the envelope, commit row and transition.
 
 Every dispatch, however it is enqueued -- :func:`enqueue_dispatch` and
 :func:`enqueue_many` here, :mod:`trio_dispatch.sync` on a caller's own
 connection, a schedule's fire (:mod:`trio_dispatch.schedules.runs`) -- is
 made by one entry point, :meth:`EnqueueCall.new`: its arguments checked
-(SPEC B2), its body held to the store's ``max_body_bytes``, its ``create``
-span started (SPEC 16) and its row -- id, ack token, the serialised
+(docs/usage.md), its body held to the store's ``max_body_bytes``, its ``create``
+span started (docs/tracing.md) and its row -- id, ack token, the serialised
 envelope -- built. For the API calls that happens before any transaction;
 the write itself is :func:`~.inserts.insert_new` /
 :func:`~.inserts.insert_plain`. Concurrent plain enqueues of a process
@@ -72,12 +72,12 @@ class EnqueueArgs(_RequiredArgs, total=False):
     schedule_run_id: str | None
     """An existing ``schedule_runs.id`` the row was made by."""
     ordering_key: str | None
-    """Rows sharing a key are delivered one at a time, in id order (SPEC
-    section 13): at most 255 characters, no control characters."""
+    """Rows sharing a key are delivered one at a time, in id order
+    (docs/ordering.md): at most 255 characters, no control characters."""
     priority: int
     """-10 to 10 (default 0): among due rows, a row of priority ``p`` goes
-    as if it had become due ``p * priority_step_seconds`` earlier (SPEC
-    section 18); it is never sent before it is due."""
+    as if it had become due ``p * priority_step_seconds`` earlier
+    (docs/controls.md#priority); it is never sent before it is due."""
 
 
 ENQUEUE_KEYS: Final = EnqueueArgs.__required_keys__ | EnqueueArgs.__optional_keys__

@@ -5,7 +5,7 @@ A claim expires the rows it reads (:func:`~.machine.claim_batch`), but it
 never reads the rows its rules hold back: those of a paused, throttled,
 open, disabled, rate-exhausted or concurrency-full destination, of a
 destination at a worker's cap, and the rows of an ordering key waiting
-behind its head (SPEC sections 13 and 17). Left to the claim, they would
+behind its head (docs/destinations.md#expiry-of-rows-held-back). Left to the claim, they would
 stay ``pending`` long past their deadline, and ``ls``, the dashboard, the
 metrics and a consumer would all see a row that can no longer be sent. The
 sweep finds them through the expiry index (schema version 12: the live rows

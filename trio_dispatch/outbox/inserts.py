@@ -76,7 +76,7 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # (and the first row's id is read after), so the write lock -- or, on
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
-    # winner (B3).
+    # winner (a same-key race returns the winner's id).
     lock_keys(conn, [new.ordering_key])
     arrays = conn.dialect.arrays
     if arrays is not None:  # row, history and NOTIFY in one round trip

@@ -11,7 +11,7 @@ together these four are the only modules that write
 
 Every change that ends an attempt is fenced on the claim it ends: status
 ``delivering``, its attempt and its lease end. A claimant whose lease another
-worker recovered can never overwrite the newer attempt (SPEC B4).
+worker recovered can never overwrite the newer attempt (docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def expire(conn: Conn, row: Row, now: float, actor: str) -> bool:
 
 def spent(row: Row) -> bool:
     """Whether ``row``'s current attempt was its last allowed one: its
-    number less its throttled attempts (which do not count, SPEC section
-    17) has reached ``max_attempts``."""
+    number less its throttled attempts (which do not count:
+    docs/destinations.md#throttling) has reached ``max_attempts``."""
     return bool(row["attempt"] - row["throttles"] >= row["max_attempts"])
 
 
@@ -208,7 +208,7 @@ def claim_batch(
     in scan order and the scan's counters (``attempted``, ``expired``,
     ``dead_letter``; the others 0). A delivering row whose lease ran out
     with a cancel asked for (its worker died, or never heard it) is
-    recorded ``cancelled`` instead of attempted again (SPEC 18). ``rules`` (default
+    recorded ``cancelled`` instead of attempted again (docs/controls.md). ``rules`` (default
     :func:`~.claim.claim_rules`: the ordering keys' rule, ``block``) decide
     what the claim may take, at their five points (:mod:`.claim.rules`):
     only rows their term allows are read, their left-out destinations are
@@ -448,7 +448,7 @@ def delete(
 ) -> bool:
     """Remove a row (purge or retention) if it still has the status it was
     read with, recording who and when (and ``metadata``): its history is
-    kept (SPEC B9)."""
+    kept (docs/lifecycle.md)."""
     change = Change(
         row["id"],
         row["status"],

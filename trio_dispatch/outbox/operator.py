@@ -1,7 +1,7 @@
-"""What operators and consumers do to a dispatch (ADR D6, SPEC section 6):
+"""What operators and consumers do to a dispatch (docs/usage.md, docs/cli.md):
 acknowledge it, retry a failed one, purge one, prune finished ones by age.
 Each change is a compare-and-set of :mod:`.machine` with its transition row
-(purges included: history says who removed a row and when, SPEC B9).
+(purges included: history says who removed a row and when: docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ DEFAULT_RETENTION_SECONDS: Final[Mapping[str, float]] = {
     Status.SUPERSEDED: 7 * 86400.0,
     Status.CANCELLED: 30 * 86400.0,
 }
-"""SPEC section 7: how long finished rows are kept by default."""
+"""docs/operations.md#pruning: how long finished rows are kept by default."""
 RETRYABLE: Final = (Status.DEAD_LETTER, Status.EXPIRED)
 
 _DUE_OR_WAITING: Final = (
@@ -329,7 +329,7 @@ async def prune_dispatches(
 
 def _prune_runs(conn: Conn) -> int:
     # A schedule's runs that no dispatch refers to any more, except its
-    # newest (SPEC section 14); runs a service wrote itself are not ours.
+    # newest (docs/schedules.md); runs a service wrote itself are not ours.
     return conn.execute(sql.PRUNE_SCHEDULE_RUNS, (PRUNE_CHUNK,))
 
 

@@ -1,4 +1,4 @@
-"""The store's priority step (SPEC section 18): the head start of one
+"""The store's priority step (docs/controls.md): the head start of one
 priority level, which every enqueue reads in its own statement
 (:data:`~trio_dispatch.priority.HEAD_START`), so every writer -- a library
 producer, a caller's own connection, a worker's schedules -- gives a row of

@@ -98,13 +98,13 @@ PRUNE_SCHEDULE_RUNS: Final = """
         LIMIT ?
     )
 """
-"""A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
+"""A schedule's runs no dispatch refers to, its newest excepted (docs/schedules.md)."""
 
 
 READ_COLUMNS: Final = f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request"
 """What reads show of a row: every column of :data:`COLUMNS`, the
-throttled attempts (SPEC section 17), the priority and a running attempt's
-cancel, when one was asked for and by whom (SPEC section 18)."""
+throttled attempts (docs/destinations.md), the priority and a running attempt's
+cancel, when one was asked for and by whom (docs/controls.md)."""
 
 
 def list_newest(where: str) -> str:
@@ -241,7 +241,7 @@ SPEND: Final = (
 # its lease (`next_attempt_at` as the claim set it). The attempt alone is not
 # unique once an operator retry resets it to 0; the lease time is.
 FENCE: Final = f"id = ? AND status = '{Status.DELIVERING}' AND attempt = ? AND next_attempt_at = ?"
-# ... and on no cancel having been asked for the attempt (SPEC 18): an end
+# ... and on no cancel having been asked for the attempt (docs/controls.md): an end
 # that finds the mark writes nothing, and the finish then settles the
 # cancel in the same transaction (cancelled, or the success that came first).
 UNMARKED: Final = "cancel_requested_at IS NULL"
@@ -301,7 +301,7 @@ GIVE_BACK: Final = (
 once, and the claim's attempt taken back."""
 
 
-# -- cancels (SPEC 18) -------------------------------------------------------------
+# -- cancels (docs/controls.md) ----------------------------------------------------
 
 MARK_CANCEL: Final = (
     "UPDATE dispatch_outbox SET cancel_requested_at = COALESCE(cancel_requested_at, ?), "

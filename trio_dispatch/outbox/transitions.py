@@ -32,7 +32,7 @@ MAX_RETRY_AFTER_SECONDS: Final = 86400.0
 """The longest a destination's ``Retry-After`` may delay the next attempt."""
 
 COUNTER_KEYS: Final = ("attempted", "delivered", "dead_letter", "expired", "retried")
-"""The counters of a delivery pass (ADR D4/D5 meanings)."""
+"""The counters of a delivery pass (docs/usage.md says what each counts)."""
 
 
 class EnqueueResult(NamedTuple):
@@ -60,7 +60,7 @@ class NewDispatch:
     expires_at: float | None
     ordering_key: str | None = None
     priority: int = 0
-    """-10 to 10: its head start among due rows (SPEC section 18)."""
+    """-10 to 10: its head start among due rows (docs/controls.md)."""
     source: Source = Source.SYSTEM
     """Who enqueued it, for its first transition: :attr:`Source.SYSTEM`, or
     :attr:`Source.SCHEDULES` (stored ``scheduler``) for a schedule's fire."""
@@ -93,7 +93,7 @@ class Claim:
     recovered: bool = False
     """The row was ``delivering`` under an earlier claim whose lease ran out."""
     ordering_key: str | None = None
-    """The row's ordering key (SPEC section 13), if any."""
+    """The row's ordering key (docs/ordering.md), if any."""
     throttles: int = 0
     """The row's throttled attempts before this one: they kept their
     numbers (the fence) but do not count toward ``max_attempts``."""
@@ -101,7 +101,7 @@ class Claim:
     @property
     def counted(self) -> int:
         """This attempt's place in the ``max_attempts`` budget: its number
-        less the throttled attempts before it (SPEC section 17)."""
+        less the throttled attempts before it (docs/destinations.md)."""
         return self.attempt - self.throttles
 
     @property
@@ -134,8 +134,8 @@ class Outcome(enum.Enum):
     """Worker shutdown interrupted the attempt, or a local resource error
     kept it from being made: back to pending, due now."""
     CANCELLED = "cancelled"
-    """An operator cancelled the dispatch while the attempt ran (SPEC
-    section 18): the attempt, cut or failed, ended the row as
+    """An operator cancelled the dispatch while the attempt ran
+    (docs/controls.md#cancel): the attempt, cut or failed, ended the row as
     ``cancelled``."""
     CONFLICT = "conflict"
     """The row was no longer (delivering, this attempt): nothing written."""

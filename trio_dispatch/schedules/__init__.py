@@ -1,4 +1,4 @@
-"""Schedules: periodic dispatches with no leader, one per tick (SPEC section 14).
+"""Schedules: periodic dispatches with no leader, one per tick (docs/schedules.md).
 
 - :mod:`.spec`: a :class:`Schedule`'s fields and checks, its ticks (cron by
   ``cronsim``, or ``every``), and the plan for missed ticks.

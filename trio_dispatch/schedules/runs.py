@@ -1,4 +1,4 @@
-"""A schedule's writes and reads in the store (SPEC section 14): firing a
+"""A schedule's writes and reads in the store (docs/schedules.md): firing a
 tick, firing a manual run, pausing, and what the operators see.
 
 A tick fires in one transaction: the schedule's cursor moves past it (only

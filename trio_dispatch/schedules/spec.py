@@ -1,4 +1,4 @@
-"""What a schedule is (SPEC section 14): its fields, checked once, and its
+"""What a schedule is (docs/schedules.md): its fields, checked once, and its
 ticks in time.
 
 A :class:`Schedule` is built by the library (``Schedule(name=..., ...)``)
@@ -146,7 +146,7 @@ class Schedule:
     expires_after_seconds: float | None = None
     """Each dispatch expires this long after its tick (None: never)."""
     priority: int = DEFAULT_PRIORITY
-    """Each dispatch's priority, -10 to 10 (SPEC section 18)."""
+    """Each dispatch's priority, -10 to 10 (docs/controls.md)."""
     where: str = dataclasses.field(default="", repr=False, compare=False)
     """How errors name this schedule (``schedules.NAME.`` from the file)."""
 

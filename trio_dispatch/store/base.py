@@ -106,7 +106,7 @@ DEFAULT_NETWORK_TIMEOUT_SECONDS: Final = 5.0
 what a lock may take (see :attr:`StoreOptions.network_timeout`)."""
 MIN_NETWORK_TIMEOUT_SECONDS: Final = 0.1
 DEFAULT_MAX_BODY_BYTES: Final = 1024 * 1024
-"""The largest ``body`` an enqueue accepts, in bytes of JSON (SPEC 12)."""
+"""The largest ``body`` an enqueue accepts, in bytes of JSON (docs/security.md)."""
 MIGRATE_HINT: Final = "run `trio-dispatch migrate` to create it"
 
 
@@ -353,7 +353,7 @@ class Database(Protocol):
 
 
 class Transaction(Database, Protocol):
-    """A caller-owned transaction (SPEC B1): units passed to :meth:`write`
+    """A caller-owned transaction (docs/usage.md): units passed to :meth:`write`
     commit or roll back with the caller's own statements."""
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
@@ -407,7 +407,7 @@ class Listener(Protocol):
         process commits, until cancelled; raise if notifications are
         unavailable (the caller then relies on its tick). With
         ``on_cancel``, also call it after a cancel of a running attempt
-        commits anywhere (SPEC 18), with the dispatch id, or None where
+        commits anywhere (docs/controls.md), with the dispatch id, or None where
         the engine cannot say which (SQLite: after any commit), and once
         when listening (re)starts: what committed before it may have gone
         unheard."""

@@ -464,7 +464,7 @@ class BatchingStore(abc.ABC):
             self._rollback()
         return []
 
-    # -- caller-owned transactions (SPEC B1) -----------------------------------
+    # -- caller-owned transactions (docs/usage.md) -----------------------------
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[BatchingTransaction]:

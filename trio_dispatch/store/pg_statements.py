@@ -28,7 +28,7 @@ CHANNEL: Final = "trio_dispatch"
 """The PostgreSQL ``LISTEN``/``NOTIFY`` channel of enqueues."""
 CANCEL_CHANNEL: Final = "trio_dispatch_cancel"
 """The channel of cancels of running attempts: each notice's payload is
-the dispatch id whose attempt an operator cancelled (SPEC section 18)."""
+the dispatch id whose attempt an operator cancelled (docs/controls.md)."""
 
 _HISTORY: Final = (
     "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "

@@ -1,36 +1,36 @@
 """Schema DDL and the one forward-only migration routine, for every engine.
 
-Version 1 is the table of ADR D1 exactly (every column, default, CHECK and
+Version 1 is the original outbox table exactly (every column, default, CHECK and
 both partial indexes), the ``status_transitions`` history, and minimal
 ``sessions`` / ``schedule_runs`` tables for the provenance foreign keys. Every
 statement is idempotent (``IF NOT EXISTS``), so a database created by an
 earlier implementation of the same design is adopted without touching its
-rows. Version 2 appends ``created_at`` to the ADR's partial due index, so
+rows. Version 2 appends ``created_at`` to the original partial due index, so
 the claim order comes from the index alone (the index still serves every
-query the ADR's two-column one does). Version 3 adds a partial index of the
+query the original two-column one does). Version 3 adds a partial index of the
 history's failed attempts (the dashboard's recent failures). Version 4
 adds a partial index of the due rows by destination, so a claim that
 leaves out destinations at their cap finds the others' rows without
 reading the capped ones. Version 5 adds the ``ordering_key`` column and
-its two partial indexes (SPEC section 13); version 6 the index of blocked
-keys' heads. Version 7 gives ``schedule_runs`` its job (SPEC section 14): the
+its two partial indexes (docs/ordering.md); version 6 the index of blocked
+keys' heads. Version 7 gives ``schedule_runs`` its job (docs/schedules.md): the
 tick columns, their unique index, and the ``dispatch_schedules`` state table.
 Version 8 orders a key's rows by commit order: the ``key_seq`` column, and
 the ordering index on (ordering_key, key_seq, id) in place of (ordering_key,
 id). Version 9 gives the schedules' state table its record of which
 definition of each schedule is in force (its fingerprint, the ones it
 replaced, when it was last confirmed). Version 10 adds the destinations'
-shared state and its audit (SPEC section 17) and each row's count of
+shared state and its audit (docs/destinations.md) and each row's count of
 throttled attempts. Version 11 admits the statuses ``superseded`` and
-``cancelled`` (SPEC section 18): the status CHECK widened in place and the
+``cancelled`` (docs/controls.md): the status CHECK widened in place and the
 finished-age index rebuilt over every finished status. Version 12 adds a
 partial index of the live rows that have an ``expires_at``, by deadline:
 the worker's expiry sweep reads the rows past theirs, whichever
 destination or key holds them back, and nothing else. Version 13 lets an
-operator's cancel mark a running attempt (SPEC section 18): when it was
+operator's cancel mark a running attempt (docs/controls.md): when it was
 asked for and by whom, read by the worker that runs the attempt and by the
 fenced finish that ends it. Version 14 orders
-the claim by priority (SPEC section 18): each row's ``priority`` and
+the claim by priority (docs/controls.md): each row's ``priority`` and
 ``head_start``, the store-wide settings that hold the step a head start is
 made of, the due and destination indexes keyed by the claim rank
 (``next_attempt_at - head_start``) in place of ``next_attempt_at``, and the
@@ -161,8 +161,8 @@ rank since version 14, under its first name): every claim reads it
 (:data:`~trio_dispatch.outbox.claim.order.CLAIM_ORDER`)."""
 
 _V2: Final = (
-    # The due index of ADR D1, with ``created_at`` appended: the scan order
-    # of SPEC B5 (``next_attempt_at, created_at``) then comes straight from
+    # The original due index, with ``created_at`` appended: the scan order
+    # (``next_attempt_at, created_at``; docs/controls.md) then comes straight from
     # the index. Without it, rows sharing a due time (every row of one
     # ``enqueue_many`` does) are sorted as one block on every claim, so a
     # single claim behind a bulk enqueue of 20,000 rows cost 6 ms.
@@ -209,7 +209,7 @@ ORDERING_INDEX: Final = "ix_dispatch_outbox_ordering"
 ORDERING_LIVE_INDEX: Final = "ix_dispatch_outbox_ordering_live"
 
 _V5: Final = (
-    # Ordering keys (SPEC section 13). Existing rows stay unkeyed; unkeyed
+    # Ordering keys (docs/ordering.md). Existing rows stay unkeyed; unkeyed
     # rows enter neither index, so they cost nothing of what keys add.
     "ALTER TABLE dispatch_outbox ADD COLUMN ordering_key TEXT NULL",
     # A key's rows in id order while they count for its order: what is
@@ -232,7 +232,7 @@ HEADS_INDEX: Final = "ix_dispatch_outbox_ordering_heads"
 
 _V6: Final = (
     # Keyed rows that ended dead_letter or expired, in id order: the
-    # candidates for the heads of blocked keys (SPEC 13), which the
+    # candidates for the heads of blocked keys (docs/ordering.md), which the
     # dashboard and /metrics count at every load and scrape. Without it the
     # count walked the whole table by id: 15-34 ms at 100,000 rows (live
     # keyed rows, unkeyed dead letters or one key's waiting rows), growing
@@ -248,7 +248,7 @@ SCHEDULES_TABLE: Final = "dispatch_schedules"
 SCHEDULE_TICK_INDEX: Final = "ux_schedule_runs_tick"
 
 _V7: Final = (
-    # Schedules (SPEC section 14). A tick fires by inserting its run, unique
+    # Schedules (docs/schedules.md). A tick fires by inserting its run, unique
     # on (schedule, scheduled_for), with its dispatch in one transaction;
     # manual runs ("schedules run NAME") are not ticks and stay out of the
     # unique index. Runs a service wrote itself keep NULL in these columns.
@@ -319,7 +319,7 @@ DESTINATIONS_TABLE: Final = "dispatch_destinations"
 DESTINATION_CHANGES_TABLE: Final = "dispatch_destination_changes"
 
 _V10: Final = (
-    # Destinations (SPEC section 17): each one's runtime state, shared by
+    # Destinations (docs/destinations.md): each one's runtime state, shared by
     # every worker (pause, throttle, the rate limit's GCRA state, the
     # breaker), one row per destination that ever had state; what each
     # column means is in trio_dispatch.destinations.state. The state
@@ -375,7 +375,7 @@ def _admit_every_status(conn: Conn) -> None:
 
 
 _V11: Final[tuple[Step, ...]] = (
-    # Coalescing and cancel (SPEC section 18) end rows in two new statuses.
+    # Coalescing and cancel (docs/controls.md) end rows in two new statuses.
     # The CHECK allows more values than before, so every row already
     # there satisfies it: each engine swaps the constraint without copying
     # the table (dialect.replace_check).
@@ -428,7 +428,7 @@ HELD_BACK_DESTINATION_INDEX: Final = "ix_dispatch_outbox_held_back_destination"
 """The same rows by destination (version 14)."""
 
 _V14: Final[tuple[Step, ...]] = (
-    # Priority (SPEC section 18). Rows from before get priority 0 and no
+    # Priority (docs/controls.md). Rows from before get priority 0 and no
     # head start, so their rank is their due time: nothing moves.
     "ALTER TABLE dispatch_outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 "
     f"CHECK (priority BETWEEN {MIN_PRIORITY} AND {MAX_PRIORITY})",

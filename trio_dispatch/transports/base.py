@@ -121,7 +121,7 @@ def must_propagate(exc: BaseException) -> bool:
     rather than a failed attempt: a cancellation of this event loop or a
     KeyboardInterrupt, alone or inside an exception group. Everything else
     -- ``SystemExit`` and ``GeneratorExit`` included -- fails the attempt
-    only (SPEC section 12)."""
+    only (docs/security.md)."""
     stop = (anyio.get_cancelled_exc_class(), KeyboardInterrupt)
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(lambda inner: isinstance(inner, stop)) is not None

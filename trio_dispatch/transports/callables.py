@@ -1,4 +1,4 @@
-"""In-process transports (SPEC B8): an async Python callable in place of a
+"""In-process transports (docs/usage.md): an async Python callable in place of a
 command, and one written for asyncio run under a trio worker through
 trio-asyncio."""
 
@@ -105,7 +105,7 @@ class AsyncioCallableTransport(CallableTransport):
 def asyncio_transport(
     fn: TransportCallable, *, timeout: float = TRANSPORT_TIMEOUT_SECONDS
 ) -> AsyncioCallableTransport:
-    """Mark an asyncio-only async callable as a transport (SPEC B8), so a
+    """Mark an asyncio-only async callable as a transport (docs/usage.md), so a
     trio worker runs it through trio-asyncio."""
     return AsyncioCallableTransport(fn, timeout=timeout)
 

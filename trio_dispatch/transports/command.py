@@ -1,10 +1,10 @@
 """The command transport: the configured argv template run as a child
-process (ADR D3), never through a shell.
+process (docs/guarantees.md), never through a shell.
 
 The child runs in its own process group and never outlives the worker (see
 :mod:`.process`); on timeout or cancellation the whole group gets SIGTERM,
-then SIGKILL after a short grace (SPEC B6), and captured output is bounded in
-memory. Its environment follows :class:`ChildEnvironment` (SPEC section 12).
+then SIGKILL after a short grace (docs/guarantees.md), and captured output is bounded in
+memory. Its environment follows :class:`ChildEnvironment` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ _READ_CHUNK: Final = 64 * 1024
 @dataclass(frozen=True)
 class ChildEnvironment:
     """Which of the worker's environment variables a command's child gets
-    (SPEC section 12; configuration ``dispatch.env``).
+    (docs/security.md; configuration ``dispatch.env``).
 
     - default: all of them except those that :func:`looks_secret`;
     - ``allow``: exactly these names (secret-looking or not), nothing else;
@@ -90,7 +90,7 @@ class ChildEnvironment:
 
 EX_TEMPFAIL: Final = 75
 """The exit code (sysexits.h) by which a command says its destination
-asks to be left alone for a while: a throttle (SPEC section 17)."""
+asks to be left alone for a while: a throttle (docs/destinations.md)."""
 _RETRY_AFTER_LINE: Final = re.compile(r"retry-after:[ \t]*([0-9]{1,10}(?:\.[0-9]{1,6})?)", re.I)
 
 
@@ -175,7 +175,7 @@ def program_warnings(
 
 
 def is_valid_template(value: object) -> TypeGuard[list[str]]:
-    """True for a non-empty list of str (ADR D3). Anything else -- None, an
+    """True for a non-empty list of str (docs/guarantees.md). Anything else -- None, an
     empty list, a str, a list holding a non-str -- is treated as absent."""
     return (
         isinstance(value, list)
@@ -254,12 +254,13 @@ class CommandTransport(BaseTransport):
     (default: ``os.environ`` at call time) -- by default without variables
     that look like secrets -- plus ``TRIO_DISPATCH_ID``,
     ``TRIO_DISPATCH_ATTEMPT``, ``TRIO_DISPATCH_KIND`` and
-    ``TRIO_DISPATCH_DELIVER_TO`` (SPEC B7). It never outlives the worker
+    ``TRIO_DISPATCH_DELIVER_TO`` (docs/security.md). It never outlives the worker
     process (see :mod:`trio_dispatch.process`).
 
     An absent or invalid template (anything :func:`is_valid_template`
-    rejects) is accepted here and reported as a failure on every call (ADR
-    D3: a configuration problem is a transport failure, never a crash). A
+    rejects) is accepted here and reported as a failure on every call (a
+    configuration problem is a transport failure, never a crash:
+    docs/guarantees.md). A
     tuple of str is accepted as a list.
 
     ``timeout``, ``kill_grace`` and ``output_limit`` are checked: a value out
@@ -300,7 +301,7 @@ class CommandTransport(BaseTransport):
         env["TRIO_DISPATCH_ATTEMPT"] = str(delivery.attempt)
         env["TRIO_DISPATCH_KIND"] = delivery.kind
         env["TRIO_DISPATCH_DELIVER_TO"] = delivery.deliver_to
-        if tracing.ACTIVE:  # the attempt's span, as TRACEPARENT (SPEC section 16)
+        if tracing.ACTIVE:  # the attempt's span, as TRACEPARENT (docs/tracing.md)
             tracing.inject_environment(env)
         return env
 

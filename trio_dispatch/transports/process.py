@@ -1,4 +1,4 @@
-"""Transport children that never outlive their worker (SPEC B6, section 12).
+"""Transport children that never outlive their worker (docs/guarantees.md, docs/security.md).
 
 A command transport's child is started so that it dies with the worker
 process, however the worker ends:

@@ -1,4 +1,4 @@
-"""Metrics, health and a read-only dashboard over HTTP (SPEC section 11;
+"""Metrics, health and a read-only dashboard over HTTP (docs/dashboard.md;
 the ``web`` extra: hypercorn and prometheus_client).
 
 - :mod:`.binding`: listen addresses and the bearer-token rule;

@@ -1,4 +1,4 @@
-"""Acting from the dashboard (SPEC sections 15, 17 and 18): log in and
+"""Acting from the dashboard (docs/dashboard.md#acting-from-the-dashboard-roles): log in and
 out, retry, cancel and purge one row, and bulk retry, cancel or purge by
 filter after a confirmation (a bulk retry by destination and failure time
 is the dashboard's replay; at most
@@ -379,7 +379,7 @@ class Actions:
         dispatch_id: str,
         where: dict[str, str],
     ) -> Reply:
-        """``POST /dispatches/{id}/cancel`` (SPEC 18): 200 cancelled; 202 a
+        """``POST /dispatches/{id}/cancel`` (docs/controls.md): 200 cancelled; 202 a
         running attempt's cancel asked for, its worker yet to answer; 409
         too late or a status with no cancel; 404 unknown; 400 a bad
         ``reason``."""

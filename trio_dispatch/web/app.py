@@ -1,5 +1,5 @@
 """The ASGI application behind ``/metrics``, ``/healthz`` and the dashboard
-(SPEC sections 11 and 15). It reads the store with bounded queries and
+(docs/dashboard.md). It reads the store with bounded queries and
 answers GET and HEAD; with an operator token it also takes the POSTs of
 :mod:`.actions` (retry, cancel and purge, one row or by filter).
 

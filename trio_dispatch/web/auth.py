@@ -1,4 +1,4 @@
-"""Who a dashboard request comes from, and what it may do (SPEC section 15).
+"""Who a dashboard request comes from, and what it may do (docs/dashboard.md).
 
 Two roles: ``viewer`` (reads everything the read-only view shows) and
 ``operator`` (may also act). ``http.token`` is the viewer's token,

@@ -1,4 +1,4 @@
-"""Where the HTTP endpoints listen and who may read them (SPEC section 11).
+"""Where the HTTP endpoints listen and who may read them (docs/dashboard.md).
 
 An address is ``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT``/``PORT`` (then
 ``127.0.0.1``). Loopback is the default; any other address needs a bearer

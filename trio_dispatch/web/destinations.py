@@ -1,4 +1,4 @@
-"""The dashboard's destinations (SPEC sections 15 and 17): ``/destinations``
+"""The dashboard's destinations (docs/dashboard.md, docs/destinations.md): ``/destinations``
 lists what ``trio-dispatch destinations`` lists, ``/destinations/detail?name=NAME``
 shows one whole with its audit, and an operator pauses (for a duration or
 until a time, with a reason), resumes and enables one there:
@@ -6,7 +6,7 @@ until a time, with a reason), resumes and enables one there:
 ``/destinations/enable`` with the form field ``name`` (and ``for``,
 ``until``, ``reason``).
 
-Actions follow section 15: the operator role only (a viewer's POST is a 403
+Actions follow docs/dashboard.md: the operator role only (a viewer's POST is a 403
 and changes nothing), a browser session's CSRF token and own ``Origin`` on
 every POST, the library's own functions with actor ``web`` in the audit
 row, one log line each. A browser lands back on the destination's page

@@ -1,4 +1,4 @@
-"""``/metrics``: the Prometheus text format (SPEC section 11), rendered by
+"""``/metrics``: the Prometheus text format (docs/dashboard.md), rendered by
 ``prometheus_client`` from a worker's counts and bounded store reads made
 at scrape time."""
 
@@ -148,7 +148,7 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
 
 
 def destination_families(worker: DispatchWorker) -> list[Metric]:
-    """A worker's destinations (SPEC section 17): its throttled attempts by
+    """A worker's destinations (docs/destinations.md): its throttled attempts by
     ``deliver_to``, and the changes of state of the breakers its finishes
     made, by ``deliver_to`` and the state gone to (at most 50
     ``deliver_to`` labels, the configured ones first; the rest: other)."""
@@ -173,7 +173,7 @@ def destination_families(worker: DispatchWorker) -> list[Metric]:
 
 
 def schedule_families(scheduler: Scheduler) -> list[Metric]:
-    """A worker's schedules (SPEC section 14): the runs this process fired,
+    """A worker's schedules (docs/schedules.md): the runs this process fired,
     by schedule and outcome (every pair, from 0), each schedule's next
     fire time (none while it is paused, another definition is in force or
     it matches no time ahead), its failed writes (from 0), and whether

@@ -254,7 +254,7 @@ REPLAY_STATUSES: Final = (
 
 
 def replay_form(fields: Mapping[str, str]) -> str:
-    """The bulk retry's filters (SPEC 17, replay) as a GET form that counts
+    """The bulk retry's filters (docs/destinations.md#replay) as a GET form that counts
     what they match: status, destination, kind, ordering key, and the
     window of each row's last change (when it failed)."""
     chosen = fields.get("status", "")
@@ -318,7 +318,7 @@ def next_attempt(row: Mapping[str, Any], now: float, waiting: bool = False) -> s
 
 def attempts_cell(row: Mapping[str, Any]) -> str:
     """A row's attempts in a list: counted of allowed, and the throttled
-    ones (not counted, SPEC section 17) after a "+"."""
+    ones (not counted, docs/destinations.md) after a "+"."""
     throttles = int(row.get("throttles") or 0)
     counted = f"{int(row['attempt']) - throttles}/{int(row['max_attempts'])}"
     if not throttles:

@@ -1,4 +1,4 @@
-"""Delivering (SPEC section 5): the long-running :class:`DispatchWorker`
+"""Delivering (docs/usage.md): the long-running :class:`DispatchWorker`
 in :mod:`.loop`, the single pass :func:`deliver_due_dispatches` and the
 transport call both use in :mod:`.attempts`, how an attempt's end is
 recorded in :mod:`.outcomes`, what is logged and measured of it in

@@ -112,7 +112,7 @@ class Cut:
     stopped_at: float | None
     """When the worker cut it (event-loop time), or None: its own deadline."""
     cancelled: bool
-    """An operator's cancel cut it (SPEC section 18)."""
+    """An operator's cancel cut it (docs/controls.md)."""
     closing: bool
     """The worker is shutting down."""
 
@@ -210,7 +210,7 @@ async def deliver_due_dispatches(
     (None or an invalid template is a recorded transport failure, never an
     exception). A failed attempt is retried after ``retry_schedule``'s delay
     (seconds before attempt 2, 3, ...; the last repeats) or, without one,
-    the ADR backoff. An attempt a local resource error kept from being made
+    ``backoff_seconds``. An attempt a local resource error kept from being made
     (:meth:`TransportResult.not_sent`) is released, not counted, and ends
     the pass. No transaction is open while a transport runs. Cancellation
     stops the scan; an attempt interrupted mid-send stays ``delivering`` and

@@ -1,4 +1,4 @@
-"""DispatchWorker: the long-running delivery loop (SPEC section 5).
+"""DispatchWorker: the long-running delivery loop (docs/usage.md).
 
 The worker owns one task group. Its claim loop wakes on a tick, on
 :meth:`DispatchWorker.wake` (every in-process enqueue calls it through the
@@ -185,7 +185,7 @@ class DispatchWorker:
         """Throttled attempts and breaker changes by destination (``/metrics``)."""
         self._slots = SlotTable(settings.concurrency)
         self._cancels = CancelWatch(db, self._slots, self.log)
-        """Cuts the attempts an operator cancels (SPEC section 18)."""
+        """Cuts the attempts an operator cancels (docs/controls.md)."""
         self.cancel_counts = CancelCounts()
         """Cancels of running attempts this worker settled (``/metrics``)."""
         self._caps = (

@@ -1,9 +1,9 @@
-"""What a worker counts about its deliveries, for ``/metrics`` (SPEC
-section 11): attempts by outcome and kind, and their durations; how its
-schedules' runs are named there (SPEC section 14); its throttled attempts
-and the breaker changes its finishes made, by destination (SPEC section
-17, :class:`DestinationMetrics`); the cancels of its running attempts
-(SPEC section 18, :class:`CancelCounts`).
+"""What a worker counts about its deliveries, for ``/metrics``
+(docs/dashboard.md): attempts by outcome and kind, and their durations; how its
+schedules' runs are named there (docs/schedules.md); its throttled attempts
+and the breaker changes its finishes made, by destination
+(docs/destinations.md, :class:`DestinationMetrics`); the cancels of its running attempts
+(docs/controls.md#cancel, :class:`CancelCounts`).
 
 Kinds are outside input, so the label set is bounded: at most
 :data:`MAX_KINDS` kinds get a label of their own and every other kind is
@@ -133,8 +133,8 @@ def _cumulative(counts: list[int]) -> Iterator[int]:
 
 
 class CancelCounts:
-    """The cancels of running attempts one worker settled (SPEC section
-    18): ``cancelled`` (the attempt, cut or not, ended its row
+    """The cancels of running attempts one worker settled
+    (docs/controls.md#cancel): ``cancelled`` (the attempt, cut or not, ended its row
     ``cancelled``) and ``too_late`` (it had succeeded first, and the
     success stands). Thread-safe."""
 
@@ -160,7 +160,7 @@ counters (the rest: :data:`OTHER`), as kinds do."""
 
 
 class DestinationMetrics:
-    """What a worker counts about its destinations (SPEC section 17):
+    """What a worker counts about its destinations (docs/destinations.md):
     throttled attempts by ``deliver_to``, and the breaker's changes of
     state its finishes made, by ``deliver_to`` and the state it went to.
     ``deliver_to`` is outside input: at most :data:`MAX_DESTINATIONS`

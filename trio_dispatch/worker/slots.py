@@ -58,7 +58,7 @@ class SlotTable:
 
     def cut_by_cancel(self, claim: Claim) -> bool:
         """Cut the attempt of ``claim`` now because an operator cancelled it
-        (SPEC 18); False if it holds no slot any more."""
+        (docs/controls.md); False if it holds no slot any more."""
         if claim not in self._scopes:
             return False
         self._cancelled.add(claim)

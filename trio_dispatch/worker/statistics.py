@@ -11,7 +11,7 @@ class WorkerStatistics:
     worker was made, and its state at the moment of the call."""
 
     attempted: int
-    """Due rows scanned (ADR meaning of ``attempted``)."""
+    """Due rows scanned (docs/usage.md: what ``attempted`` counts)."""
     delivered: int
     """Successful transport calls whose end was recorded."""
     dead_letter: int

@@ -1,6 +1,6 @@
 """What a worker hears from other processes while it runs: enqueues that
 should wake its claim loop, and cancels of the attempts it is running
-(SPEC section 18), which it cuts.
+(docs/controls.md), which it cuts.
 
 A cancel marks its row and, in the same transaction, tells the workers:
 PostgreSQL sends a notice carrying the dispatch id; on SQLite the commit

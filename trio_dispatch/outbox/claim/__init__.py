@@ -5,13 +5,13 @@
 - :mod:`.rules` -- the interface every rule that narrows a claim
   implements (:class:`ClaimRule`), and their composition
   (:class:`ClaimRules`);
-- a module per rule: :mod:`.keys` (ordering keys, SPEC 13), :mod:`.caps`
-  (a worker's per-destination caps, SPEC 10), :mod:`.destinations` (each
-  destination's state and shared limits, SPEC 17; its rate is
+- a module per rule: :mod:`.keys` (ordering keys, docs/ordering.md), :mod:`.caps`
+  (a worker's per-destination caps, docs/webhooks.md), :mod:`.destinations` (each
+  destination's state and shared limits, docs/destinations.md; its rate is
   :mod:`.gcra`);
 - :mod:`.fair` -- fair share: how a claim shares itself round-robin
   between destinations, and how consecutive claims take turns
-  (:class:`~.fair.Turns`) (SPEC 17);
+  (:class:`~.fair.Turns`) (docs/destinations.md);
 - :mod:`.statements` -- the claim's reads, built from the order and the
   rules' term; :mod:`.scan` -- which due rows a claim reads, bounded
   whatever a left-out destination holds.

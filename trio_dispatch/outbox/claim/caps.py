@@ -1,7 +1,7 @@
 """Per-destination concurrency in one worker (``per_destination_concurrency``):
 at most ``limit`` attempts to one ``deliver_to`` at once in one worker, so
 a slow destination cannot hold every slot while rows for the others wait
-(SPEC section 10). A claim rule (:class:`~.rules.ClaimRule`).
+(docs/webhooks.md). A claim rule (:class:`~.rules.ClaimRule`).
 
 The caps are read and changed where claims are made: inside the claim's
 unit of work, which the store runs one at a time on its writer thread. A

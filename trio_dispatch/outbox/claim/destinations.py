@@ -1,4 +1,4 @@
-"""Destination admission (SPEC 17): the claim rule that keeps every
+"""Destination admission (docs/destinations.md): the claim rule that keeps every
 destination within its state and its shared limits, across every worker,
 process and host on the store.
 

@@ -1,4 +1,4 @@
-"""Fair share (SPEC 17): when several destinations have due rows, one
+"""Fair share (docs/destinations.md): when several destinations have due rows, one
 claim takes them round-robin by destination -- each one's rows oldest
 first -- so a destination with a million-row backlog delays another's next
 row by at most one claim.

@@ -1,4 +1,4 @@
-"""The ordering keys' rule of the claim (SPEC 13): a keyed row is claimable
+"""The ordering keys' rule of the claim (docs/ordering.md): a keyed row is claimable
 when it is ``delivering`` already (lease recovery: it holds the key), or
 when no other row of its key is ``delivering`` and no row before it in its
 key is live -- or, under the ``block`` policy, ``dead_letter`` or

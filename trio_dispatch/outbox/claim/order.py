@@ -1,4 +1,4 @@
-"""The claim order, named once (SPEC B5, section 18): a claim takes due rows
+"""The claim order, named once (docs/controls.md#priority): a claim takes due rows
 by their rank -- ``next_attempt_at - head_start``, the time a row became
 due moved earlier by its priority's head start
 (:mod:`trio_dispatch.priority`) -- then ``created_at``, first first. Every
@@ -154,4 +154,4 @@ class ClaimOrder:
 
 
 CLAIM_ORDER: Final = ClaimOrder(claim_rank, "created_at", (ON_TIME, HELD_BACK))
-"""The order every claim takes due rows in (SPEC B5, section 18)."""
+"""The order every claim takes due rows in (docs/controls.md#priority)."""

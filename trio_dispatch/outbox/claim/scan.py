@@ -1,5 +1,5 @@
 """The due scan: which rows a claim reads, in claim order
-(:data:`~.order.CLAIM_ORDER`, SPEC B5), under the claim's rules
+(:data:`~.order.CLAIM_ORDER`, docs/controls.md), under the claim's rules
 (:class:`~.rules.ClaimRules`: their term, the destinations they leave out
 and each one's room), shared fairly between destinations (:mod:`.fair`)
 -- at a cost that follows the claim, not the backlog of any destination.

@@ -1,5 +1,5 @@
 """WebhookTransport: each attempt an HTTP POST signed per the Standard
-Webhooks specification (SPEC section 10). Needs the ``http`` extra (httpx).
+Webhooks specification (docs/webhooks.md). Needs the ``http`` extra (httpx).
 
 - The body is the stored payload, byte for byte. ``webhook-id`` is the
   dispatch id (the same on every attempt: the receiver's idempotency key),
@@ -9,7 +9,7 @@ Webhooks specification (SPEC section 10). Needs the ``http`` extra (httpx).
 - The status line decides: 2xx succeeds, even when its body drips past
   the timeout (reading stops there; the outcome stands). 410 is "gone":
   dead-lettered with ``dispatch.dead_letter.gone``. 429 is a throttle
-  (SPEC section 17): the destination waits for the response's
+  (docs/destinations.md): the destination waits for the response's
   ``Retry-After`` (seconds or an HTTP date; absent, the row's next backoff
   step) and the attempt does not count. 503 with a readable
   ``Retry-After`` is a throttle too; 503 without one is an ordinary
@@ -234,7 +234,7 @@ class WebhookTransport(BaseTransport):
                 (secret.key for secret in endpoint.secrets), delivery.dispatch_id, timestamp, body
             ),
         }
-        if tracing.ACTIVE:  # the attempt's span, as traceparent (SPEC section 16)
+        if tracing.ACTIVE:  # the attempt's span, as traceparent (docs/tracing.md)
             tracing.inject_headers(headers)
         return headers
 
