@@ -108,6 +108,16 @@ def require_step(name: str, value: object) -> float:
     return float(value)
 
 
+def first_due(where: str, main: str = "", term: str = "") -> str:
+    """When the first live row of a range in claim order falls due (a
+    scalar subquery; NULL: none), as :func:`earliest_due` reads it first:
+    one seek. No parameters but ``where``'s."""
+    return (
+        f"SELECT next_attempt_at FROM dispatch_outbox{main} WHERE {DUE_SQL} AND {where}{term} "
+        f"ORDER BY {CLAIM_RANK}, created_at LIMIT 1"
+    )
+
+
 def earliest_due(where: str, main: str = "", held: str = "", term: str = "") -> str:
     """When the earliest live row of a range falls due (column ``due``; NULL:
     none), read in claim order. ``where`` selects the range (an index's
@@ -128,10 +138,7 @@ def earliest_due(where: str, main: str = "", held: str = "", term: str = "") -> 
     answer may be later than the earliest, never earlier (a caller that
     sleeps until it wakes to no due row and asks again)."""
     order = f"ORDER BY {CLAIM_RANK}, created_at"
-    head = (
-        f"SELECT next_attempt_at FROM dispatch_outbox{main} WHERE {DUE_SQL} AND {where}{term} "
-        f"{order} LIMIT 1"
-    )
+    head = first_due(where, main, term)
     return (
         f"SELECT MIN(due) AS due FROM (SELECT ({head}) AS due "
         "UNION ALL SELECT due FROM (SELECT next_attempt_at AS due "

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Final
 
 from ...lifecycle import DUE_SQL, Status
-from ...priority import earliest_due
+from ...priority import earliest_due, first_due
 from ...store.dialect import ArrayForms
 from ...store.schema import (
     DESTINATION_INDEX,
@@ -211,6 +211,20 @@ def select_if_due(columns: str, lock_clause: str, term: str = "") -> str:
         f"SELECT {columns}, {_RANK} FROM dispatch_outbox WHERE id = ? AND {DUE_SQL} "
         f"AND next_attempt_at <= ?{_and(term)}{lock_clause}"
     )
+
+
+@functools.cache
+def first_due_of_all(index_hint: str = "", term: str = "") -> str:
+    """When the first live row in claim order that ``term`` allows falls due,
+    of each live status (columns ``pending`` and ``delivering``; NULL:
+    none): one seek each. A row due by then is due: the claim reads it
+    first. No parameters."""
+    main = index_hint.format(DUE_INDEX) if index_hint else ""
+    firsts = (
+        "(" + first_due(f"status = '{status}'", main, _and(term)) + f") AS {status}"
+        for status in (Status.PENDING, Status.DELIVERING)
+    )
+    return "SELECT " + ", ".join(firsts)
 
 
 @functools.cache
