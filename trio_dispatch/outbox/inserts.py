@@ -8,23 +8,24 @@ transaction; the edge check and the history rows are the state machine's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..errors import StoreError
 from ..lifecycle import Reason, Status
 from ..store.base import Conn
 from . import sql
+from .coalesce import INSERTED, KEPT, REPLACED, Placed, place
 from .ordering import lock_keys
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
 
-def _enqueued(new: NewDispatch, now: float) -> Change:
+def _enqueued(new: NewDispatch, now: float, replaces: str | None = None) -> Change:
     return Change(
         new.id,
         None,
         Status.PENDING,
         Reason.ENQUEUED,
-        f"enqueued kind={new.kind}",
+        f"enqueued kind={new.kind}" + ("" if replaces is None else f", replaces {replaces}"),
         new.source,
         new.actor,
         now,
@@ -32,7 +33,8 @@ def _enqueued(new: NewDispatch, now: float) -> Change:
     )
 
 
-def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
+def _row(new: NewDispatch, now: float, placed: Placed | None = None) -> tuple[Any, ...]:
+    due = now if placed is None else placed.due
     return (
         new.id,
         new.kind,
@@ -41,10 +43,10 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.dedup_key,
         new.max_attempts,
         new.ordering_key,
-        now,
+        due,
         new.ordering_key,
         new.id,
-        now,
+        due,
         int(new.ack_required),
         new.ack_token,
         new.session_id,
@@ -58,13 +60,18 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.priority,
         new.priority,
         new.priority,
+        None if new.coalesce is None else new.coalesce.key,
+        None if placed is None else placed.since,
+        None if placed is None else placed.not_before,
     )
 
 
 def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     """Insert one dispatch and its ``dispatch.pending.enqueued`` transition,
     or -- its dedup key already committed -- return that row's id and write
-    nothing. An unknown ``session_id``/``schedule_run_id`` is a ValueError
+    nothing. With a coalesce key, the key's waiting row is kept (nothing
+    written) or superseded first, in the same transaction
+    (:mod:`.coalesce`). An unknown ``session_id``/``schedule_run_id`` is a ValueError
     naming it."""
     for column, value, table, exists in (
         ("session_id", new.session_id, "sessions", sql.SESSION_EXISTS),
@@ -77,23 +84,55 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
     # winner (B3).
-    lock_keys(conn, [new.ordering_key])
-    arrays = conn.dialect.arrays
-    if arrays is not None:  # row, history and NOTIFY in one round trip
-        entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
-        statement = sql.insert_dispatch_recorded(arrays)
-        inserted = conn.query_one(statement, (*_row(new, now), entity_type, *history)) is not None
+    rule = new.coalesce
+    lock_keys(conn, [new.ordering_key, None if rule is None else rule.lock])
+    if rule is None:
+        return _insert(conn, new, now, None)
+    # Coalescing (SPEC section 18): a dedup hit answers first, then the
+    # key's waiting row decides (keep it, or supersede it).
+    if new.dedup_key is not None:
+        first = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
+        if first is not None:
+            return EnqueueResult(_text(first["id"]), True, KEPT)
+    # On PostgreSQL a plain enqueue of the same dedup key may commit after
+    # the read above: its row wins, and the supersede must not stand.
+    guarded = new.dedup_key is not None and bool(conn.dialect.key_locks)
+    if guarded:
+        conn.execute(f"SAVEPOINT {_GUARD}")
+    placed = place(conn, new, rule, now)
+    if isinstance(placed, str):
+        result = EnqueueResult(placed, False, KEPT)
     else:
-        inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
+        result = _insert(conn, new, now, placed)
+        if guarded and result.dedup_hit:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_GUARD}")
+    if guarded:
+        conn.execute(f"RELEASE SAVEPOINT {_GUARD}")
+    return result
+
+
+_GUARD: Final = "trio_dispatch_coalesce"
+
+
+def _insert(conn: Conn, new: NewDispatch, now: float, placed: Placed | None) -> EnqueueResult:
+    replaces = None if placed is None else placed.superseded
+    arrays = conn.dialect.arrays
+    row = _row(new, now, placed)
+    if arrays is not None:  # row, history and NOTIFY in one round trip
+        entity_type, _, *history = transition_rows([_enqueued(new, now, replaces)])[0]
+        statement = sql.insert_dispatch_recorded(arrays)
+        inserted = conn.query_one(statement, (*row, entity_type, *history)) is not None
+    else:
+        inserted = conn.execute(sql.INSERT_DISPATCH, row) != 0
         if inserted:
-            record(conn, [_enqueued(new, now)])
+            record(conn, [_enqueued(new, now, replaces)])
             conn.announce_enqueue()
     if inserted:
-        return EnqueueResult(new.id, False)
+        return EnqueueResult(new.id, False, INSERTED if replaces is None else REPLACED)
     winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
     if winner is None:
         raise StoreError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
-    return EnqueueResult(_text(winner["id"]), True)
+    return EnqueueResult(_text(winner["id"]), True, KEPT)
 
 
 def _text(value: object) -> str:
@@ -152,7 +191,11 @@ def insert_all(
 
     # Every key of the batch locked at once, in the one order: the items
     # below take their keys one by one, in the batch's order.
-    lock_keys(conn, [new.ordering_key for new in batch])
+    lock_keys(
+        conn,
+        [new.ordering_key for new in batch]
+        + [new.coalesce.lock for new in batch if new.coalesce is not None],
+    )
     plain = [new for new in batch if new.plain]
     if len(plain) < 2:
         return [one(index, new) for index, new in enumerate(batch)]

@@ -46,17 +46,19 @@ _KEY_SEQ: Final = (
 )
 
 INSERT_DISPATCH: Final = (
-    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start) "
+    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start, coalesce_key, "
+    "coalesce_since, not_before) "
     f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
-    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}) "
+    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}, ?, ?, ?) "
     "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
 then for ``next_attempt_at`` the ordering key, the due time, the key, the
 id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
 created_at, expires_at, updated_at, ordering_key, for ``key_seq`` the
-key twice, then the priority, and for ``head_start`` the priority twice):
-due at once, or -- keyed and behind a live row of its key -- waiting
+key twice, then the priority, for ``head_start`` the priority twice, then
+the coalesce key, ``coalesce_since`` and ``not_before``): due at its due
+time (now, unless a debounce says later), or -- keyed and behind a live row of its key -- waiting
 (:data:`WAITING_AT`), last in its key; its head start the priority times
 the store's step (:mod:`trio_dispatch.priority`). A dedup key already
 committed inserts nothing (the partial unique index is the final
@@ -101,10 +103,14 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (SPEC 14)."""
 
 
-READ_COLUMNS: Final = f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request"
+READ_COLUMNS: Final = (
+    f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request, coalesce_key, "
+    "coalesce_since, not_before"
+)
 """What reads show of a row: every column of :data:`COLUMNS`, the
-throttled attempts (SPEC section 17), the priority and a running attempt's
-cancel, when one was asked for and by whom (SPEC section 18)."""
+throttled attempts (SPEC section 17), the priority, a running attempt's
+cancel, when one was asked for and by whom, and its coalescing: key, when
+its chain began, a debounce's due time (SPEC section 18)."""
 
 
 def list_newest(where: str) -> str:

@@ -1,0 +1,248 @@
+"""Coalescing (SPEC section 18): enqueues that share a ``coalesce_key``
+leave at most one row waiting for its first attempt.
+
+Among a key's rows only the one that is ``pending`` and never claimed
+counts (the *waiting* row: :data:`~trio_dispatch.store.schema.COALESCE_WAITING_TERM`,
+the term of schema version 15's partial unique index). An enqueue with the
+key, in its mode:
+
+- ``keep`` (the default): a waiting row answers the enqueue -- its id is
+  returned, outcome ``kept``, and nothing is written;
+- ``replace``: the waiting row becomes ``superseded``
+  (``dispatch.superseded.coalesced``, its summary and metadata naming the
+  new row) and the new row is inserted, in one transaction: ``replaced``;
+- ``debounce``: as ``replace``, and the new row is due ``coalesce_seconds``
+  from now, but never later than ``coalesce_max_wait_seconds`` after the
+  first row of the chain it replaces was created (``coalesce_since``).
+
+Without a waiting row the new row is simply inserted (``inserted``): a
+row already claimed, retrying or awaiting an ack is never touched, and the
+new one waits as any row does (with an ordering key: behind it). A payload
+is never rewritten: the superseded row keeps its own, the new row carries
+the new one.
+
+**Order of checks.** A dedup key is looked at first: a hit returns the
+first row's id and writes nothing, whatever the coalesce mode says. Then
+the key's waiting row decides.
+
+**Concurrency.** The unique index is the authority: whatever the engine
+or whose transaction, a key never has two waiting rows. On PostgreSQL an
+enqueue first holds the key's advisory lock (the ordering keys' lock, on a
+name no ordering key can spell) until it commits, so a second enqueue of
+the key waits and then reads the first one's row instead of failing on the
+index; SQLite's single writer serializes them without a lock.
+
+**Ordering keys.** A superseded row leaves its key's live set: the next row
+of its key, if it waited behind it, is made due (:func:`.ordering.promote`),
+and the new row goes last in its key. A debounced row that waits behind its
+key's head is made due when the head leaves, but not before its
+``not_before``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final, Literal
+
+from ..lifecycle import Reason, Status
+from ..store.base import Conn
+from ..store.schema import COALESCE_WAITING_TERM
+from ..validate import require_number
+from ..values import show
+from .ordering import lock_keys, promote, require_ordering_key
+from .transitions import Change, NewDispatch, record
+
+CoalesceMode = Literal["keep", "replace", "debounce"]
+"""What an enqueue does to its key's waiting row (see the module)."""
+
+COALESCE_MODES: Final = ("keep", "replace", "debounce")
+DEFAULT_COALESCE: Final[CoalesceMode] = "keep"
+
+MAX_COALESCE_SECONDS: Final = 366 * 86400.0
+"""The longest debounce or max wait: a year."""
+
+Outcome = Literal["inserted", "replaced", "kept"]
+"""What an enqueue did: wrote a new row (``inserted``), wrote one in place
+of its key's waiting row (``replaced``), or returned an existing row's id
+and wrote nothing (``kept``: a coalesce ``keep``, or a dedup hit)."""
+
+INSERTED: Final[Outcome] = "inserted"
+REPLACED: Final[Outcome] = "replaced"
+KEPT: Final[Outcome] = "kept"
+
+LOCK_PREFIX: Final = "\x1fcoalesce:"
+"""Before a coalesce key, the name of its advisory lock: an ordering key
+has no control character, so no ordering key's lock shares the name."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Coalesce:
+    """One enqueue's coalescing, checked."""
+
+    key: str
+    mode: CoalesceMode = DEFAULT_COALESCE
+    seconds: float | None = None
+    """``debounce``: how long after this enqueue the row falls due."""
+    max_wait: float | None = None
+    """``debounce``: the latest it falls due, counted from the creation of
+    the first row of the chain (None: no bound)."""
+
+    @property
+    def lock(self) -> str:
+        """The name of the key's lock (see :func:`.ordering.lock_keys`)."""
+        return LOCK_PREFIX + self.key
+
+    def as_metadata(self) -> dict[str, object]:
+        """What the transitions record of it."""
+        found: dict[str, object] = {"coalesce_key": self.key, "coalesce": self.mode}
+        if self.seconds is not None:
+            found["coalesce_seconds"] = self.seconds
+        if self.max_wait is not None:
+            found["coalesce_max_wait_seconds"] = self.max_wait
+        return found
+
+
+def require_coalesce(
+    key: object, mode: object = None, seconds: object = None, max_wait: object = None
+) -> Coalesce | None:
+    """The enqueue arguments ``coalesce_key``, ``coalesce``,
+    ``coalesce_seconds`` and ``coalesce_max_wait_seconds`` checked together
+    (None for a mode means the default, ``keep``). A bad value or a
+    combination that means nothing (a mode without a key, seconds without
+    ``debounce``, a max wait shorter than the debounce) is a ``ValueError``
+    (``TypeError`` for a wrong type) naming it."""
+    text = _require_key(key)
+    if mode is not None and mode not in COALESCE_MODES:
+        raise ValueError(f"coalesce must be 'keep', 'replace' or 'debounce', got {show(mode)}")
+    chosen: CoalesceMode = DEFAULT_COALESCE if mode is None else _mode(mode)
+    wait = _seconds("coalesce_seconds", seconds)
+    bound = _seconds("coalesce_max_wait_seconds", max_wait)
+    if text is None:
+        for name, value in (
+            ("coalesce", mode),
+            ("coalesce_seconds", seconds),
+            ("coalesce_max_wait_seconds", max_wait),
+        ):
+            if value is not None:
+                raise ValueError(f"{name}={show(value)} needs a coalesce_key")
+        return None
+    if chosen != "debounce":
+        for name, value in (
+            ("coalesce_seconds", seconds),
+            ("coalesce_max_wait_seconds", max_wait),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{name}={show(value)} applies only to coalesce='debounce', "
+                    f"not {show(chosen)}"
+                )
+        return Coalesce(text, chosen)
+    if wait is None:
+        raise ValueError("coalesce='debounce' needs coalesce_seconds (a number >= 0)")
+    if bound is not None and bound < wait:
+        raise ValueError(
+            f"coalesce_max_wait_seconds={show(max_wait)} must be at least "
+            f"coalesce_seconds={show(seconds)}"
+        )
+    return Coalesce(text, chosen, wait, bound)
+
+
+def _require_key(value: object) -> str | None:
+    try:
+        return require_ordering_key(value)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(str(exc).replace("ordering_key", "coalesce_key", 1)) from None
+
+
+def _mode(value: object) -> CoalesceMode:
+    if value == "replace":
+        return "replace"
+    return "debounce" if value == "debounce" else "keep"
+
+
+def _seconds(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    return require_number(name, value, minimum=0, maximum=MAX_COALESCE_SECONDS)
+
+
+# -- the writes ---------------------------------------------------------------------
+
+WAITING_ROW: Final = (
+    "SELECT id, created_at, coalesce_since, ordering_key FROM dispatch_outbox "
+    f"WHERE coalesce_key = ? AND {COALESCE_WAITING_TERM}"
+)
+"""The key's waiting row, if any: a probe of the unique index (its term
+verbatim)."""
+
+SUPERSEDE: Final = (
+    f"UPDATE dispatch_outbox SET status = '{Status.SUPERSEDED}', updated_at = ? "
+    f"WHERE id = ? AND coalesce_key = ? AND {COALESCE_WAITING_TERM}"
+)
+"""The waiting row (time, id, key) superseded, guarded on its still
+waiting: a claim that took it first leaves it alone."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    """Where a coalescing enqueue's new row goes, once its key's waiting
+    row was dealt with."""
+
+    since: float
+    """Its ``coalesce_since``."""
+    due: float
+    """Its due time (``next_attempt_at`` unless it waits behind its key)."""
+    not_before: float | None
+    """A debounced row's due time, kept through a wait behind its key."""
+    superseded: str | None = None
+    """The waiting row it replaces, now ``superseded``."""
+
+
+def place(conn: Conn, new: NewDispatch, rule: Coalesce, now: float) -> Placed | str:
+    """Deal with ``rule.key``'s waiting row for the enqueue of ``new`` at
+    ``now`` (the caller holds the key's lock): under ``keep``, its id (the
+    enqueue writes nothing); else where the new row goes, the waiting row
+    superseded first in the same transaction, its transition naming
+    ``new.id``. A waiting row a claim took meanwhile is left alone."""
+    row = conn.query_one(WAITING_ROW, (rule.key,))
+    since = now
+    superseded: str | None = None
+    if row is not None:
+        if rule.mode == "keep":
+            return _text(row["id"])
+        old = _text(row["id"])
+        lock_keys(conn, [row["ordering_key"]])  # held already when it is the new row's key
+        if conn.execute(SUPERSEDE, (now, old, rule.key)):
+            superseded = old
+            first = row["coalesce_since"]
+            since = float(row["created_at"] if first is None else first)
+            record(
+                conn,
+                [
+                    Change(
+                        old,
+                        Status.PENDING,
+                        Status.SUPERSEDED,
+                        Reason.COALESCED,
+                        f"superseded by {new.id}",
+                        new.source,
+                        new.actor,
+                        now,
+                        {"superseded_by": new.id, **rule.as_metadata()},
+                    )
+                ],
+            )
+            # Its key's next row, if it waited behind it, goes now.
+            promote(conn, [row["ordering_key"]], now)
+    if rule.mode != "debounce":
+        return Placed(since, now, None, superseded)
+    assert rule.seconds is not None
+    due = now + rule.seconds
+    if rule.max_wait is not None:
+        due = min(due, since + rule.max_wait)
+    return Placed(since, due, due, superseded)
+
+
+def _text(value: object) -> str:
+    # A caller's own sqlite3 connection may return text as bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
