@@ -21,6 +21,7 @@ from . import sql
 from .claim import NO_RULES, ClaimRules
 from .claim.keys import claimable
 from .claim.scan import next_due
+from .coalesce import require_coalesce
 from .ordering import (
     BLOCKED_KEYS_CAP,
     DEFAULT_ORDERING_POLICY,
@@ -117,7 +118,7 @@ async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
 
 
 def _filters(
-    status: str | None, kind: str | None, ordering_key: str | None
+    status: str | None, kind: str | None, ordering_key: str | None, coalesce_key: str | None = None
 ) -> tuple[list[str], list[object]] | None:
     """The ``?`` terms of a list's filters and their values; None when no
     row can match (a NUL: the same answer on every engine)."""
@@ -128,9 +129,15 @@ def _filters(
         if not findable(kind):
             return None
     ordering_key = require_ordering_key(ordering_key)
+    coalesce_key = require_coalesce(coalesce_key).key if coalesce_key is not None else None
     clauses: list[str] = []
     params: list[object] = []
-    for column, value in (("status", status), ("kind", kind), ("ordering_key", ordering_key)):
+    for column, value in (
+        ("status", status),
+        ("kind", kind),
+        ("ordering_key", ordering_key),
+        ("coalesce_key", coalesce_key),
+    ):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
@@ -144,12 +151,14 @@ async def list_dispatches(
     limit: int = DEFAULT_LIST_LIMIT,
     kind: str | None = None,
     ordering_key: str | None = None,
+    coalesce_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows newest first, optionally of one ``status`` (one of the six),
-    ``kind`` and ``ordering_key`` (checked as enqueue checks it), at most
+    ``kind``, ``ordering_key`` and ``coalesce_key`` (checked as enqueue
+    checks them), at most
     ``limit``."""
     limit = require_int("limit", limit, minimum=1)
-    found = _filters(status, kind, ordering_key)
+    found = _filters(status, kind, ordering_key, coalesce_key)
     if found is None:
         return []
     clauses, params = found
