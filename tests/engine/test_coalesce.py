@@ -106,7 +106,8 @@ async def test_replace_supersedes_the_waiting_row_and_its_transition_names_the_n
     [enqueued] = raw.transitions(new)
     assert enqueued["reason_summary"] == f"enqueued kind=digest, replaces {old}"
     assert [r["id"] for r in waiting(raw, "user-7")] == [new]
-    assert (await get_dispatch(store, old))["coalesce_key"] == "user-7"
+    shown = await get_dispatch(store, old)
+    assert shown is not None and shown["coalesce_key"] == "user-7"
     listed = await list_dispatches(store, coalesce_key="user-7")
     assert [r["id"] for r in listed] == [new, old]
 
@@ -146,7 +147,7 @@ async def test_debounce_is_due_its_seconds_later_and_never_past_the_max_wait(
 async def test_debounce_without_a_max_wait_is_pushed_by_every_enqueue(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    rule = {"coalesce_key": "k", "coalesce": "debounce", "coalesce_seconds": 10}
+    rule: dict[str, Any] = {"coalesce_key": "k", "coalesce": "debounce", "coalesce_seconds": 10}
     for step in range(5):
         last = await add(store, now=T0 + step * 9, **rule)
     assert raw.row(last)["next_attempt_at"] == T0 + 46
@@ -242,9 +243,7 @@ async def test_a_superseded_head_lets_its_keys_next_row_go_and_the_new_row_waits
     assert claim.dispatch_id == new
 
 
-async def test_with_an_ordering_key_one_runs_and_one_waits(
-    store: SQLiteStore, raw: RawDB
-) -> None:
+async def test_with_an_ordering_key_one_runs_and_one_waits(store: SQLiteStore, raw: RawDB) -> None:
     first = await add(store, ordering_key="o", coalesce_key="c", coalesce="replace")
     [claim], _ = await claim_due(store, now=T0, ids=[first])
     second = await add(store, ordering_key="o", coalesce_key="c", coalesce="replace", now=T0 + 1)
@@ -349,7 +348,7 @@ async def test_twenty_concurrent_producers_leave_exactly_one_waiting_row(
                     deliver_to="x",
                     body={"n": n, "step": step},
                     coalesce_key="hot",
-                    coalesce=mode,  # type: ignore[typeddict-item]
+                    coalesce=mode,  # type: ignore[arg-type]
                 )
             )
 
@@ -372,9 +371,7 @@ async def test_twenty_concurrent_producers_leave_exactly_one_waiting_row(
                 "WHERE reason_code = 'dispatch.superseded.coalesced'"
             )
         }
-        assert len(successors) == 99 and set(successors.values()) - set(successors) == {
-            left["id"]
-        }
+        assert len(successors) == 99 and set(successors.values()) - set(successors) == {left["id"]}
 
 
 async def test_a_transaction_that_rolls_back_supersedes_nothing(
@@ -451,7 +448,7 @@ def _produce_in_child(target: str, out: str, mode: str, count: int, start: Any) 
                     deliver_to="x",
                     body={"n": n},
                     coalesce_key="hot",
-                    coalesce=mode,  # type: ignore[typeddict-item]
+                    coalesce=mode,  # type: ignore[arg-type]
                 )
                 found.append([str(result), result.outcome])
             return found
@@ -480,19 +477,22 @@ async def test_four_processes_enqueueing_one_key_leave_exactly_one_waiting_row(
     for child in children:
         await anyio.to_thread.run_sync(child.join, 120)
         assert child.exitcode == 0
-    outcomes = [
-        outcome
+    answers = [
+        (dispatch_id, outcome)
         for k in range(4)
-        for _, outcome in json.loads((tmp_path / f"out{k}.json").read_text())
+        for dispatch_id, outcome in json.loads((tmp_path / f"out{k}.json").read_text())
     ]
+    outcomes = [outcome for _, outcome in answers]
     [left] = waiting(raw, "hot")
     if mode == "keep":
+        assert {dispatch_id for dispatch_id, _ in answers} == {left["id"]}
         assert statuses(raw, "hot") == {"pending": 1}
         assert sorted(outcomes) == ["inserted"] + ["kept"] * 99
     else:
         assert statuses(raw, "hot") == {"pending": 1, "superseded": 99}
         assert sorted(outcomes) == ["inserted"] + ["replaced"] * 99
-    assert raw.scalar(
-        "SELECT COUNT(*) FROM status_transitions WHERE reason_code = 'dispatch.superseded.coalesced'"
-    ) == (99 if mode == "replace" else 0)
-    assert left["id"]
+    superseded = raw.scalar(
+        "SELECT COUNT(*) FROM status_transitions "
+        "WHERE reason_code = 'dispatch.superseded.coalesced'"
+    )
+    assert superseded == (99 if mode == "replace" else 0)

@@ -133,8 +133,7 @@ def require_coalesce(
         ):
             if value is not None:
                 raise ValueError(
-                    f"{name}={show(value)} applies only to coalesce='debounce', "
-                    f"not {show(chosen)}"
+                    f"{name}={show(value)} applies only to coalesce='debounce', not {show(chosen)}"
                 )
         return Coalesce(text, chosen)
     if wait is None:

@@ -40,8 +40,8 @@ from ..values import show
 from .coalesce import KEPT, CoalesceMode, require_coalesce
 from .inserts import insert_all, insert_plain
 from .machine import EnqueueResult, NewDispatch
-from .transitions import EnqueuedId
 from .ordering import require_ordering_key
+from .transitions import EnqueuedId
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 

@@ -61,8 +61,7 @@ class EnqueueResult(_IdAndHit):
 
     def __repr__(self) -> str:
         return (
-            f"EnqueueResult(id={self.id!r}, dedup_hit={self.dedup_hit!r}, "
-            f"outcome={self.outcome!r})"
+            f"EnqueueResult(id={self.id!r}, dedup_hit={self.dedup_hit!r}, outcome={self.outcome!r})"
         )
 
     def __reduce__(self) -> tuple[object, tuple[str, bool, str]]:

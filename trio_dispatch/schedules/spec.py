@@ -25,8 +25,8 @@ from typing import Any, Final, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError
-from ..outbox.ordering import require_ordering_key
 from ..outbox.coalesce import require_coalesce
+from ..outbox.ordering import require_ordering_key
 from ..priority import DEFAULT_PRIORITY, require_priority
 from ..validate import (
     require_body,

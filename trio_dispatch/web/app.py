@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from anyio.abc import TaskGroup
 
+from ..outbox.coalesce import require_coalesce
 from ..outbox.ordering import (
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
@@ -465,6 +466,8 @@ class WebApp:
         kind = query.get("kind") or None
         try:
             ordering_key = require_ordering_key(query.get("ordering_key") or None)
+            rule = require_coalesce(query.get("coalesce_key") or None)
+            coalesce_key = None if rule is None else rule.key
         except ValueError as exc:
             raise BadQuery(str(exc)) from None
         before: tuple[float, str] | None = None
@@ -480,6 +483,7 @@ class WebApp:
             status=status,
             kind=kind,
             ordering_key=ordering_key,
+            coalesce_key=coalesce_key,
             before=before,
             limit=PAGE_SIZE + 1,
         )
@@ -494,6 +498,7 @@ class WebApp:
                         "status": status,
                         "kind": kind,
                         "ordering_key": ordering_key,
+                        "coalesce_key": coalesce_key,
                         "before": f"{float(last['created_at'])!r},{last['id']}",
                         "refresh": str(refresh) if refresh else None,
                     }.items()
@@ -525,6 +530,7 @@ class WebApp:
                 "status": status,
                 "kind": kind,
                 "ordering_key": ordering_key,
+                "coalesce_key": coalesce_key,
                 "before": query.get("before") if before is not None else None,
             }.items()
             if value
@@ -535,6 +541,7 @@ class WebApp:
             status=status,
             kind=kind,
             ordering_key=ordering_key,
+            coalesce_key=coalesce_key,
             next_page=next_page,
             worker=worker,
             now=now,
