@@ -437,13 +437,12 @@ def _write(
         raise
 
 
-def enqueue_dispatch(
-    conn: object, *, now: float | None = None, **args: Unpack[EnqueueArgs]
-) -> EnqueuedId:
+def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[EnqueueArgs]) -> str:
     """Write one dispatch and its ``dispatch.pending.enqueued`` transition in
     the caller's current transaction on ``conn``; return its id (the first
-    row's id on a dedup hit, writing nothing; a ``str`` whose ``outcome``
-    says ``inserted``, ``replaced`` or ``kept``, SPEC section 18). Never commits, rolls back or
+    row's id on a dedup hit, writing nothing; an ``EnqueuedId``, a ``str``
+    whose ``outcome`` says ``inserted``, ``replaced`` or ``kept``, SPEC
+    section 18). Never commits, rolls back or
     closes ``conn`` (in autocommit mode the enqueue is its own transaction).
 
     Raises ``TypeError``/``ValueError`` naming a bad argument before anything

@@ -300,10 +300,11 @@ class EnqueueCall:
 
 async def enqueue_dispatch(
     db: Database, *, now: float | None = None, **args: Unpack[EnqueueArgs]
-) -> EnqueuedId:
+) -> str:
     """Commit one dispatch and its ``dispatch.pending.enqueued`` transition;
-    return its id (a ``str``, whose ``outcome`` says ``inserted``,
-    ``replaced`` or ``kept``).
+    return its id: a ``str`` (an :class:`~.transitions.EnqueuedId`, whose
+    ``outcome`` says ``inserted``, ``replaced`` or ``kept``; typed as
+    ``str``, as it always was).
 
     With ``coalesce_key``, the key's row waiting unclaimed is kept (its id
     returned, nothing written) or superseded by the new row in the same
