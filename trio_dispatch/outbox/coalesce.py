@@ -42,10 +42,11 @@ key's head is made due when the head leaves, but not before its
 from __future__ import annotations
 
 import dataclasses
-from typing import Final, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
 
 from ..lifecycle import Reason, Status
-from ..store.base import Conn
+from ..store.base import Conn, Row
 from ..store.schema import COALESCE_WAITING_TERM
 from ..validate import require_number
 from ..values import show
@@ -245,3 +246,130 @@ def place(conn: Conn, new: NewDispatch, rule: Coalesce, now: float) -> Placed | 
 def _text(value: object) -> str:
     # A caller's own sqlite3 connection may return text as bytes.
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- a group commit's coalescing enqueues, together -----------------------------------
+
+
+def grouped(new: NewDispatch) -> bool:
+    """Whether ``new`` may go with other coalescing enqueues of a group
+    commit (:func:`~.inserts.insert_coalesced`): a coalesce key and nothing
+    else to look up or order (no dedup key, provenance or ordering key)."""
+    return (
+        new.coalesce is not None
+        and new.dedup_key is None
+        and new.session_id is None
+        and new.schedule_run_id is None
+        and new.ordering_key is None
+    )
+
+
+def waiting_rows(conn: Conn, keys: Sequence[str]) -> dict[str, Row]:
+    """The waiting row of each of ``keys`` that has one, by key: one
+    statement (the caller holds the keys' locks)."""
+    arrays = conn.dialect.arrays
+    if arrays is not None:
+        where = arrays.any_of("coalesce_key")
+        params: tuple[Any, ...] = (list(keys),)
+    else:
+        where = f"coalesce_key IN ({', '.join('?' * len(keys))})"
+        params = tuple(keys)
+    rows = conn.query(
+        "SELECT id, coalesce_key, created_at, coalesce_since, ordering_key FROM dispatch_outbox "
+        f"WHERE {where} AND {COALESCE_WAITING_TERM}",
+        params,
+    )
+    return {_text(row["coalesce_key"]): row for row in rows}
+
+
+@dataclasses.dataclass
+class GroupPlan:
+    """What a group of coalescing enqueues writes, in their order."""
+
+    results: list[tuple[str, Outcome]] = dataclasses.field(default_factory=list)
+    """Each item's id and outcome."""
+    rows: list[tuple[NewDispatch, float, Placed, Status]] = dataclasses.field(default_factory=list)
+    """The rows to insert: a row a later item of the group supersedes is
+    inserted ``superseded``, so a key never has two waiting rows."""
+    stored: dict[str, tuple[NewDispatch, float]] = dataclasses.field(default_factory=dict)
+    """Rows waiting before the group, by id: what supersedes each, when."""
+    superseded: list[tuple[str, NewDispatch, float]] = dataclasses.field(default_factory=list)
+    """Every supersede (old id, new row, time), in the group's order."""
+
+
+def plan_group(items: Sequence[tuple[NewDispatch, float]], waiting: Mapping[str, Row]) -> GroupPlan:
+    """The group's writes, item after item as if each were enqueued alone
+    in this order, given each key's ``waiting`` row."""
+    plan = GroupPlan()
+    current: dict[str, tuple[str, float, bool]] = {
+        key: (
+            _text(row["id"]),
+            float(row["created_at"] if row["coalesce_since"] is None else row["coalesce_since"]),
+            True,
+        )
+        for key, row in waiting.items()
+    }
+    index: dict[str, int] = {}  # a row of the group: its place in plan.rows
+    for new, now in items:
+        rule = new.coalesce
+        assert rule is not None
+        found = current.get(rule.key)
+        if found is not None and rule.mode == "keep":
+            plan.results.append((found[0], KEPT))
+            continue
+        since = now if found is None else found[1]
+        due = now
+        not_before = None
+        if rule.mode == "debounce":
+            assert rule.seconds is not None
+            due = now + rule.seconds
+            if rule.max_wait is not None:
+                due = min(due, since + rule.max_wait)
+            not_before = due
+        superseded = None
+        if found is not None:
+            old, _, stored = found
+            superseded = old
+            plan.superseded.append((old, new, now))
+            if stored:
+                plan.stored[old] = (new, now)
+            else:
+                before, at, placed, _ = plan.rows[index[old]]
+                plan.rows[index[old]] = (before, at, placed, Status.SUPERSEDED)
+        index[new.id] = len(plan.rows)
+        plan.rows.append((new, now, Placed(since, due, not_before, superseded), Status.PENDING))
+        current[rule.key] = (new.id, since, False)
+        plan.results.append((new.id, INSERTED if superseded is None else REPLACED))
+    return plan
+
+
+def supersede_stored(conn: Conn, stored: Mapping[str, tuple[NewDispatch, float]]) -> set[str]:
+    """Supersede the rows that waited before the group (each at its
+    successor's time), guarded on their still waiting; the ids that were."""
+    ids = list(stored)
+    cases = " ".join("WHEN ? THEN ?" for _ in ids)
+    rows = conn.query(
+        f"UPDATE dispatch_outbox SET status = '{Status.SUPERSEDED}', "
+        f"updated_at = CASE id {cases} END "
+        f"WHERE id IN ({', '.join('?' * len(ids))}) AND {COALESCE_WAITING_TERM} RETURNING id",
+        (*(value for old in ids for value in (old, stored[old][1])), *ids),
+    )
+    return {_text(row["id"]) for row in rows}
+
+
+def supersede_changes(plan: GroupPlan) -> list[Change]:
+    """The transitions of the group's supersedes, in its order."""
+    return [
+        Change(
+            old,
+            Status.PENDING,
+            Status.SUPERSEDED,
+            Reason.COALESCED,
+            f"superseded by {new.id}",
+            new.source,
+            new.actor,
+            now,
+            {"superseded_by": new.id, **(new.coalesce.as_metadata() if new.coalesce else {})},
+        )
+        for old, new, now in plan.superseded
+    ]

@@ -37,8 +37,8 @@ from ..validate import (
     require_route,
 )
 from ..values import show
-from .coalesce import KEPT, CoalesceMode, require_coalesce
-from .inserts import insert_all, insert_plain
+from .coalesce import KEPT, CoalesceMode, grouped, require_coalesce
+from .inserts import insert_all, insert_coalesced, insert_plain
 from .machine import EnqueueResult, NewDispatch
 from .ordering import require_ordering_key
 from .transitions import EnqueuedId
@@ -333,6 +333,13 @@ async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> Enqu
             insert_plain, (new, clock_from(now)()), single=new.ordering_key is None
         )
         db.notify_enqueued()
+        return result
+    if grouped(new):
+        # With the other coalescing enqueues of the same group commit: a
+        # few statements for them all.
+        result = await db.write_many(insert_coalesced, (new, clock_from(now)()))
+        if result.outcome != KEPT:
+            db.notify_enqueued()
         return result
     return (await commit_new(db, [new], clock_from(now)))[0]
 

@@ -14,7 +14,17 @@ from ..errors import StoreError
 from ..lifecycle import Reason, Status
 from ..store.base import Conn
 from . import sql
-from .coalesce import INSERTED, KEPT, REPLACED, Placed, place
+from .coalesce import (
+    INSERTED,
+    KEPT,
+    REPLACED,
+    Placed,
+    place,
+    plan_group,
+    supersede_changes,
+    supersede_stored,
+    waiting_rows,
+)
 from .ordering import lock_keys
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
@@ -201,3 +211,52 @@ def insert_all(
         return [one(index, new) for index, new in enumerate(batch)]
     done = {result.id: result for result in insert_plain(conn, [(new, now) for new in plain])}
     return [done[new.id] if new.id in done else one(index, new) for index, new in enumerate(batch)]
+
+
+def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list[EnqueueResult]:
+    """The coalescing enqueues of a group commit (each
+    :func:`~.coalesce.grouped`), each at its own ``now``, as if enqueued one
+    after the other in this order, in a few statements for the whole group:
+    the keys' locks, their waiting rows, the supersede of those the group
+    replaces, the new rows with their transitions, the supersedes'
+    transitions. A waiting row a claim takes meanwhile is left alone (its
+    key's first item is then an insert); a waiting row with an ordering key
+    (its key's next row may have to be made due) sends the group one by
+    one (:func:`insert_new`)."""
+    lock_keys(conn, [new.coalesce.lock for new, _ in items if new.coalesce is not None])
+    keys = sorted({new.coalesce.key for new, _ in items if new.coalesce is not None})
+    waiting = waiting_rows(conn, keys)
+    if any(row["ordering_key"] is not None for row in waiting.values()):
+        return [insert_new(conn, new, now) for new, now in items]
+    plan = plan_group(items, waiting)
+    if plan.stored:
+        done = supersede_stored(conn, plan.stored)
+        if len(done) < len(plan.stored):  # a claim took some first; nothing else is written yet
+            plan = plan_group(items, {k: r for k, r in waiting.items() if _text(r["id"]) in done})
+    if plan.rows:
+        changes = [_enqueued(new, now, placed.superseded) for new, now, placed, _ in plan.rows]
+        rows = [
+            (*row[:5], status, *row[5:])
+            for row, status in (
+                (_row(new, now, placed), status) for new, now, placed, status in plan.rows
+            )
+        ]
+        arrays = conn.dialect.arrays
+        if arrays is not None:  # row, history and NOTIFY, one statement a row, pipelined
+            statement = sql.insert_dispatch_as_recorded(arrays)
+            recorded = [
+                (*row, entity_type, *history)
+                for row, (entity_type, _, *history) in zip(
+                    rows, transition_rows(changes), strict=True
+                )
+            ]
+            if len(recorded) == 1:
+                conn.execute(statement, recorded[0])
+            else:
+                conn.executemany(statement, recorded)
+        else:
+            conn.executemany(sql.INSERT_DISPATCH_AS, rows)
+            record(conn, changes)
+            conn.announce_enqueue()
+    record(conn, supersede_changes(plan))
+    return [EnqueueResult(dispatch_id, False, outcome) for dispatch_id, outcome in plan.results]

@@ -64,6 +64,13 @@ the store's step (:mod:`trio_dispatch.priority`). A dedup key already
 committed inserts nothing (the partial unique index is the final
 authority)."""
 
+INSERT_DISPATCH_AS: Final = INSERT_DISPATCH.replace(f"'{Status.PENDING}', 0,", "?, 0,", 1)
+""":data:`INSERT_DISPATCH` with the status as a parameter (after
+``max_attempts``): a coalescing batch inserts each row its own later
+items supersede as ``superseded`` at once (:mod:`.coalesce`), so a key
+never has two waiting rows, not even inside the batch's transaction."""
+assert INSERT_DISPATCH_AS != INSERT_DISPATCH
+
 INSERT_TRANSITION: Final = (
     "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
     "reason_code, reason_summary, source, actor, evidence_refs, metadata, created_at) "
@@ -78,6 +85,13 @@ def insert_dispatch_recorded(arrays: ArrayForms) -> str:
     row's, then the transition's without its ``entity_id``. Returns the new
     id, or no row when the dedup key is taken."""
     return arrays.record_insert(INSERT_DISPATCH)
+
+
+@functools.cache
+def insert_dispatch_as_recorded(arrays: ArrayForms) -> str:
+    """:data:`INSERT_DISPATCH_AS`, its transition row and the enqueue
+    notice in one statement (as :func:`insert_dispatch_recorded`)."""
+    return arrays.record_insert(INSERT_DISPATCH_AS)
 
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
