@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sqlite3
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from trio_dispatch import (
 from trio_dispatch import sync as outbox
 from trio_dispatch.lifecycle import WAITING_AT
 from trio_dispatch.outbox import claim_due, finish_attempt
+from trio_dispatch.outbox.enqueue import EnqueueCall
+from trio_dispatch.outbox.inserts import insert_coalesced
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import TransportResult
 
@@ -248,6 +251,53 @@ async def test_a_superseded_head_lets_its_keys_next_row_go_and_the_new_row_waits
     await finish_attempt(store, claim, TransportResult.success(), now=T0 + 4)
     [claim], _ = await claim_due(store, now=T0 + 5)
     assert claim.dispatch_id == new
+
+
+async def test_a_keyed_waiting_row_replaced_by_an_unkeyed_enqueue_lets_its_key_go_on(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    head = await add(store, ordering_key="o", coalesce_key="c", coalesce="replace")
+    behind = await add(store, ordering_key="o", now=T0 + 1)
+    # The new row has no ordering key: the group path sends it one by one.
+    new = await add(store, coalesce_key="c", coalesce="replace", now=T0 + 2)
+    assert new.outcome == "replaced" and raw.row(head)["status"] == "superseded"
+    assert raw.row(behind)["next_attempt_at"] == T0 + 2
+    assert raw.row(new)["next_attempt_at"] == T0 + 2 and raw.row(new)["ordering_key"] is None
+
+
+async def test_one_group_commit_of_many_keys_and_modes_acts_as_if_one_by_one(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    stored = {key: await add(store, coalesce_key=key, coalesce="replace") for key in "abc"}
+    plan = [("a", "keep"), ("a", "replace"), ("b", "replace"), ("a", "keep"), ("b", "replace")]
+    plan += [("c", "keep"), ("d", "keep"), ("d", "replace"), ("d", "keep")]
+    results = await enqueue_many_concurrently(store, plan)
+    a0, a1, b0, a2, b1, c0, d0, d1, d2 = results
+    assert (str(a0), a0.outcome) == (stored["a"], "kept")
+    assert a1.outcome == "replaced" and (str(a2), a2.outcome) == (a1, "kept")
+    assert (b0.outcome, b1.outcome) == ("replaced", "replaced")
+    assert (str(c0), c0.outcome) == (stored["c"], "kept")
+    assert (d0.outcome, d1.outcome, str(d2), d2.outcome) == ("inserted", "replaced", d1, "kept")
+    for key, last in (("a", a1), ("b", b1), ("c", stored["c"]), ("d", d1)):
+        assert [r["id"] for r in waiting(raw, key)] == [last]
+    assert raw.row(b0)["status"] == "superseded"  # inserted and superseded in one group
+    assert [t["reason_code"] for t in raw.transitions(b0)] == [
+        "dispatch.pending.enqueued",
+        "dispatch.superseded.coalesced",
+    ]
+    assert raw.transitions(b0)[-1]["reason_summary"] == f"superseded by {b1}"
+
+
+async def enqueue_many_concurrently(store: SQLiteStore, plan: list[tuple[str, str]]) -> list[Any]:
+    """Each (key, mode) as the enqueues of one group commit, in that order
+    (what :func:`enqueue_dispatch` hands the group commit for each)."""
+    call = EnqueueCall()
+    items = [
+        (call.new({"kind": "k", "deliver_to": "x", "coalesce_key": key, "coalesce": mode}), T0 + 1)
+        for key, mode in plan
+    ]
+    results = await store.write(partial(insert_coalesced, items=items))
+    return [EnqueuedId(result.id, result.outcome) for result in results]
 
 
 async def test_with_an_ordering_key_one_runs_and_one_waits(store: SQLiteStore, raw: RawDB) -> None:

@@ -42,16 +42,17 @@ key's head is made due when the head leaves, but not before its
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, Literal
 
 from ..lifecycle import Reason, Status
 from ..store.base import Conn, Row
+from ..store.dialect import ArrayForms, Replanned
 from ..store.schema import COALESCE_WAITING_TERM
 from ..validate import require_number
 from ..values import show
 from .ordering import lock_keys, promote, require_ordering_key
-from .transitions import Change, NewDispatch, record
+from .transitions import Change, NewDispatch, record, transition_rows
 
 CoalesceMode = Literal["keep", "replace", "debounce"]
 """What an enqueue does to its key's waiting row (see the module)."""
@@ -168,7 +169,7 @@ def _seconds(name: str, value: object) -> float | None:
 
 # -- the writes ---------------------------------------------------------------------
 
-WAITING_ROW: Final = (
+WAITING_ROW: Final = Replanned(
     "SELECT id, created_at, coalesce_since, ordering_key FROM dispatch_outbox "
     f"WHERE coalesce_key = ? AND {COALESCE_WAITING_TERM}"
 )
@@ -275,8 +276,10 @@ def waiting_rows(conn: Conn, keys: Sequence[str]) -> dict[str, Row]:
         where = f"coalesce_key IN ({', '.join('?' * len(keys))})"
         params = tuple(keys)
     rows = conn.query(
-        "SELECT id, coalesce_key, created_at, coalesce_since, ordering_key FROM dispatch_outbox "
-        f"WHERE {where} AND {COALESCE_WAITING_TERM}",
+        Replanned(
+            "SELECT id, coalesce_key, created_at, coalesce_since, ordering_key "
+            f"FROM dispatch_outbox WHERE {where} AND {COALESCE_WAITING_TERM}"
+        ),
         params,
     )
     return {_text(row["coalesce_key"]): row for row in rows}
@@ -297,9 +300,14 @@ class GroupPlan:
     """Every supersede (old id, new row, time), in the group's order."""
 
 
-def plan_group(items: Sequence[tuple[NewDispatch, float]], waiting: Mapping[str, Row]) -> GroupPlan:
+def plan_group(
+    items: Sequence[tuple[NewDispatch, float]],
+    waiting: Mapping[str, Row],
+    done: Collection[str] = (),
+) -> GroupPlan:
     """The group's writes, item after item as if each were enqueued alone
-    in this order, given each key's ``waiting`` row."""
+    in this order, given each key's ``waiting`` row; those ``done`` are
+    superseded and recorded already (by their key's first item)."""
     plan = GroupPlan()
     current: dict[str, tuple[str, float, bool]] = {
         key: (
@@ -330,9 +338,11 @@ def plan_group(items: Sequence[tuple[NewDispatch, float]], waiting: Mapping[str,
         if found is not None:
             old, _, stored = found
             superseded = old
-            plan.superseded.append((old, new, now))
+            if old not in done:
+                plan.superseded.append((old, new, now))
             if stored:
-                plan.stored[old] = (new, now)
+                if old not in done:
+                    plan.stored[old] = (new, now)
             else:
                 before, at, placed, _ = plan.rows[index[old]]
                 plan.rows[index[old]] = (before, at, placed, Status.SUPERSEDED)
@@ -357,19 +367,55 @@ def supersede_stored(conn: Conn, stored: Mapping[str, tuple[NewDispatch, float]]
     return {_text(row["id"]) for row in rows}
 
 
+def _supersede(old: str, new: NewDispatch, now: float) -> Change:
+    return Change(
+        old,
+        Status.PENDING,
+        Status.SUPERSEDED,
+        Reason.COALESCED,
+        f"superseded by {new.id}",
+        new.source,
+        new.actor,
+        now,
+        {"superseded_by": new.id, **(new.coalesce.as_metadata() if new.coalesce else {})},
+    )
+
+
 def supersede_changes(plan: GroupPlan) -> list[Change]:
     """The transitions of the group's supersedes, in its order."""
-    return [
-        Change(
-            old,
-            Status.PENDING,
-            Status.SUPERSEDED,
-            Reason.COALESCED,
-            f"superseded by {new.id}",
-            new.source,
-            new.actor,
-            now,
-            {"superseded_by": new.id, **(new.coalesce.as_metadata() if new.coalesce else {})},
-        )
-        for old, new, now in plan.superseded
-    ]
+    return [_supersede(old, new, now) for old, new, now in plan.superseded]
+
+
+_STILL_WAITING: Final = (
+    f"d.status = '{Status.PENDING}' AND d.attempt = 0 AND d.updated_at = d.created_at"
+)
+"""A row ``d`` found by its key's waiting-row probe still waits."""
+
+
+def supersede_first(
+    conn: Conn, arrays: ArrayForms, firsts: Sequence[tuple[str, NewDispatch, float]]
+) -> dict[str, Row]:
+    """Where statements take arrays (PostgreSQL): the waiting row of each
+    key superseded by its first item of the group ``(key, new row, time)``
+    -- when that item replaces -- and each one's transition written, in one
+    statement, without reading first. The rows superseded, by key."""
+    changes = [_supersede("", new, now) for _, new, now in firsts]
+    rows = transition_rows(changes)  # the edge checked, as every transition's
+    found = conn.query(
+        Replanned(
+            arrays.record_supersede(
+                COALESCE_WAITING_TERM, _STILL_WAITING, Status.SUPERSEDED, Reason.COALESCED
+            )
+        ),
+        (
+            [key for key, _, _ in firsts],
+            [new.id for _, new, _ in firsts],
+            [float(now) for _, _, now in firsts],
+            [change.summary for change in changes],
+            [row[9] for row in rows],
+            [str(change.source) for change in changes],
+            [change.actor for change in changes],
+            rows[0][0],
+        ),
+    )
+    return {_text(row["coalesce_key"]): row for row in found}

@@ -22,10 +22,11 @@ from .coalesce import (
     place,
     plan_group,
     supersede_changes,
+    supersede_first,
     supersede_stored,
     waiting_rows,
 )
-from .ordering import lock_keys
+from .ordering import lock_keys, promote
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
 
@@ -224,15 +225,41 @@ def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> 
     (its key's next row may have to be made due) sends the group one by
     one (:func:`insert_new`)."""
     lock_keys(conn, [new.coalesce.lock for new, _ in items if new.coalesce is not None])
-    keys = sorted({new.coalesce.key for new, _ in items if new.coalesce is not None})
-    waiting = waiting_rows(conn, keys)
-    if any(row["ordering_key"] is not None for row in waiting.values()):
-        return [insert_new(conn, new, now) for new, now in items]
-    plan = plan_group(items, waiting)
+    firsts: dict[str, tuple[NewDispatch, float]] = {}
+    for new, now in items:
+        assert new.coalesce is not None
+        firsts.setdefault(new.coalesce.key, (new, now))
+    arrays = conn.dialect.arrays
+    if arrays is not None:
+        # PostgreSQL: each key's waiting row superseded by its first item
+        # when that one replaces, with its transition, in one statement
+        # without a read; only the keys whose first item keeps are read.
+        keeping = sorted(key for key, (new, _) in firsts.items() if _mode(new) == "keep")
+        kept = waiting_rows(conn, keeping) if keeping else {}
+        if any(row["ordering_key"] is not None for row in kept.values()):
+            return [insert_new(conn, new, now) for new, now in items]
+        replacing = [(key, new, now) for key, (new, now) in firsts.items() if _mode(new) != "keep"]
+        superseded = supersede_first(conn, arrays, replacing) if replacing else {}
+        moved = [row["ordering_key"] for row in superseded.values()]
+        if any(key is not None for key in moved):
+            # A row of an ordering key left it: its next row may go.
+            lock_keys(conn, moved)
+            promote(conn, moved, max(now for _, now in items))
+        waiting = {**superseded, **kept}
+        already = {_text(row["id"]) for row in superseded.values()}
+        plan = plan_group(items, waiting, already)
+    else:
+        waiting = waiting_rows(conn, sorted(firsts))
+        if any(row["ordering_key"] is not None for row in waiting.values()):
+            return [insert_new(conn, new, now) for new, now in items]
+        already = set()
+        plan = plan_group(items, waiting)
     if plan.stored:
         done = supersede_stored(conn, plan.stored)
-        if len(done) < len(plan.stored):  # a claim took some first; nothing else is written yet
-            plan = plan_group(items, {k: r for k, r in waiting.items() if _text(r["id"]) in done})
+        if len(done) < len(plan.stored):  # a claim took some first: plan again without them
+            gone = set(plan.stored) - done
+            still = {k: r for k, r in waiting.items() if _text(r["id"]) not in gone}
+            plan = plan_group(items, still, already)
     if plan.rows:
         changes = [_enqueued(new, now, placed.superseded) for new, now, placed, _ in plan.rows]
         rows = [
@@ -241,7 +268,6 @@ def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> 
                 (_row(new, now, placed), status) for new, now, placed, status in plan.rows
             )
         ]
-        arrays = conn.dialect.arrays
         if arrays is not None:  # row, history and NOTIFY, one statement a row, pipelined
             statement = sql.insert_dispatch_as_recorded(arrays)
             recorded = [
@@ -260,3 +286,7 @@ def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> 
             conn.announce_enqueue()
     record(conn, supersede_changes(plan))
     return [EnqueueResult(dispatch_id, False, outcome) for dispatch_id, outcome in plan.results]
+
+
+def _mode(new: NewDispatch) -> str:
+    return "keep" if new.coalesce is None else new.coalesce.mode
