@@ -73,7 +73,7 @@ class _Engine:
     def pair(self, n: int, producers: int, turn: int) -> tuple[float, float]:
         """(replace, plain) enqueues/s, taking turns; checks the waiting set."""
         rates: dict[bool, float] = {}
-        for keyed in ((True, False) if turn % 2 == 0 else (False, True)):
+        for keyed in (True, False) if turn % 2 == 0 else (False, True):
             rate, waiting = self.bench.go(_enqueue, self.fresh(), n, producers, keyed)
             if keyed and waiting != min(KEYS, n):
                 raise AssertionError(
@@ -127,8 +127,7 @@ def run_coalesce(bench: Bench) -> Outcome:
                 )
             )
     notes.append(
-        f"coalesce section: the waiting set was {KEYS:,} rows after every replacing run "
-        "(checked)"
+        f"coalesce section: the waiting set was {KEYS:,} rows after every replacing run (checked)"
     )
     if bench.quick:
         notes.append(

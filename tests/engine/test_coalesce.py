@@ -454,10 +454,11 @@ def _connect(engine: str, target: str) -> Any:
     return psycopg.connect(target)
 
 
-@pytest.mark.parametrize("autocommit", [False, True])
 def test_a_callers_transaction_on_its_own_connection_that_rolls_back_supersedes_nothing(
-    engine: str, db_target: str, raw: RawDB, autocommit: bool
+    engine: str, db_target: str, raw: RawDB
 ) -> None:
+    """The driver's default mode; every mode and SQLAlchemy:
+    ``test_coalesce_sync.py``."""
     conn = _connect(engine, db_target)
     try:
         outbox.install_schema(conn)
