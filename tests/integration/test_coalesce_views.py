@@ -19,6 +19,9 @@ from trio_dispatch.web import WebApp
 
 from ..helpers import assert_one_line_error, run_cli
 from .test_web import serving
+from .test_web_actions import BEARER, OPERATOR, VIEWER
+
+OPERATING = BEARER["operator"]
 
 
 def _chain(db_path: Path) -> tuple[str, str, str]:
@@ -88,3 +91,19 @@ async def test_the_dashboard_filters_by_coalesce_key_and_shows_the_chain(
     assert "<dt>coalesce key</dt><dd><a class=mono" in page and "digest:7</a>" in page
     assert "dispatch.superseded.coalesced" in page
     assert bad.status_code == 400
+
+
+@pytest.mark.anyio
+async def test_a_list_filtered_by_coalesce_key_offers_no_bulk_action_beyond_it(
+    store: SQLiteStore,
+) -> None:
+    await enqueue_dispatch(store, kind="plain", deliver_to="d")
+    await enqueue_dispatch(store, kind="digest", deliver_to="d", coalesce_key="digest:7")
+    app = WebApp(store, token=VIEWER, operator_token=OPERATOR)
+    async with serving(app) as client:
+        plain = (await client.get("/", params={"status": "pending"}, headers=OPERATING)).text
+        keyed = await client.get(
+            "/", params={"status": "pending", "coalesce_key": "digest:7"}, headers=OPERATING
+        )
+    assert "/actions/cancel?status=pending" in plain
+    assert keyed.status_code == 200 and "/actions/cancel?" not in keyed.text

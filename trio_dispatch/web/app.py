@@ -553,15 +553,21 @@ class WebApp:
             destinations=await self.destinations.summary(),
             waiting=await waiting_ids(self.db, rows, self.ordering),
         )
-        body = await self._toolbar(identity, status, kind, ordering_key) + body
+        body = await self._toolbar(identity, status, kind, ordering_key, coalesce_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
 
     async def _toolbar(
-        self, identity: Identity, status: str | None, kind: str | None, ordering_key: str | None
+        self,
+        identity: Identity,
+        status: str | None,
+        kind: str | None,
+        ordering_key: str | None,
+        coalesce_key: str | None = None,
     ) -> str:
         """For an operator: the bulk actions of the listed filter, the
         replay's form, a blocked key's head with its retry and purge, and the
-        session's logout."""
+        session's logout. A list filtered by coalesce key offers no bulk
+        action: they take no such filter, and would act beyond the list."""
         if self.actions is None:
             return ""
         parts = [action_form("/logout", "Log out", identity)]
@@ -580,7 +586,7 @@ class WebApp:
                     + self._row_actions(head_id, str(head["status"]), identity)
                 )
         links = []
-        if status is not None:
+        if status is not None and coalesce_key is None:
             fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
             query = urlencode({k: v for k, v in fields.items() if v})
             links = [
