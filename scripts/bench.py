@@ -60,6 +60,10 @@ Sections (``--section``; default: all of them, in this order):
   rows of priorities -10..10 beside the same rows at 0; one claim among
   1,000,000 finished rows beside 1,000; an idle claim among 20,000 retries
   of mixed priorities due within 50 minutes beside the same at 0.
+- ``coalesce``: coalescing (docs/controls.md) on SQLite and PostgreSQL: 100,000
+  enqueues replacing over 1,000 coalesce keys beside the same enqueues
+  without a key, at 64 producer tasks and (10,000 of them) at 1; the
+  waiting set checked to stay 1,000 rows.
 
 The peers come with the ``bench`` extra (huey, pgqueuer, asyncpg, psycopg);
 the webhook section needs the ``http`` extra (httpx).

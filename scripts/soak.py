@@ -6,6 +6,7 @@ dedup caller told the wrong id). The test suite runs small versions of the
 same functions (tests/test_soak.py).
 
     .venv/bin/python scripts/soak.py crash   [-n 5000] [-k 50] [--cancel-rate 0.1]
+                                             [--coalesce-rate 0.2]
     .venv/bin/python scripts/soak.py workers [-n 10000] [-w 4]
     .venv/bin/python scripts/soak.py dedup   [-n 1000] [-p 8]
     .venv/bin/python scripts/soak.py all     (the three, default sizes)
@@ -30,8 +31,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TERMINAL = ("delivered", "acked", "dead_letter", "expired", "cancelled")
+TERMINAL = ("delivered", "acked", "dead_letter", "expired", "cancelled", "superseded")
 CANCELLED_REASON = "dispatch.cancelled.operator"
+SUPERSEDED_REASON = "dispatch.superseded.coalesced"
+COALESCE_KEYS = 7
+"""Coalesced enqueues (docs/controls.md) share this many keys: most find a row of
+their key waiting and supersede it, some find it claimed or sent."""
 
 POLICY_ENV = "SOAK_DESTINATION_POLICY"
 """A JSON destination policy (docs/destinations.md) the roles share: the producer then
@@ -88,13 +93,23 @@ def role_worker(db: str, ledger: str, fail_rate: float, seed: int) -> None:
     anyio.run(main, backend="trio")
 
 
-def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
-    """Enqueue n dispatches in small batches, appending each committed id."""
+def role_producer(
+    db: str, ids_file: str, n: int, pace: float, coalesce_rate: float = 0.0, seed: int = 0
+) -> None:
+    """Enqueue n dispatches in small batches, appending each committed id;
+    a seeded ``coalesce_rate`` share of them replace their coalesce key's
+    waiting row (one of :data:`COALESCE_KEYS`)."""
     import anyio
 
     from trio_dispatch import enqueue_many, open_store
 
     spread = _policy() is not None
+    rng = random.Random(seed)
+
+    def coalescing() -> dict[str, Any]:
+        if rng.random() >= coalesce_rate:
+            return {}
+        return {"coalesce_key": f"key-{rng.randrange(COALESCE_KEYS)}", "coalesce": "replace"}
 
     async def main() -> None:
         async with open_store(db) as store:
@@ -111,6 +126,7 @@ def role_producer(db: str, ids_file: str, n: int, pace: float) -> None:
                                 if spread
                                 else f"seat-{done + i}",
                                 "max_attempts": 8,
+                                **coalescing(),
                             }
                             for i in range(size)
                         ],
@@ -292,6 +308,7 @@ def crash_soak(
     policy: dict[str, Any] | None = None,
     fail_rate: float = 0.0,
     cancel_rate: float = 0.0,
+    coalesce_rate: float = 0.0,
 ) -> dict[str, Any]:
     """A producer enqueues n dispatches while the worker process is SIGKILLed
     at random moments and restarted, `kills` times; then one worker finishes.
@@ -300,7 +317,10 @@ def crash_soak(
     share of sends fail (so a breaker opens and rows retry); with
     ``cancel_rate`` an operator process cancels that share of the rows as
     they are committed, waiting or running (docs/controls.md): each ends
-    ``cancelled`` with its transition, or delivered first (too late)."""
+    ``cancelled`` with its transition, or delivered first (too late); with
+    ``coalesce_rate`` that share of the enqueues replace their coalesce
+    key's waiting row (docs/controls.md): a superseded row is accounted for by its
+    transition, and is never sent."""
     rng = random.Random(seed)
     if policy is None:
         os.environ.pop(POLICY_ENV, None)
@@ -311,7 +331,16 @@ def crash_soak(
     _make_schema(db)
     started = time.monotonic()
     pace = kills * 0.4 / max(1, n / 25)  # spread production over the kills
-    producer = _spawn("producer", str(db), str(ids_file), str(n), str(pace), log=log)
+    producer = _spawn(
+        "producer",
+        str(db),
+        str(ids_file),
+        str(n),
+        str(pace),
+        str(coalesce_rate),
+        str(seed),
+        log=log,
+    )
     stop_cancels = workdir / "crash.cancels-done"
     canceller = (
         _spawn("canceller", str(db), str(ids_file), str(cancel_rate), str(seed), str(stop_cancels))
@@ -349,6 +378,16 @@ def crash_soak(
             (CANCELLED_REASON, "cancelled"),
         )
     }
+    superseded = {i for i in ids if i in rows and rows[i]["status"] == "superseded"}
+    replaced = {
+        r["entity_id"]
+        for r in _query(
+            db,
+            "SELECT entity_id FROM status_transitions WHERE reason_code = ? AND status = ?",
+            (SUPERSEDED_REASON, "superseded"),
+        )
+    }
+    sent = {i for i, _ in _ledger(ledger)}
     figures = {
         "driver": "crash soak",
         "n": n,
@@ -356,6 +395,7 @@ def crash_soak(
         "policy": policy,
         "fail_rate": fail_rate,
         "cancel_rate": cancel_rate,
+        "coalesce_rate": coalesce_rate,
         "committed_ids": len(ids),
         "lost": len(ids - set(rows))
         + sum(1 for i in ids if i in rows and rows[i]["status"] not in TERMINAL),
@@ -364,8 +404,13 @@ def crash_soak(
         # A cancelled row is accounted for by its transition; it may never
         # have been sent (cancelled waiting, or cut before its send).
         "cancelled_without_transition": len(cancelled - recorded),
-        "cancelled_after_a_send": len(cancelled & {i for i, _ in _ledger(ledger)}),
-        **_ledger_figures(ids - cancelled, _ledger(ledger)),
+        "cancelled_after_a_send": len(cancelled & sent),
+        # A superseded row waited unclaimed until a newer enqueue of its key
+        # replaced it: accounted for by its transition, never sent.
+        "superseded": len(superseded),
+        "superseded_without_transition": len(superseded - replaced),
+        "superseded_after_a_send": len(superseded & sent),
+        **_ledger_figures(ids - cancelled - superseded, _ledger(ledger)),
         "producer_exit": producer_code,
         "canceller_exit": canceller_code,
         "final_worker_exit": final_code,
@@ -379,6 +424,9 @@ def crash_soak(
         and figures["duplicate_pairs"] == 0
         and figures["cancelled_without_transition"] == 0
         and (cancel_rate == 0 or len(cancelled) > 0)
+        and figures["superseded_without_transition"] == 0
+        and figures["superseded_after_a_send"] == 0
+        and (coalesce_rate == 0 or len(superseded) > 0)
         # A failing send is sent again by design; without failures an id is
         # sent again only after a kill.
         and (fail_rate > 0 or figures["max_sends_of_one_id"] <= kills + 1)
@@ -523,7 +571,9 @@ def main() -> None:
         if role == "worker":
             role_worker(args[0], args[1], float(args[2]), int(args[3]))
         elif role == "producer":
-            role_producer(args[0], args[1], int(args[2]), float(args[3]))
+            role_producer(
+                args[0], args[1], int(args[2]), float(args[3]), float(args[4]), int(args[5])
+            )
         elif role == "canceller":
             role_canceller(args[0], args[1], float(args[2]), int(args[3]), args[4])
         elif role == "dedup":
@@ -539,6 +589,13 @@ def main() -> None:
         default=0.1,
         help="crash soak: the share of rows an operator cancels as they come (default 0.1)",
     )
+    parser.add_argument(
+        "--coalesce-rate",
+        type=float,
+        default=0.2,
+        help="crash soak: the share of enqueues that replace their coalesce key's waiting "
+        f"row, over {COALESCE_KEYS} keys (default 0.2)",
+    )
     parser.add_argument("-w", type=int, default=4, help="several workers: processes")
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
     parser.add_argument(
@@ -552,7 +609,13 @@ def main() -> None:
         work = Path(tmp)
         if args.driver in ("crash", "all"):
             results.append(
-                crash_soak(work, n=args.n or 5000, kills=args.k, cancel_rate=args.cancel_rate)
+                crash_soak(
+                    work,
+                    n=args.n or 5000,
+                    kills=args.k,
+                    cancel_rate=args.cancel_rate,
+                    coalesce_rate=args.coalesce_rate,
+                )
             )
         if args.driver in ("workers", "all"):
             results.append(

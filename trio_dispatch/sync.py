@@ -72,7 +72,7 @@ from typing import Any, Final, Protocol, Unpack
 from .outbox import sql
 from .outbox.enqueue import EnqueueArgs, EnqueueCall
 from .outbox.inserts import insert_all
-from .outbox.transitions import EnqueueResult, NewDispatch
+from .outbox.transitions import EnqueuedId, EnqueueResult, NewDispatch
 from .store.base import Conn, Row, SchemaError
 from .store.dialect import DIALECTS, POSTGRES, Dialect
 from .store.placeholders import to_paramstyle
@@ -103,9 +103,12 @@ class _Adapter(Protocol):
     def where(self) -> str:
         """The database, for messages."""
 
-    def atomic(self, ids: Sequence[str]) -> contextlib.AbstractContextManager[None]:
-        """A block whose writes -- rows of the dispatches ``ids`` -- all
-        stay or all go, leaving the caller's transaction usable."""
+    def atomic(
+        self, ids: Sequence[str], coalescing: bool = False
+    ) -> contextlib.AbstractContextManager[None]:
+        """A block whose writes -- rows of the dispatches ``ids``, and with
+        ``coalescing`` the rows it supersedes -- all stay or all go, leaving
+        the caller's transaction usable."""
 
 
 # -- sqlite3 ----------------------------------------------------------------------
@@ -129,11 +132,20 @@ class _SQLite3:
         return mode is not False and self._raw.isolation_level is None
 
     @contextlib.contextmanager
-    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+    def atomic(self, ids: Sequence[str], coalescing: bool = False) -> Iterator[None]:
         conn = self._raw
         own = not conn.in_transaction and self._autocommit()
         if own:  # no transaction to join: this enqueue is its own, and commits
             conn.execute("BEGIN IMMEDIATE")
+        elif coalescing:
+            # A superseded row cannot be put back by deleting what the
+            # enqueue wrote: a savepoint in the caller's transaction (begun
+            # here if the module would begin it at the first write).
+            if not conn.in_transaction:
+                conn.execute(f"BEGIN {conn.isolation_level or ''}")
+            with _sqlite_savepoint(conn.execute):
+                yield
+            return
         try:
             yield
         except BaseException:
@@ -144,6 +156,19 @@ class _SQLite3:
             raise
         if own:
             conn.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def _sqlite_savepoint(execute: Any) -> Iterator[None]:
+    """A savepoint inside an open SQLite transaction, through ``execute``."""
+    execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        yield
+    except BaseException:
+        execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+        execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        raise
+    execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
 
 
 # -- psycopg ----------------------------------------------------------------------
@@ -167,7 +192,7 @@ class _Psycopg:
         return self._borrowed
 
     @contextlib.contextmanager
-    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+    def atomic(self, ids: Sequence[str], coalescing: bool = False) -> Iterator[None]:
         # PostgreSQL has no statement-level rollback: any failed statement
         # (a missing table on this search_path, a lock_timeout on a dedup
         # key another transaction holds, a cancel) aborts the whole
@@ -297,7 +322,7 @@ class _SQLAlchemy:
         return str(level).upper() == "AUTOCOMMIT"
 
     @contextlib.contextmanager
-    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+    def atomic(self, ids: Sequence[str], coalescing: bool = False) -> Iterator[None]:
         postgres = self.conn.dialect is POSTGRES
         if postgres and not self._autocommit():
             with self._raw.begin_nested():  # a savepoint in the caller's transaction
@@ -314,6 +339,29 @@ class _SQLAlchemy:
                 self._raw.exec_driver_sql("ROLLBACK")
                 raise
             self._raw.exec_driver_sql("COMMIT")
+            return
+        if coalescing:
+            # SQLite, coalescing: a superseded row cannot be put back by
+            # deleting what the enqueue wrote, and the supersede and the
+            # insert must commit together. The driver's own transaction is
+            # begun first (pysqlite begins it only at a first write), so
+            # the savepoint sits inside it, or -- autocommit -- the enqueue
+            # is its own transaction.
+            run = self._raw.exec_driver_sql
+            if self._autocommit():
+                run("BEGIN IMMEDIATE")
+                try:
+                    yield
+                except BaseException:
+                    run("ROLLBACK")
+                    raise
+                run("COMMIT")
+                return
+            driver = self._raw.connection.dbapi_connection
+            if not getattr(driver, "in_transaction", True):
+                run("BEGIN")
+            with _sqlite_savepoint(run):
+                yield
             return
         # SQLite (where SQLAlchemy's savepoints need a driver workaround) and
         # autocommit: each statement stands alone; a failure after the
@@ -339,7 +387,7 @@ class _Unit:
         self.conn = conn
 
     @contextlib.contextmanager
-    def atomic(self, ids: Sequence[str]) -> Iterator[None]:
+    def atomic(self, ids: Sequence[str], coalescing: bool = False) -> Iterator[None]:
         yield  # the unit itself is rolled back if it raises
 
 
@@ -411,7 +459,8 @@ def _write(
     adapter: _Adapter, batch: Sequence[NewDispatch], now: float, name_items: bool
 ) -> list[EnqueueResult]:
     try:
-        with adapter.atomic([new.id for new in batch]):
+        coalescing = any(new.coalesce is not None for new in batch)
+        with adapter.atomic([new.id for new in batch], coalescing):
             return insert_all(adapter.conn, batch, now, name_items=name_items)
     except Exception as exc:
         if _is_missing_schema(exc):
@@ -425,8 +474,10 @@ def _write(
 def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[EnqueueArgs]) -> str:
     """Write one dispatch and its ``dispatch.pending.enqueued`` transition in
     the caller's current transaction on ``conn``; return its id (the first
-    row's id on a dedup hit, writing nothing). Never commits, rolls back or
-    closes ``conn`` (in autocommit mode the enqueue is its own transaction).
+    row's id on a dedup hit, writing nothing; an ``EnqueuedId``, a ``str``
+    whose ``outcome`` says ``inserted``, ``replaced`` or ``kept``,
+    docs/controls.md). Never commits, rolls back or closes ``conn`` (in
+    autocommit mode the enqueue is its own transaction).
 
     Raises ``TypeError``/``ValueError`` naming a bad argument before anything
     is written, :class:`~trio_dispatch.store.base.SchemaError` naming
@@ -437,9 +488,9 @@ def enqueue_dispatch(conn: object, *, now: float | None = None, **args: Unpack[E
     """
     adapter = _adapt(conn)  # an unsupported connection is refused before anything else
     with EnqueueCall() as call:  # the create span's parent: the calling thread's current context
-        dispatch_id = _write(adapter, [call.new(args)], clock_from(now)(), name_items=False)[0].id
-        call.written([dispatch_id])
-        return dispatch_id
+        result = _write(adapter, [call.new(args)], clock_from(now)(), name_items=False)[0]
+        call.written([result.id])
+        return EnqueuedId(result.id, result.outcome)
 
 
 def enqueue_many(

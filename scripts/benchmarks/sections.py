@@ -14,6 +14,7 @@ from typing import Final
 from . import (
     cancel,
     capped,
+    coalesce,
     core,
     destinations,
     huey_section,
@@ -47,4 +48,5 @@ SECTIONS: Final[dict[str, Section]] = {
     "destinations": destinations.run_destinations,
     "cancel": cancel.run_cancel,
     "priority": priority.run_priority,
+    "coalesce": coalesce.run_coalesce,
 }

@@ -50,8 +50,6 @@ OPERATOR_CODES = frozenset(
 )
 
 
-SECTION_18_CODES = frozenset({"dispatch.superseded.coalesced"})
-
 T0 = 1_000_000.0
 
 
@@ -161,6 +159,10 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert (await cancel_dispatch(store, cut, wait_seconds=0, now=T0 + 7)).requested
     outcome = await finish_attempt(store, running, TransportResult.cut_by_cancel(), now=T0 + 8)
     assert outcome is Outcome.CANCELLED
+    # Coalescing (docs/controls.md): a newer enqueue of the key supersedes the row
+    # waiting unclaimed.
+    superseded = await add("ok", now=T0 + 9, coalesce_key="walk", coalesce="replace")
+    replacing = await add("ok", now=T0 + 9, coalesce_key="walk", coalesce="replace")
 
     # Consumer ack of a row awaiting its ack (pending).
     awaiting_token = str(raw.row(awaiting)["ack_token"])
@@ -264,6 +266,11 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
             expected = "operator" if t["previous_status"] == "pending" else "scheduler"
             assert t["source"] == expected, where
             assert t["actor"], where
+        elif code == "dispatch.superseded.coalesced":
+            # The enqueue that replaced the row, naming the new row.
+            assert (t["source"], t["actor"]) == ("system", "enqueue_dispatch"), where
+            assert f"superseded by {replacing}" == t["reason_summary"], where
+            assert json.loads(str(t["metadata"]))["superseded_by"] == replacing, where
         elif code == "dispatch.acked.consumer":
             assert t["source"] == "consumer", where
             assert t["actor"], where
@@ -286,5 +293,9 @@ async def test_every_transition_written_on_every_path_carries_a_spec_reason_and_
     assert reasons(released)[-1] == ("delivering", "pending", "dispatch.pending.released")
     assert reasons(cancelled)[-1] == ("pending", "cancelled", "dispatch.cancelled.operator")
     assert reasons(cut)[-1] == ("delivering", "cancelled", "dispatch.cancelled.operator")
-    # Coalescing's code comes from its enqueue paths, walked by their own tests.
-    assert seen == SPEC_REASON_CODES - SECTION_18_CODES
+    assert reasons(superseded) == [
+        (None, "pending", "dispatch.pending.enqueued"),
+        ("pending", "superseded", "dispatch.superseded.coalesced"),
+    ]
+    assert final[replacing]["status"] == "pending"
+    assert seen == SPEC_REASON_CODES

@@ -55,6 +55,9 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
         "cancel_request",
         "priority",
         "head_start",
+        "coalesce_key",
+        "coalesce_since",
+        "not_before",
     ]
     types = {c["column_name"]: c["data_type"] for c in columns}
     assert types["payload"] == "json" and types["next_attempt_at"] == "double precision"
@@ -99,6 +102,9 @@ async def test_the_schema_matches_the_sqlite_one(store: SQLiteStore, raw: RawDB)
     assert "(status, ((next_attempt_at - head_start)), created_at, next_attempt_at)" in due
     assert "(ordering_key, key_seq, id)" in indexes["ix_dispatch_outbox_ordering_seq"]
     assert "pending" in due and "delivering" in due
+    coalesce = indexes["ux_dispatch_outbox_coalesce_waiting"]
+    assert "UNIQUE" in coalesce and "(coalesce_key)" in coalesce
+    assert "attempt = 0" in coalesce and "updated_at = created_at" in coalesce
     checks = [
         r["def"]
         for r in raw.rows(

@@ -206,6 +206,48 @@ async def test_a_manual_run_fires_now_flagged_and_leaves_the_ticks_alone(
     assert raw.scalar("SELECT last_tick FROM dispatch_schedules") is None
 
 
+async def test_a_schedules_coalesce_key_replaces_its_waiting_dispatch_as_the_scheduler(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    s = every("digest", "1h", coalesce_key="digest", coalesce="replace")
+    kept = every("digest", "1h", coalesce_key="digest")
+    assert s.fingerprint != kept.fingerprint != every("digest", "1h").fingerprint
+    assert s.describe()["coalesce"] == "replace" and "coalesce" not in kept.describe()
+    now = time.time()
+    first = await store.write(partial(fire_manual, schedule=s, now=now))
+    second = await store.write(partial(fire_manual, schedule=s, now=now + 1))
+    assert (first.outcome, second.outcome) == ("inserted", "replaced")
+    assert raw.row(first.dispatch_id)["status"] == "superseded"
+    superseded = raw.transitions(first.dispatch_id)[-1]
+    assert (superseded["source"], superseded["actor"], superseded["reason_code"]) == (
+        "scheduler",
+        "schedule:digest",
+        "dispatch.superseded.coalesced",
+    )
+    assert superseded["reason_summary"] == f"superseded by {second.dispatch_id}"
+    # Kept: the tick's dispatch is the one still waiting; nothing new is written.
+    third = await store.write(partial(fire_manual, schedule=kept, now=now + 2))
+    assert (third.outcome, third.dispatch_id) == ("kept", second.dispatch_id)
+    assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox") == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"coalesce": "replace"}, "schedule 'digest': coalesce='replace' needs a coalesce_key"),
+        (
+            {"coalesce_key": "d", "coalesce": "debounce"},
+            "schedule 'digest': coalesce='debounce' needs coalesce_seconds",
+        ),
+    ],
+)
+def test_a_schedules_bad_coalescing_is_refused_naming_it(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        every("digest", "1h", **fields)
+
+
 async def test_a_worker_with_schedules_delivers_each_tick_with_its_metadata(
     store: SQLiteStore, raw: RawDB
 ) -> None:

@@ -53,6 +53,11 @@ ADR_COLUMNS = [
     # (docs/controls.md).
     ("priority", "INTEGER", 1, "0"),
     ("head_start", "FLOAT", 1, "0"),
+    # The coalescing migration (docs/controls.md): the key, when its chain of
+    # superseded rows began, a debounced row's due time.
+    ("coalesce_key", "TEXT", 0, None),
+    ("coalesce_since", "FLOAT", 0, None),
+    ("not_before", "FLOAT", 0, None),
 ]
 
 
@@ -85,6 +90,12 @@ async def test_open_store_creates_the_adr_schema_exactly(store: SQLiteStore, raw
     ordering = indexes["ix_dispatch_outbox_ordering_seq"]
     assert "(ordering_key, key_seq, id)" in ordering and "ordering_key IS NOT NULL" in ordering
     assert "status IN ('pending', 'delivering', 'dead_letter', 'expired')" in ordering
+    coalesce = indexes["ux_dispatch_outbox_coalesce_waiting"]
+    assert "UNIQUE" in coalesce and "(coalesce_key)" in coalesce
+    assert (
+        "WHERE coalesce_key IS NOT NULL AND status = 'pending' AND attempt = 0 "
+        "AND updated_at = created_at" in coalesce
+    )
     live = indexes["ix_dispatch_outbox_ordering_live"]
     assert "(ordering_key, next_attempt_at)" in live
     assert "WHERE ordering_key IS NOT NULL AND status IN ('pending', 'delivering')" in live

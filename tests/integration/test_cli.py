@@ -182,6 +182,7 @@ def test_ls_json_has_stable_keys_and_never_the_token(
                 "awaiting_ack",
                 "ordering_key",
                 "priority",
+                "coalesce_key",
                 "waiting",
             ]
         )

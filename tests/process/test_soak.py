@@ -30,14 +30,19 @@ soak = _soak()
 @pytest.mark.slow
 def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -> None:
     """SIGKILLs while an operator cancels a fifth of the rows as they come,
-    waiting or running (docs/controls.md): a cancelled row is accounted for by its
-    transition, every other row is sent, and no (id, attempt) twice."""
+    waiting or running, and a quarter of the enqueues replace their coalesce
+    key's waiting row (docs/controls.md): a cancelled or superseded row is accounted
+    for by its transition (a superseded one never sent), every other row is
+    sent, and no (id, attempt) twice."""
     n, kills = size(300, 150), size(6, 4)
-    figures = soak.crash_soak(tmp_path, n=n, kills=kills, cancel_rate=0.2)
+    figures = soak.crash_soak(tmp_path, n=n, kills=kills, cancel_rate=0.2, coalesce_rate=0.25)
     assert figures["committed_ids"] == n
     assert figures["lost"] == 0 and figures["all_terminal"], figures
     assert figures["statuses"].get("cancelled", 0) > 0, figures
     assert figures["cancelled_without_transition"] == 0, figures
+    assert figures["superseded"] > 0, figures
+    assert figures["superseded_without_transition"] == 0, figures
+    assert figures["superseded_after_a_send"] == 0, figures
     assert figures["missing_from_ledger"] == 0, figures
     assert figures["duplicate_pairs"] == 0, figures
     assert figures["max_sends_of_one_id"] <= kills + 1, figures

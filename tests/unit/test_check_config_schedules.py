@@ -28,6 +28,10 @@ schedules:
     every: 5m
     kind: tick
     deliver_to: ticks
+    coalesce_key: ticks
+    coalesce: debounce
+    coalesce_seconds: 30
+    coalesce_max_wait_seconds: 120
 """
 
 
@@ -43,6 +47,7 @@ def test_check_config_shows_each_schedule_with_its_next_fire(tmp_path: Path) -> 
     assert "missed all (catch-up 86400s)" in nightly
     assert re.search(r"next fire \d{4}-\d\d-\d\dT0[01]:30:00Z \(in \d", nightly), nightly
     assert every.startswith("    every-5m: every 5m (UTC), kind tick to ticks, missed latest")
+    assert "coalesce debounce by key ticks (30s, at most 120s), next fire" in every
     document = json.loads(cli("check-config", str(config), "--json").stdout)
     shown = {entry["name"]: entry for entry in document["schedules"]}
     assert shown["nightly-report"]["cron"] == "30 2 * * *"
@@ -51,6 +56,11 @@ def test_check_config_shows_each_schedule_with_its_next_fire(tmp_path: Path) -> 
     assert shown["nightly-report"]["next_fire"].endswith(("T01:30:00Z", "T00:30:00Z"))
     five = shown["every-5m"]
     assert (five["cron"], five["every"], five["missed"]) == (None, "5m", "latest")
+    assert (five["coalesce_key"], five["coalesce"], five["coalesce_seconds"]) == (
+        "ticks",
+        "debounce",
+        30,
+    )
     after = time.time()
     expected = {(math.floor(after / 300) + n) * 300 for n in (1, 2)}
     fire = five["next_fire"]
@@ -102,6 +112,15 @@ def test_check_config_without_schedules_says_none(tmp_path: Path) -> None:
             "every: 5s\n    kind: k\n    deliver_to: d\n    missed: never",
             ["schedules.nightly.missed must be one of skip, latest, all", "'never'"],
         ),
+        (
+            "every: 5s\n    kind: k\n    deliver_to: d\n    coalesce: replace",
+            ["schedules.nightly.coalesce='replace' needs a coalesce_key"],
+        ),
+        (
+            "every: 5s\n    kind: k\n    deliver_to: d\n    coalesce_key: k\n"
+            "    coalesce: debounce\n    coalesce_seconds: 60\n    coalesce_max_wait_seconds: 5",
+            ["schedules.nightly.coalesce_max_wait_seconds=5 must be at least coalesce_seconds=60"],
+        ),
     ],
     ids=[
         "unknown-key",
@@ -115,6 +134,8 @@ def test_check_config_without_schedules_says_none(tmp_path: Path) -> None:
         "missing-kind",
         "missing-deliver-to",
         "bad-missed",
+        "coalesce-without-key",
+        "max-wait-below-debounce",
     ],
 )
 def test_a_bad_schedule_is_one_line_naming_its_dotted_key(

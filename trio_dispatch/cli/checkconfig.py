@@ -66,8 +66,22 @@ def _print_schedules(schedules: Sequence[Schedule], now: float) -> None:
             f"({visible(schedule.timezone)}), "
             f"kind {visible(schedule.kind)} to {visible(schedule.deliver_to)}, "
             f"missed {schedule.missed} (catch-up {schedule.catch_up_seconds:g}s), "
+            f"{_coalescing(schedule)}"
             f"next fire {format_time(schedule.next_fire(now), now)}"
         )
+
+
+def _coalescing(schedule: Schedule) -> str:
+    """How a schedule's dispatches coalesce (docs/controls.md), or nothing."""
+    if schedule.coalesce_key is None:
+        return ""
+    mode = schedule.coalesce or "keep"
+    said = f"coalesce {mode} by key {visible(schedule.coalesce_key)}"
+    if mode == "debounce":
+        said += f" ({schedule.coalesce_seconds:g}s"
+        wait = schedule.coalesce_max_wait_seconds
+        said += ")" if wait is None else f", at most {wait:g}s)"
+    return said + ", "
 
 
 def _by_name(policies: Mapping[str, Destination]) -> list[tuple[str, Destination]]:

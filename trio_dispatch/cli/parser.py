@@ -15,6 +15,7 @@ from ..config import CONFIG_ENV_VAR, DEFAULT_CONFIG_NAME
 from ..lifecycle import STATUSES
 from ..outbox import DEFAULT_LIST_LIMIT, PRUNE_CHUNK
 from ..outbox.cancel import DEFAULT_CANCEL_WAIT_SECONDS
+from ..outbox.coalesce import require_coalesce
 from ..outbox.ordering import require_ordering_key
 from ..outbox.reads import MIN_ID_PREFIX
 from ..redact import mask_url, visible
@@ -158,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_ordering_key_arg,
         metavar="KEY",
         help="only rows of this ordering key (default: every row, keyed or not)",
+    )
+    ls.add_argument(
+        "--coalesce-key",
+        type=_coalesce_key_arg,
+        metavar="KEY",
+        help="only rows of this coalesce key: the one waiting unclaimed, the ones it "
+        "superseded, the ones sent (default: every row)",
     )
     ls.add_argument(
         "--blocked",
@@ -438,6 +446,15 @@ def _ordering_key_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(visible(str(exc))) from None
     assert key is not None
     return key
+
+
+def _coalesce_key_arg(text: str) -> str:
+    try:
+        rule = require_coalesce(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(visible(str(exc))) from None
+    assert rule is not None
+    return rule.key
 
 
 def _route_arg(text: str) -> str:

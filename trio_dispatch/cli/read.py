@@ -16,6 +16,7 @@ from ..outbox.reads import (
     last_reasons,
     list_blocked_heads,
     status_label,
+    superseded_by,
     waiting_behind,
     waiting_ids,
 )
@@ -41,6 +42,7 @@ _LS_KEYS = (
     "ack_required",
     "ordering_key",
     "priority",
+    "coalesce_key",
 )
 WAITING: Final = "waiting"
 """What a row waiting for its ordering key shows as its next attempt."""
@@ -77,11 +79,13 @@ async def _listed(db: Store, args: argparse.Namespace) -> list[dict[str, Any]]:
             status=args.status,
             kind=args.kind,
             ordering_key=args.ordering_key,
+            coalesce_key=args.coalesce_key,
             limit=args.limit,
         )
-    if args.status is not None or args.kind is not None:
+    if args.status is not None or args.kind is not None or args.coalesce_key is not None:
         raise UsageError(
-            "--blocked lists the heads of blocked keys: give it without --status or --kind"
+            "--blocked lists the heads of blocked keys: give it without --status, --kind "
+            "or --coalesce-key"
         )
     return await list_blocked_heads(
         db, ordering=args.ordering, limit=args.limit, ordering_key=args.ordering_key
@@ -101,6 +105,7 @@ def _nothing(args: argparse.Namespace) -> str:
             ("status", args.status),
             ("kind", args.kind),
             ("ordering key", args.ordering_key),
+            ("coalesce key", args.coalesce_key),
         )
         if value is not None
     ]
@@ -171,6 +176,7 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
     acking = awaiting_ack(row, reasons.get(row["id"]))
     waiting = row["id"] in await waiting_ids(db, [row], args.ordering)
     behind = await waiting_behind(db, row, args.ordering)
+    successor = await superseded_by(db, row)
     if args.json:
         emit_json(
             {
@@ -179,6 +185,7 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
                     "awaiting_ack": acking,
                     "waiting": waiting,
                     "waiting_behind": behind,
+                    "superseded_by": successor,
                 }
             }
         )
@@ -195,6 +202,8 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
             "updated_at",
             "expires_at",
             "cancel_requested_at",
+            "coalesce_since",
+            "not_before",
         ):
             text = format_time(None if value is None else float(value), now)
         elif key == "status" and acking:
@@ -204,6 +213,8 @@ async def cmd_show(db: Store, args: argparse.Namespace) -> int:
         print(f"{key + ' ':<16}{text}")  # a name of 16 or more keeps a space
     if behind is not None:
         print(f"{'waiting behind':<16}{visible(behind['id'])} ({visible(behind['status'])})")
+    if successor is not None:
+        print(f"{'superseded by':<16}{visible(successor)}")
     print("payload:")
     # JSON escapes C0 controls itself; the rest (C1, bidi, separators) is made
     # visible line by line ("\n" only: a string may hold U+2028).

@@ -60,6 +60,7 @@ from .reads import (
     list_transitions,
     next_due_at,
 )
+from .transitions import EnqueuedId
 
 __all__ = [
     "COUNTER_KEYS",
@@ -71,6 +72,7 @@ __all__ = [
     "CancelResult",
     "Claim",
     "EnqueueResult",
+    "EnqueuedId",
     "Outcome",
     "RetryResult",
     "ack_dispatch",

@@ -37,9 +37,11 @@ from ..validate import (
     require_route,
 )
 from ..values import show
-from .inserts import insert_all, insert_plain
+from .coalesce import KEPT, CoalesceMode, grouped, require_coalesce
+from .inserts import insert_all, insert_coalesced, insert_plain
 from .machine import EnqueueResult, NewDispatch
 from .ordering import require_ordering_key
+from .transitions import EnqueuedId
 
 DEFAULT_MAX_ATTEMPTS: Final = 8
 
@@ -77,7 +79,23 @@ class EnqueueArgs(_RequiredArgs, total=False):
     priority: int
     """-10 to 10 (default 0): among due rows, a row of priority ``p`` goes
     as if it had become due ``p * priority_step_seconds`` earlier
-    (docs/controls.md#priority); it is never sent before it is due."""
+    (docs/controls.md); it is never sent before it is due."""
+    coalesce_key: str | None
+    """At most one row of this key waits unclaimed at any time
+    (docs/controls.md; checked as ``ordering_key``): what a second enqueue
+    of the key does is ``coalesce``."""
+    coalesce: CoalesceMode | None
+    """``"keep"`` (the default: the waiting row answers, nothing written),
+    ``"replace"`` (the waiting row is superseded by the new one) or
+    ``"debounce"`` (as replace, the new row due ``coalesce_seconds`` later);
+    only with a ``coalesce_key``."""
+    coalesce_seconds: float | None
+    """``debounce`` only (and required there): how long after the enqueue
+    the row falls due."""
+    coalesce_max_wait_seconds: float | None
+    """``debounce`` only: the latest the row falls due, counted from the
+    creation of the first row it (transitively) replaced; at least
+    ``coalesce_seconds``. None: no bound."""
 
 
 ENQUEUE_KEYS: Final = EnqueueArgs.__required_keys__ | EnqueueArgs.__optional_keys__
@@ -93,6 +111,10 @@ ENQUEUE_DEFAULTS: Final[Mapping[str, object]] = {
     "schedule_run_id": None,
     "ordering_key": None,
     "priority": DEFAULT_PRIORITY,
+    "coalesce_key": None,
+    "coalesce": None,
+    "coalesce_seconds": None,
+    "coalesce_max_wait_seconds": None,
 }
 
 
@@ -130,6 +152,12 @@ def prepare(
     run = require_optional_id("schedule_run_id", given["schedule_run_id"])
     ordering_key = require_ordering_key(given["ordering_key"])
     priority = require_priority(given["priority"])
+    coalesce = require_coalesce(
+        given["coalesce_key"],
+        given["coalesce"],
+        given["coalesce_seconds"],
+        given["coalesce_max_wait_seconds"],
+    )
     dispatch_id = uuid7_bytes().hex()
     # The ack token is a secret: 128 bits of the OS CSPRNG, never time-ordered.
     token = secrets.token_hex(16) if ack else None
@@ -154,6 +182,7 @@ def prepare(
         expires_at=expiry,
         ordering_key=ordering_key,
         priority=priority,
+        coalesce=coalesce,
         source=source,
         actor=actor,
         note=note,
@@ -273,7 +302,14 @@ async def enqueue_dispatch(
     db: Database, *, now: float | None = None, **args: Unpack[EnqueueArgs]
 ) -> str:
     """Commit one dispatch and its ``dispatch.pending.enqueued`` transition;
-    return its id.
+    return its id: a ``str`` (an :class:`~.transitions.EnqueuedId`, whose
+    ``outcome`` says ``inserted``, ``replaced`` or ``kept``; typed as
+    ``str``, as it always was).
+
+    With ``coalesce_key``, the key's row waiting unclaimed is kept (its id
+    returned, nothing written) or superseded by the new row in the same
+    transaction, as ``coalesce`` says (docs/controls.md); a dedup hit
+    answers before coalescing does.
 
     With ``dedup_key``, a key already committed returns that row's id and
     writes nothing -- including when a concurrent writer commits the same key
@@ -284,12 +320,12 @@ async def enqueue_dispatch(
     Passed a transaction handle, the row commits or rolls back with it.
     """
     with EnqueueCall.on(db) as call:
-        dispatch_id = await _commit_one(db, call.new(args), now)
-        call.written([dispatch_id])
-        return dispatch_id
+        result = await _commit_one(db, call.new(args), now)
+        call.written([result.id])
+        return EnqueuedId(result.id, result.outcome)
 
 
-async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> str:
+async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> EnqueueResult:
     if new.plain:
         # Coalesced with the other plain enqueues of the same group commit;
         # alone and unkeyed, it is one statement (PostgreSQL sends it alone).
@@ -297,8 +333,15 @@ async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> str:
             insert_plain, (new, clock_from(now)()), single=new.ordering_key is None
         )
         db.notify_enqueued()
-        return result.id
-    return (await commit_new(db, [new], clock_from(now)))[0].id
+        return result
+    if grouped(new):
+        # With the other coalescing enqueues of the same group commit: a
+        # few statements for them all.
+        result = await db.write_many(insert_coalesced, (new, clock_from(now)()))
+        if result.outcome != KEPT:
+            db.notify_enqueued()
+        return result
+    return (await commit_new(db, [new], clock_from(now)))[0]
 
 
 async def commit_new(
@@ -310,7 +353,7 @@ async def commit_new(
     """Write prepared dispatches in one transaction and wake this process's
     workers if any row is new."""
     results = await db.write(partial(insert_all, batch=batch, now=clock(), name_items=name_items))
-    if any(not result.dedup_hit for result in results):
+    if any(result.outcome != KEPT for result in results):
         db.notify_enqueued()
     return results
 

@@ -8,23 +8,35 @@ transaction; the edge check and the history rows are the state machine's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..errors import StoreError
 from ..lifecycle import Reason, Status
 from ..store.base import Conn
 from . import sql
-from .ordering import lock_keys
+from .coalesce import (
+    INSERTED,
+    KEPT,
+    REPLACED,
+    Placed,
+    place,
+    plan_group,
+    supersede_changes,
+    supersede_first,
+    supersede_stored,
+    waiting_rows,
+)
+from .ordering import lock_keys, promote
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
 
-def _enqueued(new: NewDispatch, now: float) -> Change:
+def _enqueued(new: NewDispatch, now: float, replaces: str | None = None) -> Change:
     return Change(
         new.id,
         None,
         Status.PENDING,
         Reason.ENQUEUED,
-        f"enqueued kind={new.kind}",
+        f"enqueued kind={new.kind}" + ("" if replaces is None else f", replaces {replaces}"),
         new.source,
         new.actor,
         now,
@@ -32,7 +44,8 @@ def _enqueued(new: NewDispatch, now: float) -> Change:
     )
 
 
-def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
+def _row(new: NewDispatch, now: float, placed: Placed | None = None) -> tuple[Any, ...]:
+    due = now if placed is None else placed.due
     return (
         new.id,
         new.kind,
@@ -41,10 +54,10 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.dedup_key,
         new.max_attempts,
         new.ordering_key,
-        now,
+        due,
         new.ordering_key,
         new.id,
-        now,
+        due,
         int(new.ack_required),
         new.ack_token,
         new.session_id,
@@ -58,13 +71,18 @@ def _row(new: NewDispatch, now: float) -> tuple[Any, ...]:
         new.priority,
         new.priority,
         new.priority,
+        None if new.coalesce is None else new.coalesce.key,
+        None if placed is None else placed.since,
+        None if placed is None else placed.not_before,
     )
 
 
 def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     """Insert one dispatch and its ``dispatch.pending.enqueued`` transition,
     or -- its dedup key already committed -- return that row's id and write
-    nothing. An unknown ``session_id``/``schedule_run_id`` is a ValueError
+    nothing. With a coalesce key, the key's waiting row is kept (nothing
+    written) or superseded first, in the same transaction
+    (:mod:`.coalesce`). An unknown ``session_id``/``schedule_run_id`` is a ValueError
     naming it."""
     for column, value, table, exists in (
         ("session_id", new.session_id, "sessions", sql.SESSION_EXISTS),
@@ -77,27 +95,59 @@ def insert_new(conn: Conn, new: NewDispatch, now: float) -> EnqueueResult:
     # PostgreSQL, the wait for a concurrent same-key transaction -- comes
     # before any read, and a read never sees a snapshot older than the
     # winner (a same-key race returns the winner's id).
-    lock_keys(conn, [new.ordering_key])
+    rule = new.coalesce
+    lock_keys(conn, [new.ordering_key, None if rule is None else rule.lock])
+    if rule is None:
+        return _insert(conn, new, now, None)
+    # Coalescing (docs/controls.md): a dedup hit answers first, then the
+    # key's waiting row decides (keep it, or supersede it).
+    if new.dedup_key is not None:
+        first = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
+        if first is not None:
+            return EnqueueResult(_text(first["id"]), True, KEPT)
+    # On PostgreSQL a plain enqueue of the same dedup key may commit after
+    # the read above: its row wins, and the supersede must not stand.
+    guarded = new.dedup_key is not None and bool(conn.dialect.key_locks)
+    if guarded:
+        conn.execute(f"SAVEPOINT {_GUARD}")
+    placed = place(conn, new, rule, now)
+    if isinstance(placed, str):
+        result = EnqueueResult(placed, False, KEPT)
+    else:
+        result = _insert(conn, new, now, placed)
+        if guarded and result.dedup_hit:
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_GUARD}")
+    if guarded:
+        conn.execute(f"RELEASE SAVEPOINT {_GUARD}")
+    return result
+
+
+_GUARD: Final = "trio_dispatch_coalesce"
+
+
+def _insert(conn: Conn, new: NewDispatch, now: float, placed: Placed | None) -> EnqueueResult:
+    replaces = None if placed is None else placed.superseded
     arrays = conn.dialect.arrays
+    row = _row(new, now, placed)
     if arrays is not None:  # row, history and NOTIFY in one round trip
-        entity_type, _, *history = transition_rows([_enqueued(new, now)])[0]
+        entity_type, _, *history = transition_rows([_enqueued(new, now, replaces)])[0]
         statement = sql.insert_dispatch_recorded(arrays)
-        params = (*_row(new, now), entity_type, *history)
-        if new.dedup_key is None:  # nothing can conflict: no result to read
+        params = (*row, entity_type, *history)
+        if new.dedup_key is None and placed is None:  # nothing can conflict: no result to read
             conn.send(statement, params)
-            return EnqueueResult(new.id, False)
+            return EnqueueResult(new.id, False, INSERTED)
         inserted = conn.query_one(statement, params) is not None
     else:
-        inserted = conn.execute(sql.INSERT_DISPATCH, _row(new, now)) != 0
+        inserted = conn.execute(sql.INSERT_DISPATCH, row) != 0
         if inserted:
-            record(conn, [_enqueued(new, now)])
+            record(conn, [_enqueued(new, now, replaces)])
             conn.announce_enqueue()
     if inserted:
-        return EnqueueResult(new.id, False)
+        return EnqueueResult(new.id, False, INSERTED if replaces is None else REPLACED)
     winner = conn.query_one(sql.SELECT_BY_DEDUP_KEY, (new.dedup_key,))
     if winner is None:
         raise StoreError(f"dedup_key {new.dedup_key!r} conflicted but no row holds it")
-    return EnqueueResult(_text(winner["id"]), True)
+    return EnqueueResult(_text(winner["id"]), True, KEPT)
 
 
 def _text(value: object) -> str:
@@ -156,9 +206,91 @@ def insert_all(
 
     # Every key of the batch locked at once, in the one order: the items
     # below take their keys one by one, in the batch's order.
-    lock_keys(conn, [new.ordering_key for new in batch])
+    lock_keys(
+        conn,
+        [new.ordering_key for new in batch]
+        + [new.coalesce.lock for new in batch if new.coalesce is not None],
+    )
     plain = [new for new in batch if new.plain]
     if len(plain) < 2:
         return [one(index, new) for index, new in enumerate(batch)]
     done = {result.id: result for result in insert_plain(conn, [(new, now) for new in plain])}
     return [done[new.id] if new.id in done else one(index, new) for index, new in enumerate(batch)]
+
+
+def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> list[EnqueueResult]:
+    """The coalescing enqueues of a group commit (each
+    :func:`~.coalesce.grouped`), each at its own ``now``, as if enqueued one
+    after the other in this order, in a few statements for the whole group:
+    the keys' locks, their waiting rows, the supersede of those the group
+    replaces, the new rows with their transitions, the supersedes'
+    transitions. A waiting row a claim takes meanwhile is left alone (its
+    key's first item is then an insert); a waiting row with an ordering key
+    (its key's next row may have to be made due) sends the group one by
+    one (:func:`insert_new`)."""
+    lock_keys(conn, [new.coalesce.lock for new, _ in items if new.coalesce is not None])
+    firsts: dict[str, tuple[NewDispatch, float]] = {}
+    for new, now in items:
+        assert new.coalesce is not None
+        firsts.setdefault(new.coalesce.key, (new, now))
+    arrays = conn.dialect.arrays
+    if arrays is not None:
+        # PostgreSQL: each key's waiting row superseded by its first item
+        # when that one replaces, with its transition, in one statement
+        # without a read; only the keys whose first item keeps are read.
+        keeping = sorted(key for key, (new, _) in firsts.items() if _mode(new) == "keep")
+        kept = waiting_rows(conn, keeping) if keeping else {}
+        if any(row["ordering_key"] is not None for row in kept.values()):
+            return [insert_new(conn, new, now) for new, now in items]
+        replacing = [(key, new, now) for key, (new, now) in firsts.items() if _mode(new) != "keep"]
+        superseded = supersede_first(conn, arrays, replacing) if replacing else {}
+        moved = [row["ordering_key"] for row in superseded.values()]
+        if any(key is not None for key in moved):
+            # A row of an ordering key left it: its next row may go.
+            lock_keys(conn, moved)
+            promote(conn, moved, max(now for _, now in items))
+        waiting = {**superseded, **kept}
+        already = {_text(row["id"]) for row in superseded.values()}
+        plan = plan_group(items, waiting, already)
+    else:
+        waiting = waiting_rows(conn, sorted(firsts))
+        if any(row["ordering_key"] is not None for row in waiting.values()):
+            return [insert_new(conn, new, now) for new, now in items]
+        already = set()
+        plan = plan_group(items, waiting)
+    if plan.stored:
+        done = supersede_stored(conn, plan.stored)
+        if len(done) < len(plan.stored):  # a claim took some first: plan again without them
+            gone = set(plan.stored) - done
+            still = {k: r for k, r in waiting.items() if _text(r["id"]) not in gone}
+            plan = plan_group(items, still, already)
+    if plan.rows:
+        changes = [_enqueued(new, now, placed.superseded) for new, now, placed, _ in plan.rows]
+        rows = [
+            (*row[:5], status, *row[5:])
+            for row, status in (
+                (_row(new, now, placed), status) for new, now, placed, status in plan.rows
+            )
+        ]
+        if arrays is not None:  # row, history and NOTIFY, one statement a row, pipelined
+            statement = sql.insert_dispatch_as_recorded(arrays)
+            recorded = [
+                (*row, entity_type, *history)
+                for row, (entity_type, _, *history) in zip(
+                    rows, transition_rows(changes), strict=True
+                )
+            ]
+            if len(recorded) == 1:
+                conn.execute(statement, recorded[0])
+            else:
+                conn.executemany(statement, recorded)
+        else:
+            conn.executemany(sql.INSERT_DISPATCH_AS, rows)
+            record(conn, changes)
+            conn.announce_enqueue()
+    record(conn, supersede_changes(plan))
+    return [EnqueueResult(dispatch_id, False, outcome) for dispatch_id, outcome in plan.results]
+
+
+def _mode(new: NewDispatch) -> str:
+    return "keep" if new.coalesce is None else new.coalesce.mode

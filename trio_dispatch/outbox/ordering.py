@@ -97,14 +97,19 @@ def require_policy(name: str, value: object) -> OrderingPolicy:
     return "block" if value == "block" else "skip"
 
 
+_DUE_NOT_BEFORE: Final = "CASE WHEN {t}not_before > ? THEN {t}not_before ELSE ? END"
+# A debounced row (docs/controls.md) made due goes no earlier than its
+# not_before (NULL for every other row: the comparison is not true).
+
 PROMOTE: Final = (
-    "UPDATE dispatch_outbox SET next_attempt_at = ? WHERE id = ("
+    f"UPDATE dispatch_outbox SET next_attempt_at = {_DUE_NOT_BEFORE.format(t='')} WHERE id = ("
     "SELECT k.id FROM dispatch_outbox k WHERE k.ordering_key = ? AND k.ordering_key IS NOT NULL "
     f"AND k.{ORDERED_SQL} AND k.{DUE_SQL} ORDER BY k.key_seq, k.id LIMIT 1) "
     f"AND status = '{Status.PENDING}' AND next_attempt_at >= {WAITING_AT!r}"
 )
-"""Make the lowest live row of the key (second parameter) due at the first
-parameter, if it waits."""
+"""Make the lowest live row of the key (third parameter) due at the first
+parameter (given twice; a debounced row's ``not_before`` if later), if it
+waits."""
 
 # The key's lowest live row: a probe of the ordering index.
 _HEAD: Final = (
@@ -120,7 +125,7 @@ def promote_many(arrays: ArrayForms) -> str:
     ordering index and a primary-key update per key; an ``IN`` or ``ANY``
     form would read the waiting rows of the due index instead)."""
     return (
-        "UPDATE dispatch_outbox d SET next_attempt_at = ? "
+        f"UPDATE dispatch_outbox d SET next_attempt_at = {_DUE_NOT_BEFORE.format(t='d.')} "
         f"FROM {arrays.each('u', (('key', 'text'),), _HEAD, 'head')} "
         f"WHERE d.id = head.id AND d.status = '{Status.PENDING}' "
         f"AND d.next_attempt_at >= {WAITING_AT!r}"
@@ -188,10 +193,10 @@ def promote(conn: Conn, keys: Iterable[str | None], now: float) -> None:
         return
     arrays = conn.dialect.arrays
     if arrays is not None:
-        conn.execute(promote_many(arrays), (now, wanted))
+        conn.execute(promote_many(arrays), (now, now, wanted))
         return
     for key in wanted:
-        conn.execute(PROMOTE, (now, key))
+        conn.execute(PROMOTE, (now, now, key))
 
 
 # -- what operators see ------------------------------------------------------------

@@ -21,6 +21,7 @@ from . import sql
 from .claim import NO_RULES, ClaimRules
 from .claim.keys import claimable
 from .claim.scan import next_due
+from .coalesce import require_coalesce
 from .ordering import (
     BLOCKED_KEYS_CAP,
     DEFAULT_ORDERING_POLICY,
@@ -117,7 +118,7 @@ async def get_dispatch(db: Database, dispatch_id: str) -> dict[str, Any] | None:
 
 
 def _filters(
-    status: str | None, kind: str | None, ordering_key: str | None
+    status: str | None, kind: str | None, ordering_key: str | None, coalesce_key: str | None = None
 ) -> tuple[list[str], list[object]] | None:
     """The ``?`` terms of a list's filters and their values; None when no
     row can match (a NUL: the same answer on every engine)."""
@@ -128,9 +129,16 @@ def _filters(
         if not findable(kind):
             return None
     ordering_key = require_ordering_key(ordering_key)
+    rule = require_coalesce(coalesce_key)
+    coalesce_key = None if rule is None else rule.key
     clauses: list[str] = []
     params: list[object] = []
-    for column, value in (("status", status), ("kind", kind), ("ordering_key", ordering_key)):
+    for column, value in (
+        ("status", status),
+        ("kind", kind),
+        ("ordering_key", ordering_key),
+        ("coalesce_key", coalesce_key),
+    ):
         if value is not None:
             clauses.append(f"{column} = ?")
             params.append(value)
@@ -144,12 +152,14 @@ async def list_dispatches(
     limit: int = DEFAULT_LIST_LIMIT,
     kind: str | None = None,
     ordering_key: str | None = None,
+    coalesce_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Rows newest first, optionally of one ``status`` (one of the six),
-    ``kind`` and ``ordering_key`` (checked as enqueue checks it), at most
+    ``kind``, ``ordering_key`` and ``coalesce_key`` (checked as enqueue
+    checks them), at most
     ``limit``."""
     limit = require_int("limit", limit, minimum=1)
-    found = _filters(status, kind, ordering_key)
+    found = _filters(status, kind, ordering_key, coalesce_key)
     if found is None:
         return []
     clauses, params = found
@@ -292,16 +302,22 @@ async def list_page(
     ordering_key: str | None = None,
     before: tuple[float, str] | None = None,
     limit: int = DEFAULT_LIST_LIMIT,
+    coalesce_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """One page of :func:`list_dispatches`: rows newest first that come
     after ``before`` (the ``(created_at, id)`` of the last row of the
     previous page), at most ``limit``."""
     if before is None:
         return await list_dispatches(
-            db, status=status, kind=kind, ordering_key=ordering_key, limit=limit
+            db,
+            status=status,
+            kind=kind,
+            ordering_key=ordering_key,
+            coalesce_key=coalesce_key,
+            limit=limit,
         )
     limit = require_int("limit", limit, minimum=1)
-    found = _filters(status, kind, ordering_key)
+    found = _filters(status, kind, ordering_key, coalesce_key)
     if found is None:
         return []
     clauses, params = found
@@ -399,6 +415,25 @@ async def waiting_behind(
     dispatch_id = str(row["id"])
     found = await db.read(lambda conn: ahead_of(conn, str(key), dispatch_id, ordering))
     return None if found is None else {"id": str(found["id"]), "status": str(found["status"])}
+
+
+_SUPERSEDED_BY: Final = (
+    "SELECT reason_summary FROM status_transitions WHERE entity_type = ? AND entity_id = ? "
+    "AND reason_code = ? ORDER BY id DESC LIMIT 1"
+)
+
+
+async def superseded_by(db: Database, row: Mapping[str, Any]) -> str | None:
+    """The id of the row that superseded ``row`` (docs/controls.md: its
+    transition names it), or None: not superseded."""
+    if row.get("status") != Status.SUPERSEDED:
+        return None
+    dispatch_id = str(row["id"])
+    found = await db.read(
+        lambda conn: conn.query_one(_SUPERSEDED_BY, (ENTITY_TYPE, dispatch_id, Reason.COALESCED))
+    )
+    summary = "" if found is None else str(found["reason_summary"])
+    return summary.rsplit(" ", 1)[-1] if summary.startswith("superseded by ") else None
 
 
 async def list_blocked_heads(

@@ -46,21 +46,30 @@ _KEY_SEQ: Final = (
 )
 
 INSERT_DISPATCH: Final = (
-    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start) "
+    f"INSERT INTO dispatch_outbox ({COLUMNS}, key_seq, priority, head_start, coalesce_key, "
+    "coalesce_since, not_before) "
     f"VALUES (?, ?, ?, ?, ?, '{Status.PENDING}', 0, ?, {_DUE_OR_WAITING}, ?, ?, ?, ?, NULL, "
-    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}) "
+    f"?, ?, ?, ?, {_KEY_SEQ}, ?, {HEAD_START}, ?, ?, ?) "
     "ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 )
 """A new pending row (id, kind, deliver_to, payload, dedup_key, max_attempts,
 then for ``next_attempt_at`` the ordering key, the due time, the key, the
 id and the due time again, then ack_required, ack_token, session_id, schedule_run_id,
 created_at, expires_at, updated_at, ordering_key, for ``key_seq`` the
-key twice, then the priority, and for ``head_start`` the priority twice):
-due at once, or -- keyed and behind a live row of its key -- waiting
+key twice, then the priority, for ``head_start`` the priority twice, then
+the coalesce key, ``coalesce_since`` and ``not_before``): due at its due
+time (now, unless a debounce says later), or -- keyed and behind a live row of its key -- waiting
 (:data:`WAITING_AT`), last in its key; its head start the priority times
 the store's step (:mod:`trio_dispatch.priority`). A dedup key already
 committed inserts nothing (the partial unique index is the final
 authority)."""
+
+INSERT_DISPATCH_AS: Final = INSERT_DISPATCH.replace(f"'{Status.PENDING}', 0,", "?, 0,", 1)
+""":data:`INSERT_DISPATCH` with the status as a parameter (after
+``max_attempts``): a coalescing batch inserts each row its own later
+items supersede as ``superseded`` at once (:mod:`.coalesce`), so a key
+never has two waiting rows, not even inside the batch's transaction."""
+assert INSERT_DISPATCH_AS != INSERT_DISPATCH
 
 INSERT_TRANSITION: Final = (
     "INSERT INTO status_transitions (entity_type, entity_id, previous_status, status, "
@@ -76,6 +85,13 @@ def insert_dispatch_recorded(arrays: ArrayForms) -> str:
     row's, then the transition's without its ``entity_id``. Returns the new
     id, or no row when the dedup key is taken."""
     return arrays.record_insert(INSERT_DISPATCH)
+
+
+@functools.cache
+def insert_dispatch_as_recorded(arrays: ArrayForms) -> str:
+    """:data:`INSERT_DISPATCH_AS`, its transition row and the enqueue
+    notice in one statement (as :func:`insert_dispatch_recorded`)."""
+    return arrays.record_insert(INSERT_DISPATCH_AS)
 
 
 SELECT_BY_DEDUP_KEY: Final = "SELECT id FROM dispatch_outbox WHERE dedup_key = ?"
@@ -101,10 +117,14 @@ PRUNE_SCHEDULE_RUNS: Final = """
 """A schedule's runs no dispatch refers to, its newest excepted (docs/schedules.md)."""
 
 
-READ_COLUMNS: Final = f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request"
+READ_COLUMNS: Final = (
+    f"{COLUMNS}, throttles, priority, cancel_requested_at, cancel_request, coalesce_key, "
+    "coalesce_since, not_before"
+)
 """What reads show of a row: every column of :data:`COLUMNS`, the
-throttled attempts (docs/destinations.md), the priority and a running attempt's
-cancel, when one was asked for and by whom (docs/controls.md)."""
+throttled attempts (docs/destinations.md), the priority, a running attempt's
+cancel, when one was asked for and by whom, and its coalescing: key, when
+its chain began, a debounce's due time (docs/controls.md)."""
 
 
 def list_newest(where: str) -> str:

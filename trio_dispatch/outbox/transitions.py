@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from ..attempt import Delivery
 from ..lifecycle import (
@@ -28,6 +28,9 @@ from ..lifecycle import (
 from ..store.base import Conn
 from . import sql
 
+if TYPE_CHECKING:
+    from .coalesce import Coalesce
+
 MAX_RETRY_AFTER_SECONDS: Final = 86400.0
 """The longest a destination's ``Retry-After`` may delay the next attempt."""
 
@@ -35,12 +38,50 @@ COUNTER_KEYS: Final = ("attempted", "delivered", "dead_letter", "expired", "retr
 """The counters of a delivery pass (docs/usage.md says what each counts)."""
 
 
-class EnqueueResult(NamedTuple):
-    """One enqueue's outcome: the row's id, and whether an existing row with
-    the same dedup key answered instead of a new one."""
-
+class _IdAndHit(NamedTuple):
     id: str
     dedup_hit: bool
+
+
+class EnqueueResult(_IdAndHit):
+    """One enqueue's outcome: the row's id, and whether an existing row with
+    the same dedup key answered instead of a new one. It unpacks and
+    compares as that pair, ``(id, dedup_hit)``; :attr:`outcome` says what
+    the enqueue did: ``"inserted"`` (a new row), ``"replaced"`` (a new row
+    in place of its coalesce key's waiting row, now ``superseded``) or
+    ``"kept"`` (an existing row answered -- a dedup hit, or a coalesce
+    ``keep`` -- and nothing was written)."""
+
+    outcome: str
+
+    def __new__(cls, id: str, dedup_hit: bool, outcome: str | None = None) -> EnqueueResult:
+        made = super().__new__(cls, id, dedup_hit)
+        made.outcome = outcome or ("kept" if dedup_hit else "inserted")
+        return made
+
+    def __repr__(self) -> str:
+        return (
+            f"EnqueueResult(id={self.id!r}, dedup_hit={self.dedup_hit!r}, outcome={self.outcome!r})"
+        )
+
+    def __reduce__(self) -> tuple[object, tuple[str, bool, str]]:
+        return (EnqueueResult, (self.id, self.dedup_hit, self.outcome))
+
+
+class EnqueuedId(str):
+    """The id :func:`~trio_dispatch.enqueue_dispatch` returns: a ``str``
+    like any id, with the enqueue's :attr:`outcome` (see
+    :class:`EnqueueResult`)."""
+
+    outcome: str
+
+    def __new__(cls, value: str, outcome: str = "inserted") -> EnqueuedId:
+        made = super().__new__(cls, value)
+        made.outcome = outcome
+        return made
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (EnqueuedId, (str(self), self.outcome))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,11 +108,19 @@ class NewDispatch:
     actor: str = ACTOR_ENQUEUE
     note: str = "{}"
     """The first transition's metadata (JSON text)."""
+    coalesce: Coalesce | None = None
+    """Its coalescing (docs/controls.md), if it has a ``coalesce_key``."""
 
     @property
     def plain(self) -> bool:
-        """No dedup key and no provenance link: nothing to look up first."""
-        return self.dedup_key is None and self.session_id is None and (self.schedule_run_id is None)
+        """No dedup key, no provenance link and no coalesce key: nothing to
+        look up first."""
+        return (
+            self.dedup_key is None
+            and self.session_id is None
+            and self.schedule_run_id is None
+            and self.coalesce is None
+        )
 
 
 @dataclasses.dataclass(frozen=True)

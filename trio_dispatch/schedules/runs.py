@@ -115,6 +115,10 @@ class Fired:
     origin: str
     run_id: str
     dispatch_id: str
+    outcome: str = "inserted"
+    """What the tick's enqueue did (docs/controls.md): ``inserted``,
+    ``replaced`` (its coalesce key's waiting dispatch superseded) or
+    ``kept`` (that dispatch answered; ``dispatch_id`` is its id)."""
 
 
 def iso(stamp: float) -> str:
@@ -255,6 +259,9 @@ def _dispatch(
         "priority": schedule.priority,
         "schedule_run_id": run_id,
     }
+    for field in ("coalesce_key", "coalesce", "coalesce_seconds", "coalesce_max_wait_seconds"):
+        if getattr(schedule, field) is not None:
+            args[field] = getattr(schedule, field)
     if schedule.max_attempts is not None:
         args["max_attempts"] = schedule.max_attempts
     if schedule.expires_after_seconds is not None:
@@ -288,7 +295,7 @@ def _write_run(
         return None  # the tick has its run already
     new = _dispatch(call, schedule, run_id, scheduled_for, origin)
     result = insert_new(conn, new, now)
-    return Fired(schedule.name, scheduled_for, origin, run_id, result.id)
+    return Fired(schedule.name, scheduled_for, origin, run_id, result.id, result.outcome)
 
 
 def fire(

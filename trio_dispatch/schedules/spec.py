@@ -25,6 +25,7 @@ from typing import Any, Final, Literal, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError
+from ..outbox.coalesce import require_coalesce
 from ..outbox.ordering import require_ordering_key
 from ..priority import DEFAULT_PRIORITY, require_priority
 from ..validate import (
@@ -76,8 +77,21 @@ ENQUEUE_FIELDS: Final = (
     "ordering_key",
     "expires_after_seconds",
     "priority",
+    "coalesce_key",
+    "coalesce",
+    "coalesce_seconds",
+    "coalesce_max_wait_seconds",
 )
 """The enqueue arguments a schedule may set for each of its dispatches."""
+_NEWER_FIELDS: Final = (
+    "priority",
+    "coalesce_key",
+    "coalesce",
+    "coalesce_seconds",
+    "coalesce_max_wait_seconds",
+)
+"""Fields a definition written before them leaves out: at their default they
+stay out of the fingerprint (a rolling upgrade changes no definition)."""
 
 
 def _every_seconds(label: str, value: object) -> int:
@@ -147,6 +161,16 @@ class Schedule:
     """Each dispatch expires this long after its tick (None: never)."""
     priority: int = DEFAULT_PRIORITY
     """Each dispatch's priority, -10 to 10 (docs/controls.md)."""
+    coalesce_key: str | None = None
+    """Each dispatch's coalesce key (docs/controls.md): a tick whose previous
+    dispatch still waits unclaimed keeps it, replaces it or debounces, as
+    ``coalesce`` says; a replace is recorded with the source ``scheduler``."""
+    coalesce: str | None = None
+    """``keep`` (the default with a key), ``replace`` or ``debounce``."""
+    coalesce_seconds: float | None = None
+    """``debounce``: how long after the tick its dispatch falls due."""
+    coalesce_max_wait_seconds: float | None = None
+    """``debounce``: the latest it falls due after its chain's first row."""
     where: str = dataclasses.field(default="", repr=False, compare=False)
     """How errors name this schedule (``schedules.NAME.`` from the file)."""
 
@@ -177,6 +201,12 @@ class Schedule:
             if self.ordering_key is not None:
                 require_ordering_key(self.ordering_key)
             require_priority(self.priority)
+            require_coalesce(
+                self.coalesce_key,
+                self.coalesce,
+                self.coalesce_seconds,
+                self.coalesce_max_wait_seconds,
+            )
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{at}{exc}") from None
         if self.missed not in MISSED_POLICIES:
@@ -217,10 +247,9 @@ class Schedule:
             "jitter_seconds": self.jitter_seconds,
             **{field: getattr(self, field) for field in ENQUEUE_FIELDS},
         }
-        if not self.priority:
-            # Left out at its default, so a definition from before priorities
-            # keeps its fingerprint (a rolling upgrade changes no definition).
-            del definition["priority"]
+        for field in _NEWER_FIELDS:
+            if not definition[field]:
+                del definition[field]
         text = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
@@ -275,6 +304,11 @@ class Schedule:
             "catch_up_seconds": self.catch_up_seconds,
             "jitter_seconds": self.jitter_seconds,
             "priority": self.priority,
+            **{
+                field: getattr(self, field)
+                for field in _NEWER_FIELDS[1:]
+                if getattr(self, field) is not None
+            },
             "fingerprint": self.fingerprint,
         }
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from .pg_statements import ARRAYS as _POSTGRES_ARRAYS
 from .pg_statements import CANCEL_CHANNEL as CANCEL_CHANNEL
 from .pg_statements import CHANNEL as CHANNEL
+from .placeholders import Replanned as Replanned
 from .placeholders import Typed as Typed
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class ArrayForms(Protocol):
 
     def record_finish(self, columns: Sequence[str], types: Sequence[str], update: str) -> str:
         """The finish of many attempts and the transitions of those that applied."""
+
+    def record_supersede(self, term: str, guard: str, status: str, reason: str) -> str:
+        """The waiting rows of many coalesce keys superseded, each with its
+        transition naming its successor, at once."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from ..redact import (
 )
 from ..values import show
 from .base import ConnectionLostError, Row, StoreError
-from .dialect import POSTGRES, Typed
+from .dialect import POSTGRES, Replanned, Typed
 from .placeholders import to_paramstyle
 from .watchdog import Watch, Watchdog, shut_socket
 
@@ -337,8 +337,12 @@ class PostgresConn:
             send()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        prepare = False if isinstance(sql, Replanned) else None
         with self._conn.cursor() as cursor:
-            self._send(lambda: cursor.execute(placeholders(sql), tuple(params)), bool(params))
+            self._send(
+                lambda: cursor.execute(placeholders(sql), tuple(params), prepare=prepare),
+                bool(params),
+            )
             return cursor.rowcount
 
     def send(self, sql: str, params: Sequence[Any] = ()) -> None:
@@ -350,8 +354,12 @@ class PostgresConn:
             return cursor.rowcount
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        prepare = False if isinstance(sql, Replanned) else None
         with self._conn.cursor(row_factory=dict_row) as cursor:
-            self._send(lambda: cursor.execute(placeholders(sql), tuple(params)), bool(params))
+            self._send(
+                lambda: cursor.execute(placeholders(sql), tuple(params), prepare=prepare),
+                bool(params),
+            )
             return list(cursor.fetchall()) if cursor.description else []
 
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:

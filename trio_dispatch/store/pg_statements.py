@@ -125,5 +125,37 @@ class PostgresArrays:
             "SELECT id FROM done"
         )
 
+    def record_supersede(self, term: str, guard: str, status: str, reason: str) -> str:
+        """The rows waiting under ``term`` (a condition on their columns;
+        ``guard``, the same on ``d`` without the key's) whose
+        coalesce key is one of an array's, set to ``status`` at each key's
+        time, with each one's transition row naming its key's successor,
+        in one statement. Parameters: arrays of the keys, the successors'
+        ids, the times, the summaries, the metadata (JSON), the sources and
+        the actors; then the entity type. Answers the rows it changed:
+        ``id``, ``coalesce_key``, ``created_at``, ``coalesce_since``,
+        ``ordering_key``."""
+        source = self.rows(
+            ("text", "text", "float8", "text", "json", "text", "text"), numbered=True
+        )
+        # One probe of the key's index per key (LIMIT 1 keeps the planner
+        # from joining the whole array against the index, which read every
+        # waiting row: 19 ms a group of 44 among 1,000), then each row by
+        # its primary key, guarded on its still waiting (``guard``: without
+        # the key's term, so the planner keeps to the primary key).
+        return (
+            f"WITH f(key, successor, now, summary, meta, source, actor, n) AS ({source}), "
+            "w AS (SELECT k.id, f.n FROM f CROSS JOIN LATERAL (SELECT o.id FROM dispatch_outbox o "
+            f"WHERE o.coalesce_key = f.key AND {term} LIMIT 1) AS k), "
+            f"up AS (UPDATE dispatch_outbox d SET status = '{status}', updated_at = f.now "
+            f"FROM w JOIN f ON f.n = w.n WHERE d.id = w.id AND {guard} "
+            "RETURNING d.id, d.coalesce_key, d.created_at, d.coalesce_since, d.ordering_key), "
+            f"recorded AS ({_HISTORY} "
+            f"SELECT ?::text, up.id, '{Status.PENDING}', '{status}', '{reason}', f.summary, "
+            "f.source, f.actor, '[]', f.meta, f.now FROM up JOIN f ON f.key = up.coalesce_key "
+            "ORDER BY f.n) "
+            "SELECT * FROM up"
+        )
+
 
 ARRAYS: Final = PostgresArrays()

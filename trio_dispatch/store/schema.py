@@ -34,7 +34,12 @@ the claim by priority (docs/controls.md): each row's ``priority`` and
 ``head_start``, the store-wide settings that hold the step a head start is
 made of, the due and destination indexes keyed by the claim rank
 (``next_attempt_at - head_start``) in place of ``next_attempt_at``, and the
-two small indexes of held-back rows.
+two small indexes of held-back rows. Version 15 coalesces enqueues
+(docs/controls.md): each row's ``coalesce_key``, when its chain of superseded rows
+began (``coalesce_since``) and the earliest a debounced row may go
+(``not_before``), with a partial unique index of the key over the rows
+still waiting and never claimed, so one key has at most one such row
+whoever writes it.
 
 The status lists in the DDL come from :mod:`trio_dispatch.lifecycle`; the
 statements are written once, in SQLite's spelling, and the connection's
@@ -480,6 +485,41 @@ _V14: Final[tuple[Step, ...]] = (
     """,
 )
 
+COALESCE_INDEX: Final = "ux_dispatch_outbox_coalesce_waiting"
+"""At most one row per coalesce key among the rows waiting and never
+claimed (version 15). A query that wants it repeats
+:data:`COALESCE_WAITING_TERM`."""
+COALESCE_WAITING_TERM: Final = (
+    f"coalesce_key IS NOT NULL AND status = '{Status.PENDING}' AND attempt = 0 "
+    "AND updated_at = created_at"
+)
+"""A row a coalescing enqueue may keep or supersede: pending and never
+touched since its insert. A claim, a retry's reset, an ack's wait: every
+write that moves a row out of its first wait sets ``updated_at``, so
+``attempt = 0`` alone would count a dead-lettered row an operator retried
+(its attempt reset) as never claimed."""
+
+_V15: Final[tuple[Step, ...]] = (
+    # Coalescing (docs/controls.md). Rows from before have no key: the index
+    # leaves them out, and nothing about them changes.
+    "ALTER TABLE dispatch_outbox ADD COLUMN coalesce_key TEXT NULL",
+    # created_at of the first row of a chain of superseded rows: a debounce
+    # is due no later than this plus its max wait, however often replaced.
+    "ALTER TABLE dispatch_outbox ADD COLUMN coalesce_since FLOAT NULL",
+    # A debounced row's due time, kept apart from next_attempt_at: a keyed
+    # row waits behind its key's head (next_attempt_at far away) and, made
+    # due when the head leaves, still goes no earlier than this.
+    "ALTER TABLE dispatch_outbox ADD COLUMN not_before FLOAT NULL",
+    # The authority behind "one waiting row per key", on every engine and
+    # inside a caller's own transaction: two enqueues that both found no
+    # waiting row cannot both insert one.
+    f"""
+    CREATE UNIQUE INDEX IF NOT EXISTS {COALESCE_INDEX}
+        ON dispatch_outbox (coalesce_key)
+        WHERE {COALESCE_WAITING_TERM}
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -495,6 +535,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V12,
     _V13,
     _V14,
+    _V15,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 

@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, quote, urlencode
 
 from anyio.abc import TaskGroup
 
+from ..outbox.coalesce import require_coalesce
 from ..outbox.ordering import (
     DEFAULT_ORDERING_POLICY,
     OrderingPolicy,
@@ -465,6 +466,8 @@ class WebApp:
         kind = query.get("kind") or None
         try:
             ordering_key = require_ordering_key(query.get("ordering_key") or None)
+            rule = require_coalesce(query.get("coalesce_key") or None)
+            coalesce_key = None if rule is None else rule.key
         except ValueError as exc:
             raise BadQuery(str(exc)) from None
         before: tuple[float, str] | None = None
@@ -480,6 +483,7 @@ class WebApp:
             status=status,
             kind=kind,
             ordering_key=ordering_key,
+            coalesce_key=coalesce_key,
             before=before,
             limit=PAGE_SIZE + 1,
         )
@@ -494,6 +498,7 @@ class WebApp:
                         "status": status,
                         "kind": kind,
                         "ordering_key": ordering_key,
+                        "coalesce_key": coalesce_key,
                         "before": f"{float(last['created_at'])!r},{last['id']}",
                         "refresh": str(refresh) if refresh else None,
                     }.items()
@@ -525,6 +530,7 @@ class WebApp:
                 "status": status,
                 "kind": kind,
                 "ordering_key": ordering_key,
+                "coalesce_key": coalesce_key,
                 "before": query.get("before") if before is not None else None,
             }.items()
             if value
@@ -535,6 +541,7 @@ class WebApp:
             status=status,
             kind=kind,
             ordering_key=ordering_key,
+            coalesce_key=coalesce_key,
             next_page=next_page,
             worker=worker,
             now=now,
@@ -546,15 +553,21 @@ class WebApp:
             destinations=await self.destinations.summary(),
             waiting=await waiting_ids(self.db, rows, self.ordering),
         )
-        body = await self._toolbar(identity, status, kind, ordering_key) + body
+        body = await self._toolbar(identity, status, kind, ordering_key, coalesce_key) + body
         return pages.page("Outbox", body, self.store_label, refresh=refresh)
 
     async def _toolbar(
-        self, identity: Identity, status: str | None, kind: str | None, ordering_key: str | None
+        self,
+        identity: Identity,
+        status: str | None,
+        kind: str | None,
+        ordering_key: str | None,
+        coalesce_key: str | None = None,
     ) -> str:
         """For an operator: the bulk actions of the listed filter, the
         replay's form, a blocked key's head with its retry and purge, and the
-        session's logout."""
+        session's logout. A list filtered by coalesce key offers no bulk
+        action: they take no such filter, and would act beyond the list."""
         if self.actions is None:
             return ""
         parts = [action_form("/logout", "Log out", identity)]
@@ -573,7 +586,7 @@ class WebApp:
                     + self._row_actions(head_id, str(head["status"]), identity)
                 )
         links = []
-        if status is not None:
+        if status is not None and coalesce_key is None:
             fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
             query = urlencode({k: v for k, v in fields.items() if v})
             links = [

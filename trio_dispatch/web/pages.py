@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
 from urllib.parse import urlencode
 
-from ..lifecycle import STATUSES, Status
+from ..lifecycle import STATUSES, Reason, Status
 from ..outbox.reads import AWAITING_ACK
 from ..redact import MASK, visible
 from ..times import relative_time
@@ -150,6 +150,7 @@ def overview(
     next_page: str | None,
     worker: Mapping[str, Any] | None,
     ordering_key: str | None = None,
+    coalesce_key: str | None = None,
     now: float,
     labels: Sequence[str] | None = None,
     failures: Sequence[Mapping[str, Any]] = (),
@@ -225,6 +226,8 @@ def overview(
         f'<label>kind <input name=kind value="{text(kind or "")}" placeholder="any kind"></label>'
         f'<label>ordering key <input name=ordering_key value="{text(ordering_key or "")}" '
         'placeholder="any key"></label>'
+        f'<label>coalesce key <input name=coalesce_key value="{text(coalesce_key or "")}" '
+        'placeholder="any key"></label>'
         '<button type=submit>Filter</button> <a href="/">clear</a></form>'
     )
     heading = (
@@ -232,6 +235,7 @@ def overview(
         + (f": {text(status)}" if status else "")
         + (f", kind {text(kind)}" if kind else "")
         + (f", ordering key {text(ordering_key)}" if ordering_key else "")
+        + (f", coalesce key {text(coalesce_key)}" if coalesce_key else "")
     )
     body = (
         f"{refresh_links(here or {}, refresh)}"
@@ -551,10 +555,20 @@ def detail(
             ("dedup key", text(row["dedup_key"] or "-")),
             ("ordering key", text(row.get("ordering_key") or "-")),
             ("priority", priority_text(row)),
+            ("coalesce key", coalescing_text(row, now)),
             ("ack required", "yes" if row["ack_required"] else "no"),
             ("ack token", text(row["ack_token"] or "-")),
             ("last error", f"<span class=err>{text(row['last_error'] or '-')}</span>"),
         ]
+        successor = superseded_by(history) if row["status"] == "superseded" else None
+        if successor is not None:
+            fields.append(
+                (
+                    "superseded by",
+                    f'<a class=mono id=successor href="{dispatch_link(successor)}">'
+                    f"{text(successor)}</a>",
+                )
+            )
         if behind is not None:
             fields.append(
                 (
@@ -594,6 +608,30 @@ def detail(
         parts.append("<p class=muted>No history.</p>")
     parts.append('<p><a href="/">&larr; all dispatches</a></p>')
     return "".join(parts)
+
+
+def coalescing_text(row: Mapping[str, Any], now: float) -> str:
+    """A row's coalesce key (docs/controls.md) linked to the list of its
+    rows, with when its chain began and a debounce's due time; ``-``."""
+    key = row.get("coalesce_key")
+    if key is None:
+        return "-"
+    said = f'<a class=mono href="{text(_link({"coalesce_key": str(key)}))}">{text(key)}</a>'
+    since = row.get("coalesce_since")
+    if since is not None and since != row.get("created_at"):
+        said += f" <span class=muted>(replacing rows since {when(since, now)})</span>"
+    if row.get("not_before") is not None:
+        said += f" <span class=muted>debounced: not before {when(row['not_before'], now)}</span>"
+    return said
+
+
+def superseded_by(history: Iterable[Mapping[str, Any]]) -> str | None:
+    """The id the history's supersede names (its summary), or None."""
+    for t in history:
+        summary = str(t.get("reason_summary") or "")
+        if t.get("reason_code") == Reason.COALESCED and summary.startswith("superseded by "):
+            return summary.rsplit(" ", 1)[-1]
+    return None
 
 
 def text_block(value: str) -> str:
