@@ -720,8 +720,6 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
 
     async with open_store(db_path) as db1, open_store(db_path) as db2:
         await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "first"})
-        await trio.sleep(0.01)
-        second = await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "second"})
         # A 1.5 s lease margin (5 s by default): the same race, a third the wait.
         w1 = DispatchWorker(
             db1,
@@ -745,7 +743,9 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
             await nursery.start(w1.run)
             await trio.sleep(0.1)  # w1 is sending "first"; its finish+claim will queue
             async with db1.transaction() as tx:  # the app holds the writer 2.8 s
-                await tx.query("SELECT 1")
+                # "second" commits with it (not before: w1 would claim it
+                # ahead of its slot at once, under a lease of its own).
+                second = await enqueue_dispatch(tx, kind="k", deliver_to="x", body={"n": "second"})
                 await trio.sleep(2.8)  # longer than the lease (1 s + 1.5 s margin)
             released = time.time()
             nursery.start_soon(w2.run)  # a second worker on the same file
