@@ -183,7 +183,7 @@ def _spawn(*args: str, log: Path | None = None, script: str = __file__) -> subpr
 # -- helpers ---------------------------------------------------------------------
 
 
-def _make_schema(db: Path) -> None:
+def _make_schema(db: Path | str) -> None:
     import anyio
 
     from trio_dispatch import open_store
@@ -292,6 +292,7 @@ def crash_soak(
     policy: dict[str, Any] | None = None,
     fail_rate: float = 0.0,
     cancel_rate: float = 0.0,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """A producer enqueues n dispatches while the worker process is SIGKILLed
     at random moments and restarted, `kills` times; then one worker finishes.
@@ -300,13 +301,16 @@ def crash_soak(
     share of sends fail (so a breaker opens and rows retry); with
     ``cancel_rate`` an operator process cancels that share of the rows as
     they are committed, waiting or running (SPEC 18): each ends
-    ``cancelled`` with its transition, or delivered first (too late)."""
+    ``cancelled`` with its transition, or delivered first (too late). On
+    a SQLite file in workdir, or the PostgreSQL URL ``store`` (its tables
+    empty)."""
     rng = random.Random(seed)
     if policy is None:
         os.environ.pop(POLICY_ENV, None)
     else:
         os.environ[POLICY_ENV] = json.dumps(policy)
-    db, ledger, ids_file = workdir / "crash.db", workdir / "crash.ledger", workdir / "crash.ids"
+    db: Path | str = store or workdir / "crash.db"
+    ledger, ids_file = workdir / "crash.ledger", workdir / "crash.ids"
     log = workdir / "crash.log"
     _make_schema(db)
     started = time.monotonic()
@@ -351,6 +355,7 @@ def crash_soak(
     }
     figures = {
         "driver": "crash soak",
+        "engine": "postgresql" if _is_postgres(db) else "sqlite",
         "n": n,
         "kills": kills,
         "policy": policy,
@@ -543,7 +548,7 @@ def main() -> None:
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
     parser.add_argument(
         "--store",
-        help="several workers: a postgresql:// URL instead of "
+        help="crash soak and several workers: a postgresql:// URL instead of "
         "a SQLite file (its tables must be empty)",
     )
     args = parser.parse_args()
@@ -552,7 +557,13 @@ def main() -> None:
         work = Path(tmp)
         if args.driver in ("crash", "all"):
             results.append(
-                crash_soak(work, n=args.n or 5000, kills=args.k, cancel_rate=args.cancel_rate)
+                crash_soak(
+                    work,
+                    n=args.n or 5000,
+                    kills=args.k,
+                    cancel_rate=args.cancel_rate,
+                    store=args.store,
+                )
             )
         if args.driver in ("workers", "all"):
             results.append(
