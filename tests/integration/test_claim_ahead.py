@@ -76,7 +76,7 @@ async def test_a_worker_holds_rows_ahead_of_its_slots_but_runs_no_more_than_its_
     ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"d{n}") for n in range(8)]
     gate = Gate()
     async with working(store, gate.send, concurrency=2):
-        await wait_for(lambda: len(delivering(raw)) == 4)  # 2 running, 2 held ahead
+        await wait_for(lambda: len(delivering(raw)) == 8)  # 2 running, 6 held ahead
         await anyio.sleep(0.3)
         assert len(gate.started) == 2 and gate.most == 2
         gate.open.set()
@@ -101,10 +101,10 @@ async def test_shutdown_gives_the_rows_held_ahead_back_at_once_unsent_and_uncoun
 
     async with anyio.create_task_group() as tg:
         await tg.start(run_worker)
-        await wait_for(lambda: len(delivering(raw)) == 4 and len(gate.started) == 2)
+        await wait_for(lambda: len(delivering(raw)) == 6 and len(gate.started) == 2)
         running = set(gate.started)
         held = {row["id"] for row in delivering(raw)} - running
-        assert len(held) == 2
+        assert len(held) == 4
         stop.cancel()
         # Given back while the running attempts still have their grace.
         await wait_for(lambda: all(row_is(raw, i, status="pending") for i in held), timeout=5)

@@ -76,12 +76,12 @@ def spawn(raw: RawDB, backend: str, ledger: Path, timeout: float) -> subprocess.
     )
 
 
-async def four_claimed(raw: RawDB, ledger: Path, worker: subprocess.Popen[str]) -> None:
-    """Two attempts running (in the ledger) and two rows held ahead."""
+async def all_claimed(raw: RawDB, ledger: Path, worker: subprocess.Popen[str]) -> None:
+    """Two attempts running (in the ledger) and the four other rows held ahead."""
 
     def ready() -> bool:
         assert worker.poll() is None, worker.communicate()
-        return len(delivering(raw)) == 4 and len(ledger_pairs(ledger)) == 2
+        return len(delivering(raw)) == 6 and len(ledger_pairs(ledger)) == 2
 
     await wait_for(ready, timeout=30)
 
@@ -94,7 +94,7 @@ async def test_sigterm_gives_the_held_rows_back_at_once_and_the_running_after_th
     ledger = tmp_path / "ledger"
     with spawn(raw, anyio_backend, ledger, timeout=60) as worker:
         try:
-            await four_claimed(raw, ledger, worker)
+            await all_claimed(raw, ledger, worker)
             running = {dispatch_id for dispatch_id, _ in ledger_pairs(ledger)}
             held = delivering(raw) - running
             worker.send_signal(signal.SIGTERM)
@@ -102,7 +102,7 @@ async def test_sigterm_gives_the_held_rows_back_at_once_and_the_running_after_th
         finally:
             worker.kill()
     assert worker.returncode == 0, stderr
-    assert len(held) == 2 and {row["status"] for row in map(raw.row, ids)} == {"pending"}
+    assert len(held) == 4 and {row["status"] for row in map(raw.row, ids)} == {"pending"}
     released_at: dict[str, float] = {}
     for dispatch_id in running | held:
         row = raw.row(dispatch_id)
@@ -128,7 +128,7 @@ async def test_sigkill_with_rows_held_ahead_loses_nothing_and_sends_no_attempt_t
     # A 0.5 s timeout and a 1.5 s margin: leases of 2 s, so the rows come back soon.
     with spawn(raw, anyio_backend, ledger, timeout=0.5) as worker:
         try:
-            await four_claimed(raw, ledger, worker)
+            await all_claimed(raw, ledger, worker)
             os.kill(worker.pid, signal.SIGKILL)
             worker.wait(timeout=10)
         finally:

@@ -10,13 +10,13 @@ bound the transports running at once, and ``per_destination_concurrency``
 (optional) those to one ``deliver_to``
 (:class:`~trio_dispatch.outbox.claim.caps.DestinationCaps`, one of the
 worker's claim rules: :mod:`trio_dispatch.outbox.claim`). While attempts
-are short beside the lease's margin, it claims up to ``concurrency`` rows
-more than its free slots, held ahead of them: a slot whose attempt ends
-hands the end to the :class:`.finisher.Finisher` and starts the next row
-held ahead at once, while the finisher writes the ends that came in, and in
-the same transaction claims the rows that refill the room -- no slot waits
-on a commit while rows are due (:mod:`.finisher`). Each attempt is cut at
-its own lease end (less a safety margin) whatever the transport does. A
+are short beside the lease's margin, it claims rows beyond its free slots,
+held ahead of them: a slot whose attempt ends hands the end to the
+:class:`.finisher.Finisher` and starts the next row held ahead at once,
+while the finisher writes the ends that came in, and in the same
+transaction claims the rows that refill the room -- no slot waits on a
+commit while rows are due (:mod:`.finisher`). Each attempt is cut at its
+own lease end (less a safety margin) whatever the transport does. A
 delivery task lives as long as its slot keeps finding rows held ahead.
 
 Shutdown (the worker's scope is cancelled): claiming stops at once; running
@@ -80,7 +80,7 @@ from .attempts import (
     share_deadline,
 )
 from .expiry import ExpirySweeper
-from .finisher import End, Finisher, Pace
+from .finisher import End, Finisher, Pace, most_ahead
 from .metrics import CancelCounts, DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, Ledger
@@ -180,9 +180,9 @@ class DispatchWorker:
             preferred=sorted(name for name in self.destinations if name != ANY_DESTINATION)
         )
         """Throttled attempts and breaker changes by destination (``/metrics``)."""
-        self._slots = SlotTable(settings.concurrency, ahead=settings.concurrency)
+        self._slots = SlotTable(settings.concurrency, ahead=most_ahead(settings.concurrency))
         self._pace = Pace(settings.lease_margin_seconds)
-        """Whether attempts are short enough to claim rows ahead (:mod:`.finisher`)."""
+        """How many rows attempts are short enough to hold ahead (:mod:`.finisher`)."""
         self._deliveries: TaskGroup | None = None
         self._cancels = CancelWatch(db, self._slots, self.log)
         """Cuts the attempts an operator cancels (SPEC section 18)."""
@@ -517,11 +517,12 @@ class DispatchWorker:
 
     def _room(self) -> int:
         """How many rows the worker may claim now: its free slots, and while
-        attempts are short, as many again held ahead of them."""
+        attempts are short, the rows to hold ahead of them."""
         if self._closing or self._pause.remaining() > 0:
             return 0
-        room = self._slots.room if self._pace.ahead() else self._slots.free - self._slots.waiting
-        return room - self._finisher.reserved
+        slots = self._slots
+        ahead = self._pace.ahead_rows(slots.capacity, slots.ahead_capacity)
+        return slots.free + ahead - slots.waiting - self._finisher.reserved
 
     def _claimed(self, claims: list[Claim], counts: dict[str, int], since: float) -> None:
         """Hold ``claims`` (a scan's or a finish's, made by a write that
