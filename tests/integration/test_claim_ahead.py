@@ -22,11 +22,13 @@ from anyio.abc import TaskStatus
 
 from trio_dispatch import Delivery, cancel_dispatch, enqueue_dispatch, open_store
 from trio_dispatch.store import SQLiteStore
+from trio_dispatch.web import WebApp
 from trio_dispatch.worker import DispatchWorker
 from trio_dispatch.worker.finisher import STOPPED_AHEAD
 
 from ..conftest import RawDB
 from ..helpers import row_is, wait_for
+from .test_web import serving
 
 pytestmark = pytest.mark.anyio
 
@@ -75,12 +77,23 @@ async def test_a_worker_holds_rows_ahead_of_its_slots_but_runs_no_more_than_its_
 ) -> None:
     ids = [await enqueue_dispatch(store, kind="k", deliver_to=f"d{n}") for n in range(8)]
     gate = Gate()
-    async with working(store, gate.send, concurrency=2):
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(store, transport=gate.send, concurrency=2, tick_seconds=0.2)
+        await tg.start(worker.run)
         await wait_for(lambda: len(delivering(raw)) == 8)  # 2 running, 6 held ahead
         await anyio.sleep(0.3)
         assert len(gate.started) == 2 and gate.most == 2
+        statistics = worker.statistics()
+        assert (statistics.in_flight, statistics.held_ahead) == (2, 6)
+        async with serving(WebApp(store, worker=worker)) as client:
+            metrics = (await client.get("/metrics")).text
+            page = (await client.get("/")).text
+        assert "trio_dispatch_held_ahead 6.0" in metrics
+        assert "2 of 2 slots busy, 6 rows held ahead" in page
         gate.open.set()
         await wait_for(lambda: all(row_is(raw, i, status="delivered") for i in ids))
+        assert worker.statistics().held_ahead == 0
+        tg.cancel_scope.cancel()
     assert gate.most == 2
     assert sorted(gate.started) == sorted(ids)
 

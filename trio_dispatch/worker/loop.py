@@ -259,6 +259,7 @@ class DispatchWorker:
             lease_recoveries=self._lease_recoveries,
             last_scan_at=self._last_scan_at,
             running=self._running,
+            held_ahead=self._slots.waiting,
         )
 
     def wake(self) -> None:
