@@ -1,7 +1,8 @@
-"""Section ``postgres``: PostgreSQL beside raw psycopg and pgqueuer
-(enqueue from one and from many producers, worker processes draining a
-queue); the PostgreSQL row of the engines table. Skipped, with a note, when
-no server answers.
+"""Section ``postgres``: PostgreSQL beside raw psycopg, pgqueuer and
+Python's Oban (enqueue from one and from many producers; worker processes
+draining a queue, ours at the default concurrency, 16, and at 64); the cost
+account of each; the PostgreSQL row of the engines table. Skipped, with a
+note, when no server answers.
 """
 
 from __future__ import annotations
