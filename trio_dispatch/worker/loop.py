@@ -449,6 +449,11 @@ class DispatchWorker:
                 try:
                     with tracing.processing(current) as trace:
                         claim = await self._attempt(current, trace)
+                    if claim is not None:
+                        # A transport that never suspends must not keep the
+                        # finisher (and every other task) waiting while the
+                        # slot runs through the rows held ahead.
+                        await anyio.lowlevel.cancel_shielded_checkpoint()
                 except Exception:
                     self.log.exception(
                         "dispatch %s attempt %d: delivery task failed",

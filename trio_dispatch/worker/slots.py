@@ -25,14 +25,20 @@ class SlotTable:
         self.capacity = capacity
         self.ahead_capacity = ahead
         self._scopes: dict[Claim, anyio.CancelScope] = {}
-        self._ahead: deque[Claim] = deque()
+        self._fresh: dict[str, deque[Claim]] = {}
+        """Held rows of destinations no slot has started since they had
+        none held, by destination in the order first held."""
+        self._rotation: dict[str, deque[Claim]] = {}
+        """Held rows of the others, by destination, the least recently
+        started first."""
+        self._waiting = 0
         self._cut_at: dict[Claim, float] = {}
         self._cancelled: set[Claim] = set()
         self._drained: anyio.Event | None = None
 
     def __len__(self) -> int:
         """Attempts running (the claims held ahead not counted)."""
-        return len(self._scopes) - len(self._ahead)
+        return len(self._scopes) - self._waiting
 
     def __iter__(self) -> Iterator[Claim]:
         """Every claim held: running, and held ahead."""
@@ -52,7 +58,7 @@ class SlotTable:
     @property
     def waiting(self) -> int:
         """Claims held ahead, not yet started."""
-        return len(self._ahead)
+        return self._waiting
 
     def hold(self, claim: Claim, scope: anyio.CancelScope) -> None:
         """Hold ``claim`` ahead of a slot (the caller claimed no more than
@@ -60,19 +66,46 @@ class SlotTable:
         if len(self._scopes) >= self.capacity + self.ahead_capacity:
             raise RuntimeError("no room ahead: claims exceeded the room")
         self._scopes[claim] = scope
-        self._ahead.append(claim)
+        name = claim.deliver_to
+        held = self._fresh.get(name)
+        if held is None:
+            held = self._rotation.get(name)
+        if held is None:
+            self._fresh[name] = deque([claim])
+        else:
+            held.append(claim)
+        self._waiting += 1
 
     def start_ahead(self) -> Claim | None:
-        """The oldest claim held ahead, now running in a slot (the caller's
-        attempt has left it: :meth:`leave`), or None."""
-        if not self._ahead or len(self) >= self.capacity:
+        """The next claim held ahead, now running in a slot (the caller's
+        attempt has left it), or None. Destinations take turns, as within
+        a claim (its fair share): a destination none of whose rows a slot
+        has started since it had none held goes first (rows of one claimed
+        after an enqueue notice do not wait behind every row held before),
+        then the one a slot started longest ago; each one's rows in claim
+        order."""
+        if not self._waiting or len(self) >= self.capacity:
             return None
-        return self._ahead.popleft()
+        group = self._fresh if self._fresh else self._rotation
+        name = next(iter(group))
+        held = group.pop(name)
+        claim = held.popleft()
+        if held:
+            self._rotation[name] = held  # its turn comes again after the others'
+        self._waiting -= 1
+        return claim
 
     def drop_ahead(self) -> list[Claim]:
         """Every claim held ahead, no longer held (to give back unsent)."""
-        dropped = list(self._ahead)
-        self._ahead.clear()
+        dropped = [
+            claim
+            for group in (self._fresh, self._rotation)
+            for held in group.values()
+            for claim in held
+        ]
+        self._fresh.clear()
+        self._rotation.clear()
+        self._waiting = 0
         for claim in dropped:
             self.release(claim)
         return dropped
