@@ -21,7 +21,12 @@ no more rows are held ahead than the slots get through, at the attempts'
 mean pace, in a quarter of the lease's margin (:meth:`Pace.ahead_rows`): a
 row waits for its slot far less than the margin, and none is held ahead
 once attempts take longer than that.
-A shutdown gives the rows held ahead back at once, unsent and uncounted
+Held rows start by destination in turns, as a claim orders them (its fair
+share): rows claimed after an enqueue notice, for a destination with none
+started since it had none held, go before the rows held earlier; a newcomer
+waits only for the rows already held when its notice came, which the slots
+run while the claim that takes it commits. A shutdown gives the rows held
+ahead back at once, unsent and uncounted
 (``dispatch.pending.released``); a worker killed outright loses none (their
 leases bring them back, the attempt numbers never reused).
 """
