@@ -12,14 +12,17 @@ Sections (``--section``; default: all of them, in this order):
 
 - ``core``: enqueue, ``enqueue_many``, deliveries, wake latency, the claim
   tick and RSS, each beside plain sqlite3; the SQLite row of the engines table.
-- ``huey``: one producer, 64 producers, one delivery worker and two worker
-  processes beside huey's ``SqliteHuey`` (same payload, synchronous=FULL).
+- ``huey``: one producer, 64 producers, one delivery worker, and one and two
+  worker processes at the default concurrency beside huey's ``SqliteHuey``
+  (same payload, synchronous=FULL).
 - ``tx``: a caller's own transaction (raw sqlite3 / ``db.transaction()`` /
   with an enqueue inside) on trio and on asyncio; asyncio beside trio.
 - ``table``: our throughput figures on an empty table and on one holding
   1,000,000 finished rows and their history (100,000 with ``--quick``).
-- ``postgres``: PostgreSQL beside raw psycopg and pgqueuer; skipped, with a
-  note, when no server answers.
+- ``postgres``: PostgreSQL beside raw psycopg, pgqueuer and Python's Oban
+  (deliveries at our default concurrency, 16, and at 64), with the cost
+  account of each; skipped, with a note, when no server answers (Oban's
+  figures when no Python 3.12 or PyPI is at hand).
 - ``sync``: enqueue through the caller's own connection (``trio_dispatch.sync``)
   beside the same transaction without it, and another process's commit to
   our worker's transport start.

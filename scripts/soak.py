@@ -199,7 +199,7 @@ def _spawn(*args: str, log: Path | None = None, script: str = __file__) -> subpr
 # -- helpers ---------------------------------------------------------------------
 
 
-def _make_schema(db: Path) -> None:
+def _make_schema(db: Path | str) -> None:
     import anyio
 
     from trio_dispatch import open_store
@@ -309,6 +309,7 @@ def crash_soak(
     fail_rate: float = 0.0,
     cancel_rate: float = 0.0,
     coalesce_rate: float = 0.0,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """A producer enqueues n dispatches while the worker process is SIGKILLed
     at random moments and restarted, `kills` times; then one worker finishes.
@@ -320,13 +321,15 @@ def crash_soak(
     ``cancelled`` with its transition, or delivered first (too late); with
     ``coalesce_rate`` that share of the enqueues replace their coalesce
     key's waiting row (docs/controls.md): a superseded row is accounted for by its
-    transition, and is never sent."""
+    transition, and is never sent. On a SQLite file in workdir, or the
+    PostgreSQL URL ``store`` (its tables empty)."""
     rng = random.Random(seed)
     if policy is None:
         os.environ.pop(POLICY_ENV, None)
     else:
         os.environ[POLICY_ENV] = json.dumps(policy)
-    db, ledger, ids_file = workdir / "crash.db", workdir / "crash.ledger", workdir / "crash.ids"
+    db: Path | str = store or workdir / "crash.db"
+    ledger, ids_file = workdir / "crash.ledger", workdir / "crash.ids"
     log = workdir / "crash.log"
     _make_schema(db)
     started = time.monotonic()
@@ -390,6 +393,7 @@ def crash_soak(
     sent = {i for i, _ in _ledger(ledger)}
     figures = {
         "driver": "crash soak",
+        "engine": "postgresql" if _is_postgres(db) else "sqlite",
         "n": n,
         "kills": kills,
         "policy": policy,
@@ -600,7 +604,7 @@ def main() -> None:
     parser.add_argument("-p", type=int, default=8, help="dedup race: processes")
     parser.add_argument(
         "--store",
-        help="several workers: a postgresql:// URL instead of "
+        help="crash soak and several workers: a postgresql:// URL instead of "
         "a SQLite file (its tables must be empty)",
     )
     args = parser.parse_args()
@@ -615,6 +619,7 @@ def main() -> None:
                     kills=args.k,
                     cancel_rate=args.cancel_rate,
                     coalesce_rate=args.coalesce_rate,
+                    store=args.store,
                 )
             )
         if args.driver in ("workers", "all"):

@@ -421,6 +421,8 @@ def run_core(bench: Bench) -> Outcome:
         "enqueue_1_producer_per_s": go(ours_single_enqueue, at("eng"), 1000 * scale),
         "enqueue_64_producers_per_s": go(ours_concurrent_enqueue, at("eng"), 6400 * scale, 64),
         "deliveries_1_worker_per_s": go(ours_deliveries, at("eng"), 5000 * scale, noop, 64),
-        "deliveries_4_workers_per_s": deliveries_with_processes(str(at("eng")), 5000 * scale, 4),
+        "deliveries_4_workers_per_s": deliveries_with_processes(
+            str(at("eng")), 5000 * scale, 4, concurrency=64
+        ),
     }
     return Outcome(figures, [], [engine])

@@ -7,10 +7,12 @@ Named so as not to shadow the ``huey`` package it measures.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +172,15 @@ def huey_processes(path: Path, n: int, workers: int) -> Drained:
     )
 
 
+def huey_processes_at(at: Callable[[str], Path], n: int, workers: int) -> Drained:
+    return huey_processes(at("hueyp"), n, workers)
+
+
+def ours_processes_at(at: Callable[[str], Path], n: int, workers: int) -> Drained:
+    """Ours at the default concurrency, as a :class:`Drained`."""
+    return Drained(ours_processes(str(at("oursp")), n, workers, BODY), [], 0)
+
+
 def run_huey(bench: Bench) -> Outcome:
     """Side by side with huey's SqliteHuey: the same payload, both at
     synchronous=FULL in WAL mode, the same number of items, warm-up first."""
@@ -202,17 +213,21 @@ def run_huey(bench: Bench) -> Outcome:
             i,
         )
         pairs.add("w1", got["ours"], got["huey"])
-        runs = take_turns(
-            {
-                "huey": lambda: huey_processes(at("hueyp"), k, 2),
-                "ours": lambda: Drained(ours_processes(str(at("oursp")), k, 2, BODY), [], 0),
-            },
-            1,
-            i,
-        )
-        pairs.add("p2", runs["ours"][0].rate, runs["huey"][0].rate)
-        huey_errors += runs["huey"][0].errors()
-        huey_failed += runs["huey"][0].failed
+        rates: dict[int, float] = {}
+        for workers in (1, 2):
+            runs = take_turns(
+                {
+                    "huey": functools.partial(huey_processes_at, at, k, workers),
+                    "ours": functools.partial(ours_processes_at, at, k, workers),
+                },
+                1,
+                i,
+            )
+            rates[workers] = runs["ours"][0].rate
+            pairs.add(f"p{workers}", rates[workers], runs["huey"][0].rate)
+            huey_errors += runs["huey"][0].errors()
+            huey_failed += runs["huey"][0].failed
+        pairs.add("p2p1", rates[2], rates[1])
     payload = f"the same {len(BODY_JSON)}-byte JSON payload"
     figures = [
         pairs.figure(
@@ -254,16 +269,36 @@ def run_huey(bench: Bench) -> Outcome:
             "huey",
         ),
         pairs.figure(
-            "p2",
-            "deliveries, no-op callable, 2 worker processes, vs huey's 2",
+            "p1",
+            "deliveries, no-op callable, 1 worker process at the default concurrency, vs huey's",
             "/s",
-            f"2 processes each running huey's dequeue loop on one file vs 2 processes each "
-            f"running a DispatchWorker (trio, concurrency 64) on one store; {k} items queued "
-            f"beforehand, all processes started together once set up, timed until a poll "
+            f"1 process running huey's dequeue loop on one file vs 1 process running a "
+            f"DispatchWorker (trio, concurrency 16, the default) on one store; {k} items "
+            f"queued beforehand, the process started once set up, timed until a poll "
             f"(every 10 ms) counts none left; one run each per round, which side goes first "
             f"alternating by round",
-            2,
+            1.6,
+            "huey, 1 process",
+            "huey",
+        ),
+        pairs.figure(
+            "p2",
+            "deliveries, no-op callable, 2 worker processes at the default concurrency, "
+            "vs huey's 2",
+            "/s",
+            f"the same with 2 processes on each side, on one file ({k} items), all started "
+            f"together",
+            1.5,
             "huey, 2 processes",
+            "huey",
+        ),
+        pairs.figure(
+            "p2p1",
+            "deliveries, no-op callable, 2 worker processes vs 1, at the default concurrency",
+            "/s",
+            "ours with 2 processes beside ours with 1 (the figures above), in the same round",
+            1.0,
+            "ours, 1 process",
             "huey",
         ),
     ]

@@ -182,12 +182,14 @@ def ours_account(
     body: dict[str, Any] | None,
     root: str = str(ROOT),
     workers: int = 1,
+    concurrency: int = 64,
 ) -> Account:
-    """Ours (the source tree at ``root``), ``workers`` processes."""
+    """Ours (the source tree at ``root``), ``workers`` processes of
+    ``concurrency`` slots."""
 
     def drain() -> Drained:
         return drain_with_processes(
-            [sys.executable, "-c", OURS_COUNTED_CHILD, url, root],
+            [sys.executable, "-c", OURS_COUNTED_CHILD, url, root, str(concurrency)],
             workers,
             url,
             f"SELECT COUNT(*) FROM dispatch_outbox WHERE {DUE_SQL}",
@@ -195,7 +197,8 @@ def ours_account(
             server_cpu(admin_url),
         )
 
-    account = measure("ours", admin_url, url, n, lambda: anyio.run(fill_ours, url, n, body), drain)
+    name = f"ours at {concurrency}"
+    account = measure(name, admin_url, url, n, lambda: anyio.run(fill_ours, url, n, body), drain)
     for line in account.drained.said[0].splitlines():
         if line.startswith("trips "):
             account.deltas["trips"] = float(line.split()[1])
@@ -275,10 +278,40 @@ def statement_lines(account: Account, top: int = 12) -> list[str]:
     return lines
 
 
+def other_account(name: str, admin_url: str, url: str, n: int, child: OtherChild) -> Account:
+    """A peer's worker process (one) draining ``n`` jobs its ``fill`` queued."""
+
+    def drain() -> Drained:
+        return drain_with_processes(
+            child.drain_argv(url), 1, url, child.remaining_sql, n, server_cpu(admin_url)
+        )
+
+    account = measure(name, admin_url, url, n, lambda: child.fill(url, n), drain)
+    if "statements" in account.deltas:  # a psycopg client: one round trip a statement
+        account.deltas["trips"] = account.deltas["statements"]
+    return account
+
+
+@dataclass(frozen=True)
+class OtherChild:
+    """A peer's worker program: how to queue ``n`` jobs on a database
+    (untimed), the argv of a worker process on it, and the count of its
+    undone jobs."""
+
+    fill: Callable[[str, int], None]
+    drain_argv: Callable[[str], list[str]]
+    remaining_sql: str
+
+
 def run_account(
-    n: int, body: dict[str, Any] | None, pgq_child: str, shared: tuple[str, str] | None
+    n: int,
+    body: dict[str, Any] | None,
+    pgq_child: str,
+    shared: tuple[str, str] | None,
+    others: tuple[tuple[str, OtherChild], ...] = (),
 ) -> list[str]:
-    """The account of ours and pgqueuer (one process each), as note lines."""
+    """The account of ours (at concurrency 16, the default, and 64),
+    pgqueuer and the ``others`` (one process each), as note lines."""
     import psycopg
 
     settings = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=1000")
@@ -299,12 +332,14 @@ def run_account(
         from .pgserver import fresh_postgres
 
         accounts = []
-        for side in ("ours", "pgqueuer"):
+        for concurrency in (16, 64):
             fresh_postgres(url)
-            if side == "ours":
-                accounts.append(ours_account(admin, url, n, body))
-            else:
-                accounts.append(pgq_account(admin, url, n, pgq_child))
+            accounts.append(ours_account(admin, url, n, body, concurrency=concurrency))
+        fresh_postgres(url)
+        accounts.append(pgq_account(admin, url, n, pgq_child))
+        for name, drain_child in others:
+            fresh_postgres(url)
+            accounts.append(other_account(name, admin, url, n, drain_child))
     lines = [
         f"postgres cost account: one worker process of each draining {n} queued no-op "
         f"deliveries, on {where}; counters' deltas per delivery (round trips: ours counted "

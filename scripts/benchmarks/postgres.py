@@ -1,7 +1,8 @@
-"""Section ``postgres``: PostgreSQL beside raw psycopg and pgqueuer
-(enqueue from one and from many producers, worker processes draining a
-queue); the PostgreSQL row of the engines table. Skipped, with a note, when
-no server answers.
+"""Section ``postgres``: PostgreSQL beside raw psycopg, pgqueuer and
+Python's Oban (enqueue from one and from many producers; worker processes
+draining a queue, ours at the default concurrency, 16, and at 64); the cost
+account of each; the PostgreSQL row of the engines table. Skipped, with a
+note, when no server answers.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import itertools
 import statistics
 import sys
 import time
+from typing import Final
 
 import anyio
 
@@ -32,6 +34,7 @@ from .harness import (
     sync_side,
     version_of,
 )
+from .oban_side import oban_account_child, oban_processes, oban_python, oban_version
 from .pgaccount import run_account
 from .pgserver import fresh_postgres, postgres_database
 from .processes import Drained, drain_with_processes, ours_processes
@@ -157,6 +160,11 @@ def pgq_processes(url: str, n: int, workers: int) -> Drained:
     )
 
 
+CONCURRENCIES: Final = (16, 64)
+"""Our workers' concurrency in the deliveries figures: the default, and 64."""
+DEFAULT_SAYS: Final = {16: ", the default", 64: ""}
+
+
 def run_postgres(bench: Bench) -> Outcome:
     """PostgreSQL beside raw psycopg and pgqueuer (asyncpg, its defaults);
     each measurement on an emptied database, the same server, the same
@@ -187,8 +195,18 @@ def run_postgres(bench: Bench) -> Outcome:
         pgq_failed += drained.failed
         return drained.rate
 
-    def ours_processes_fresh(workers: int) -> float:
-        return ours_processes(fresh(), k, workers, BODY)
+    def ours_processes_fresh(workers: int, concurrency: int) -> float:
+        return ours_processes(fresh(), k, workers, BODY, concurrency)
+
+    oban, oban_note = oban_python()
+    oban_failed = 0
+
+    def oban_processes_fresh(workers: int, limit: int) -> float:
+        nonlocal oban_failed
+        assert oban is not None
+        drained = oban_processes(oban, fresh(), k, workers, limit)
+        oban_failed += drained.failed
+        return drained.rate
 
     pairs = Pairs()
     ours_by_workers: dict[int, list[float]] = {1: [], 2: [], 4: []}
@@ -207,18 +225,21 @@ def run_postgres(bench: Bench) -> Outcome:
                 i,
             )
             pairs.add("e64", got["ours"], got["pgqueuer"])
-            for workers in (1, 2):
-                got = median_of_turns(
-                    {
+            for concurrency in CONCURRENCIES:
+                for workers in (1, 2):
+                    sides = {
                         "pgqueuer": functools.partial(pgq_processes_fresh, workers),
-                        "ours": functools.partial(ours_processes_fresh, workers),
-                    },
-                    1,
-                    i,
-                )
-                pairs.add(f"p{workers}", got["ours"], got["pgqueuer"])
-                ours_by_workers[workers].append(got["ours"])
-            ours4 = ours_processes_fresh(4)
+                        "ours": functools.partial(ours_processes_fresh, workers, concurrency),
+                    }
+                    if oban is not None and workers == 1 and concurrency == 16:
+                        sides["oban"] = functools.partial(oban_processes_fresh, 1, concurrency)
+                    got = median_of_turns(sides, 1, i)
+                    pairs.add(f"p{workers}c{concurrency}", got["ours"], got["pgqueuer"])
+                    if "oban" in got:
+                        pairs.add(f"o{workers}c{concurrency}", got["ours"], got["oban"])
+                    if concurrency == 64:
+                        ours_by_workers[workers].append(got["ours"])
+            ours4 = ours_processes_fresh(4, 64)
             ours_by_workers[4].append(ours4)
             pairs.add("p4", ours4, ours_by_workers[1][-1])
         account = run_account(
@@ -226,6 +247,7 @@ def run_postgres(bench: Bench) -> Outcome:
             BODY,
             PGQ_CHILD + "import time; time.sleep(600)\n",
             (url.rsplit("/", 1)[0] + "/postgres", url),
+            () if oban is None else (("oban at 16", oban_account_child(oban, 16)),),
         )
     finally:
         drop()
@@ -256,31 +278,39 @@ def run_postgres(bench: Bench) -> Outcome:
             "pgqueuer",
             "postgres",
         ),
-        pairs.figure(
-            "p1",
-            "PostgreSQL deliveries, no-op, 1 process, vs pgqueuer",
-            "/s",
-            f"{version}: one process, PgQueuer on one asyncpg connection with a no-op "
-            f"entrypoint, run() with its defaults (batch_size 10) but mode=drain; ours: one "
-            f"process, a DispatchWorker (trio, concurrency 64); {k} jobs queued beforehand, "
-            f"started once set up, timed until a poll (every 10 ms) counts none left (a "
-            f"pgqueuer job leaves its queue table when its completion log is written, which "
-            f"pgqueuer batches: every 10 jobs or 0.1 s)",
-            1.0,
-            "pgqueuer, 1 process",
-            "postgres",
-            ">= 1.0x",
-        ),
-        pairs.figure(
-            "p2",
-            "PostgreSQL deliveries, no-op, 2 processes, vs pgqueuer's 2",
-            "/s",
-            f"the same with 2 processes on each side ({k} jobs; one run each per round, "
-            f"which side goes first alternating by round)",
-            1.2,
-            "pgqueuer, 2 processes",
-            "postgres",
-        ),
+        *[
+            figure
+            for concurrency in CONCURRENCIES
+            for figure in (
+                pairs.figure(
+                    f"p1c{concurrency}",
+                    f"PostgreSQL deliveries, no-op, 1 process at concurrency {concurrency}, "
+                    "vs pgqueuer",
+                    "/s",
+                    f"{version}: one process, PgQueuer on one asyncpg connection with a no-op "
+                    f"entrypoint, run() with its defaults (batch_size 10) but mode=drain; ours: "
+                    f"one process, a DispatchWorker (trio, concurrency {concurrency}"
+                    f"{DEFAULT_SAYS[concurrency]}); {k} jobs queued beforehand, started once "
+                    f"set up, timed until a poll (every 10 ms) counts none left (a pgqueuer "
+                    f"job leaves its queue table when its completion log is written, which "
+                    f"pgqueuer batches: every 10 jobs or 0.1 s)",
+                    1.2,
+                    "pgqueuer, 1 process",
+                    "postgres",
+                ),
+                pairs.figure(
+                    f"p2c{concurrency}",
+                    f"PostgreSQL deliveries, no-op, 2 processes at concurrency {concurrency}, "
+                    "vs pgqueuer's 2",
+                    "/s",
+                    f"the same with 2 processes on each side ({k} jobs; one run each per "
+                    f"round, the sides taking turns, which goes first rotating by round)",
+                    1.2,
+                    "pgqueuer, 2 processes",
+                    "postgres",
+                ),
+            )
+        ],
         pairs.figure(
             "p4",
             "PostgreSQL deliveries, 4 processes vs 1",
@@ -291,6 +321,24 @@ def run_postgres(bench: Bench) -> Outcome:
             "postgres",
         ),
     ]
+    if oban is not None:
+        figures.insert(
+            2,
+            pairs.figure(
+                "o1c16",
+                "PostgreSQL deliveries, no-op, 1 process at concurrency 16, vs Oban",
+                "/s",
+                f"oban {oban_version(oban)} (Python's Oban, psycopg 3, in a virtualenv of "
+                f"its own on Python 3.12): one process, Oban(pool=create_pool(url), "
+                f"queues={{'bench': 16}}) with its other defaults, a no-op worker, started "
+                f"on 'go' (its leader election and producer start inside the timing); ours "
+                f"at concurrency 16; {k} jobs queued beforehand, timed until a poll counts "
+                f"none left undone; taking turns with the pgqueuer figure's runs",
+                1.5,
+                "Oban, 1 process",
+                "postgres",
+            ),
+        )
     engine = {
         "engine": "postgresql",
         "enqueue_1_producer_per_s": figures[0].value,
@@ -303,6 +351,10 @@ def run_postgres(bench: Bench) -> Outcome:
         "(payload of the side-by-side figures; deliveries by worker processes)"
     ]
     notes += account
+    if oban is None:
+        notes.append(f"Oban figures skipped: {oban_note}")
+    elif oban_failed:
+        notes.append(f"oban: {oban_failed} worker process(es) exited with an error")
     if pgq_failed:
         notes.append(f"pgqueuer: {pgq_failed} worker process(es) exited with an error")
     return Outcome(figures, notes, [engine])

@@ -37,7 +37,7 @@ async def main():
         async def send(d):
             pass
         async with anyio.create_task_group() as tg:
-            w = DispatchWorker(db, transport=send, tick_seconds=0.2, concurrency=64)
+            w = DispatchWorker(db, transport=send, tick_seconds=0.2, concurrency=int(sys.argv[3]))
             with anyio.open_signal_receiver(signal.SIGTERM) as signals:
                 print("ready", flush=True)
                 await anyio.to_thread.run_sync(sys.stdin.readline)
@@ -48,7 +48,7 @@ async def main():
 anyio.run(main, backend="trio")
 """
 """Our worker process: a ``DispatchWorker`` (no-op callable, concurrency
-64) on the store ``argv[1]``, started on "go"; SIGTERM stops it."""
+``argv[3]``) on the store ``argv[1]``, started on "go"; SIGTERM stops it."""
 
 
 @contextlib.contextmanager
@@ -200,12 +200,22 @@ def _cpu_seconds(pid: int, reaped: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def ours_processes(target: str, n: int, workers: int, body: dict[str, Any] | None = None) -> float:
-    """Deliveries/s of ``workers`` worker processes (no-op callable) draining
-    ``n`` dispatches enqueued beforehand."""
+DEFAULT_CONCURRENCY: Final = 16
+"""The worker's own default ``concurrency``: what a user who sets none gets."""
+
+
+def ours_processes(
+    target: str,
+    n: int,
+    workers: int,
+    body: dict[str, Any] | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
+) -> float:
+    """Deliveries/s of ``workers`` worker processes (no-op callable,
+    ``concurrency`` slots each) draining ``n`` dispatches enqueued beforehand."""
     anyio.run(fill_ours, target, n, body)
     drained = drain_with_processes(
-        [sys.executable, "-c", WORKER_CHILD, target, str(ROOT)],
+        [sys.executable, "-c", WORKER_CHILD, target, str(ROOT), str(concurrency)],
         workers,
         target,
         f"SELECT COUNT(*) FROM dispatch_outbox WHERE {DUE_SQL}",
@@ -216,8 +226,10 @@ def ours_processes(target: str, n: int, workers: int, body: dict[str, Any] | Non
     return drained.rate
 
 
-def deliveries_with_processes(target: str, n: int, workers: int) -> float:
+def deliveries_with_processes(
+    target: str, n: int, workers: int, concurrency: int = DEFAULT_CONCURRENCY
+) -> float:
     """Deliveries/s of ``workers`` worker processes (no-op transport)
     draining n dispatches enqueued beforehand; their startup is outside the
     timing."""
-    return ours_processes(target, n, workers)
+    return ours_processes(target, n, workers, concurrency=concurrency)

@@ -36,6 +36,7 @@ from trio_dispatch.destinations.outcomes import DestinationBook, Effects
 from trio_dispatch.destinations.policy import MAX_THROTTLES_PER_ROW
 from trio_dispatch.outbox import Claim, Outcome, claim_due, finish_attempt, release_attempt
 from trio_dispatch.outbox.claim import ClaimRules, OrderingKeys
+from trio_dispatch.outbox.delivery import finish_and_claim_many
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import CommandTransport, TransportResult
 from trio_dispatch.transports.webhook import WebhookTransport, parse_endpoints
@@ -398,6 +399,38 @@ async def test_a_destination_without_a_policy_pays_no_write_for_its_deliveries(
     state = destination(raw, "plain")
     assert state is not None
     assert (state["last_success_at"], state["failures"]) == (T0 + 20, 0)
+
+
+async def test_one_finish_of_many_destinations_notes_health_only_where_a_row_is(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    """A batch of ends to many destinations without a policy (the worker's
+    finisher writes them in one transaction) asks once which have a row:
+    those get their last success or failure, the others stay rowless."""
+    book = DestinationBook()
+    # "kept" has a row: a throttle made one.
+    await enqueue_dispatch(store, kind="k", deliver_to="kept", now=T0)
+    [claim], _ = await claim_due(store, now=T0)
+    throttle = TransportResult.throttle("429", retry_after=1)
+    await finish_attempt(store, claim, throttle, now=T0, destinations=book)
+    names = ["a", "kept", "b", "c"]
+    ids = [await enqueue_dispatch(store, kind="k", deliver_to=name, now=T0 + 10) for name in names]
+    claims, _ = await claim_due(store, now=T0 + 10, limit=10, ids=ids)
+    assert sorted(claim.deliver_to for claim in claims) == sorted(names)
+    ends = [(claim, FAIL if claim.deliver_to == "b" else OK, Effects()) for claim in claims]
+    outcomes, more, _ = await finish_and_claim_many(
+        store,
+        ends,
+        want=0,
+        lease_seconds=15,
+        rules=ClaimRules(),
+        clock=lambda: T0 + 20,
+        destinations=book,
+    )
+    assert len(outcomes) == 4 and more == []
+    state = destination(raw, "kept")
+    assert state is not None and state["last_success_at"] == T0 + 20
+    assert all(destination(raw, name) is None for name in ("a", "b", "c"))
 
 
 # -- the breaker --------------------------------------------------------------------

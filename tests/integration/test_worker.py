@@ -706,22 +706,20 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
     """A finish+claim that waited for the writer longer than the lease margin
     must not hand out a lease partly spent: no second worker may send the row
     while the first is still sending it."""
-    log: list[tuple[float, str, str, int]] = []
+    log: list[tuple[float, str, str, str]] = []
 
     def transport_for(name: str):  # type: ignore[no-untyped-def]
         async def send(delivery: Delivery) -> None:
-            log.append((time.monotonic(), name, "start", delivery.attempt))
+            log.append((time.monotonic(), name, "start", delivery.dispatch_id))
             try:
                 await trio.sleep(0.5 if '"first"' in delivery.payload else 30)
             finally:
-                log.append((time.monotonic(), name, "end", delivery.attempt))
+                log.append((time.monotonic(), name, "end", delivery.dispatch_id))
 
         return send
 
     async with open_store(db_path) as db1, open_store(db_path) as db2:
         await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "first"})
-        await trio.sleep(0.01)
-        second = await enqueue_dispatch(db1, kind="k", deliver_to="x", body={"n": "second"})
         # A 1.5 s lease margin (5 s by default): the same race, a third the wait.
         w1 = DispatchWorker(
             db1,
@@ -745,7 +743,9 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
             await nursery.start(w1.run)
             await trio.sleep(0.1)  # w1 is sending "first"; its finish+claim will queue
             async with db1.transaction() as tx:  # the app holds the writer 2.8 s
-                await tx.query("SELECT 1")
+                # "second" commits with it (not before: w1 would claim it
+                # ahead of its slot at once, under a lease of its own).
+                second = await enqueue_dispatch(tx, kind="k", deliver_to="x", body={"n": "second"})
                 await trio.sleep(2.8)  # longer than the lease (1 s + 1.5 s margin)
             released = time.time()
             nursery.start_soon(w2.run)  # a second worker on the same file
@@ -753,16 +753,18 @@ async def test_a_chained_claim_that_waited_for_the_writer_still_gets_a_whole_lea
             nursery.cancel_scope.cancel()
     # "second" was sent by w1 (chained, attempt 1, cut at its 1 s timeout) and
     # possibly retried later; never by two workers at once.
-    spans: dict[str, list[tuple[float, float]]] = {"w1": [], "w2": []}
-    starts: dict[str, float] = {}
-    for at, name, what, _attempt in log:
+    # One row is never sent by both workers at once.
+    spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    starts: dict[tuple[str, str], float] = {}
+    for at, name, what, dispatch_id in log:
         if what == "start":
-            starts[name] = at
+            starts[name, dispatch_id] = at
         else:
-            spans[name].append((starts.pop(name), at))
-    for a_start, a_end in spans["w1"]:
-        for b_start, b_end in spans["w2"]:
-            assert a_end <= b_start or b_end <= a_start, (spans, log)
+            spans.setdefault((name, dispatch_id), []).append((starts.pop((name, dispatch_id)), at))
+    for dispatch_id in {key[1] for key in spans}:
+        for a_start, a_end in spans.get(("w1", dispatch_id), []):
+            for b_start, b_end in spans.get(("w2", dispatch_id), []):
+                assert a_end <= b_start or b_end <= a_start, (spans, log)
     # The claim of "second" could commit only once the writer was free, and
     # its lease runs from then: a whole lease, not one spent while waiting.
     claim = next(

@@ -50,6 +50,25 @@ def test_crash_soak_loses_nothing_and_never_repeats_an_attempt(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.postgres_only
+def test_crash_soak_on_postgresql_loses_nothing_and_never_repeats_an_attempt(
+    tmp_path: Path, db_target: str
+) -> None:
+    """The crash soak on PostgreSQL: the worker processes claim rows ahead
+    of their slots, and SIGKILLs land among them; every row is sent, none
+    with an (id, attempt) twice."""
+    n, kills = size(300, 150), size(6, 4)
+    figures = soak.crash_soak(tmp_path, n=n, kills=kills, cancel_rate=0.2, store=db_target)
+    assert figures["engine"] == "postgresql"
+    assert figures["committed_ids"] == n
+    assert figures["lost"] == 0 and figures["all_terminal"], figures
+    assert figures["cancelled_without_transition"] == 0, figures
+    assert figures["missing_from_ledger"] == 0, figures
+    assert figures["duplicate_pairs"] == 0, figures
+    assert figures["ok"], figures
+
+
+@pytest.mark.slow
 def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
     tmp_path: Path,
 ) -> None:

@@ -58,6 +58,8 @@ before a finish writes it again."""
 MEMO_LIMIT: Final = 10_000
 """Destinations a :class:`DestinationBook` remembers writes for (outside
 input names them, so the memo is bounded: past it, it starts afresh)."""
+NAMES_PER_READ: Final = 500
+"""Destination names one read of which have a row asks about."""
 REASON_LIMIT: Final = 200
 """Characters of an attempt's error kept in a destination's reason."""
 
@@ -223,6 +225,7 @@ def record_ends(conn: Conn, ended: Sequence[Ended]) -> None:
     by_name: dict[str, list[Ended]] = {}
     for end in ended:
         by_name.setdefault(end.destination, []).append(end)
+    notes: list[tuple[str, str, float]] = []
     for name in sorted(by_name) if len(by_name) > 1 else by_name:
         events = by_name[name]
         book = events[0].book
@@ -236,24 +239,47 @@ def record_ends(conn: Conn, ended: Sequence[Ended]) -> None:
         elif breaker is not None:
             _successes(conn, name, events, book)
         else:
-            _note_health(conn, name, events, book)
+            notes += _health_due(name, events, book)
+    _note_health(conn, notes)
 
 
-def _note_health(conn: Conn, name: str, events: Iterable[Ended], book: DestinationBook) -> None:
-    """A destination without a breaker: its last success and last failure,
-    on its row if it has one, once a second at most."""
+def _health_due(
+    name: str, events: Iterable[Ended], book: DestinationBook
+) -> list[tuple[str, str, float]]:
+    """A destination without a breaker: its last success and last failure
+    to note (``(name, statement, at)``), once a second at most."""
     succeeded = failed = None
     for event in events:
         if event.signal is Signal.SUCCESS:
             succeeded = event.now if succeeded is None else max(succeeded, event.now)
         elif event.signal is Signal.FAILURE:
             failed = event.now if failed is None else max(failed, event.now)
-    for at, statement, column in (
-        (succeeded, _NOTE_SUCCESS, "last_success_at"),
-        (failed, _NOTE_FAILURE, "last_failure_at"),
-    ):
-        if at is not None and book.due(name, column, at):
-            conn.execute(statement, (at, name, at - HEALTH_WRITE_SECONDS))
+    return [
+        (name, statement, at)
+        for at, statement, column in (
+            (succeeded, _NOTE_SUCCESS, "last_success_at"),
+            (failed, _NOTE_FAILURE, "last_failure_at"),
+        )
+        if at is not None and book.due(name, column, at)
+    ]
+
+
+def _note_health(conn: Conn, notes: Sequence[tuple[str, str, float]]) -> None:
+    """Write the notes of destinations that have a row (in name order): a
+    finish of many destinations asks once which of them have one, instead
+    of one statement each for rows that mostly do not exist (a row made
+    meanwhile misses one note, written again within a second)."""
+    if len(notes) > 1:
+        names = sorted({name for name, _, _ in notes})
+        present: set[str] = set()
+        for start in range(0, len(names), NAMES_PER_READ):
+            chunk = names[start : start + NAMES_PER_READ]
+            marks = ", ".join("?" * len(chunk))
+            read = f"SELECT name FROM {TABLE} WHERE name IN ({marks})"
+            present.update(row["name"] for row in conn.query(read, chunk))
+        notes = [note for note in notes if note[0] in present]
+    for name, statement, at in notes:
+        conn.execute(statement, (at, name, at - HEALTH_WRITE_SECONDS))
 
 
 def _is_probe(row: Mapping[str, Any], event: Ended) -> bool:

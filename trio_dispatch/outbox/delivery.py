@@ -28,6 +28,7 @@ from .machine import (
     Outcome,
     claim_batch,
     finish_and_claim,
+    finish_and_claim_ahead,
     finish_many,
     release,
 )
@@ -174,6 +175,43 @@ async def finish_and_claim_next(
         effects=effects,
     )
     return await db.write_many(finish_and_claim, end)
+
+
+async def finish_and_claim_many(
+    db: Database,
+    ends: Sequence[tuple[Claim, TransportResult, Effects | None]],
+    *,
+    want: int,
+    lease_seconds: float,
+    rules: ClaimRules,
+    retry_jitter: float = 0.0,
+    actor: str = ACTOR_DELIVERY,
+    clock: Callable[[], float] = time.time,
+    retry_schedule: Sequence[float] | None = None,
+    destinations: DestinationBook | None = None,
+) -> tuple[list[Outcome], list[Claim], dict[str, int]]:
+    """Record the ends of several attempts (each as :func:`finish_attempt`
+    would, with its ``effects``) and, in the same transaction, claim up to
+    ``want`` due rows under ``rules`` (which hear of the ends first): one
+    unit of work, one commit. Returns the outcomes in the order of
+    ``ends``, the claims and that scan's counters."""
+    now = clock()
+    planned = [
+        AttemptEnd(
+            claim,
+            result,
+            now,
+            jittered_backoff(claim.attempt, retry_jitter, schedule=retry_schedule),
+            actor,
+            next_lease=lease_seconds,
+            clock=clock,
+            rules=rules,
+            destinations=destinations,
+            effects=effects,
+        )
+        for claim, result, effects in ends
+    ]
+    return await db.write(lambda conn: finish_and_claim_ahead(conn, planned, want))
 
 
 async def release_attempt(

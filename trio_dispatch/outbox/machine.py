@@ -400,6 +400,26 @@ def finish_and_claim(
     return list(zip(outcomes, nexts, counts, strict=True))
 
 
+def finish_and_claim_ahead(
+    conn: Conn, ends: list[AttemptEnd], want: int
+) -> tuple[list[Outcome], list[Claim], dict[str, int]]:
+    """:func:`finish_many`, and in the same transaction claim up to
+    ``want`` due rows for the worker to hold ahead of its slots (the ends'
+    first gives the lease, actor, clock and rules; the rules hear of every
+    end first). Returns the outcomes in order, the claims and the scan's
+    counters."""
+    outcomes = finish_many(conn, ends)
+    first = ends[0]
+    first.rules.ended([(end.claim.dispatch_id, end.claim.lease_until) for end in ends])
+    if want <= 0:
+        return outcomes, [], dict.fromkeys(COUNTER_KEYS, 0)
+    assert first.clock is not None
+    claims, scanned = claim_batch(
+        conn, first.clock(), want, first.next_lease, first.actor, rules=first.rules
+    )
+    return outcomes, claims, scanned
+
+
 # -- operators and consumers -----------------------------------------------------
 
 

@@ -510,6 +510,7 @@ class WebApp:
             statistics = self.worker.statistics()
             worker = {
                 "in_flight": statistics.in_flight,
+                "held_ahead": statistics.held_ahead,
                 "concurrency": statistics.concurrency,
                 "delivered": statistics.delivered,
                 "last_scan_age_seconds": None

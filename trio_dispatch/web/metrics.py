@@ -121,6 +121,13 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
         )
     )
     out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_held_ahead",
+            "Rows claimed ahead of the worker's slots, not yet started.",
+            value=statistics.held_ahead,
+        )
+    )
+    out.append(
         CounterMetricFamily(
             "trio_dispatch_scan_errors",
             "Scans for due dispatches that failed (a held lock, a store error).",

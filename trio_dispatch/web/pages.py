@@ -211,6 +211,7 @@ def overview(
     if worker is not None:
         worker_line = (
             f"<p class=muted>worker: {worker['in_flight']} of {worker['concurrency']} slots busy, "
+            f"{worker['held_ahead']} rows held ahead, "
             f"last scan {age(worker['last_scan_age_seconds'])} ago, "
             f"{worker['delivered']:,} delivered since start</p>"
         )

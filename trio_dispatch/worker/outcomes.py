@@ -1,7 +1,7 @@
 """How the worker records an attempt's end once its transport has
 returned: the finish (or, for an interrupted attempt, the release) written
-with retries while the store fails, the finish that claims the slot's next
-due row in the same transaction, and the pause in claiming that a local
+with retries while the store fails (the finish that claims rows ahead in
+the same transaction is :mod:`.finisher`'s), and the pause in claiming that a local
 resource error at spawn starts. Each write is one unit of work through the
 outbox; no transaction is open while anything waits."""
 
@@ -18,7 +18,6 @@ from ..destinations.outcomes import DestinationBook, Effects
 from ..outbox import (
     Claim,
     Outcome,
-    finish_and_claim_next,
     finish_attempt,
     release_attempt,
 )
@@ -95,35 +94,6 @@ class OutcomeWriter:
                     return None
                 await anyio.sleep(pause)
         return None
-
-    async def finish_and_claim(
-        self, claim: Claim, result: TransportResult, effects: Effects | None = None
-    ) -> tuple[Outcome, Claim | None, dict[str, int]] | None:
-        """Finish the attempt and take the slot's next due row in the same
-        transaction: the outcome, that claim (None when nothing is due) and
-        the scan's counts. None if the write failed (logged, once): the
-        caller then records the end with :meth:`settle`."""
-        try:
-            return await finish_and_claim_next(
-                self.db,
-                claim,
-                result,
-                lease_seconds=self.settings.lease_seconds,
-                retry_jitter=self.settings.retry_jitter,
-                actor=self.actor,
-                clock=self.clock,
-                retry_schedule=self.settings.retry_schedule,
-                rules=self.rules,
-                destinations=self.destinations,
-                effects=effects,
-            )
-        except Exception:
-            self.log.exception(
-                "dispatch %s attempt %d: recording the outcome failed",
-                claim.dispatch_id,
-                claim.attempt,
-            )
-            return None
 
 
 class ClaimPause:

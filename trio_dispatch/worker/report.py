@@ -1,6 +1,6 @@
 """What the worker says of each attempt: one log line (what was sent
-where, how it ended and, for a retry, when the next attempt is due) and the
-attempt's place in the metrics."""
+where, how it ended and, for a retry, when the next attempt is due), the
+attempt's place in the metrics, and its totals (:class:`Ledger`)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from typing import Final
 
 from ..attempt import TransportResult
 from ..backoff import jittered_backoff
-from ..destinations.outcomes import DEFAULT_BOOK, DestinationBook, throttle_wait
+from ..destinations.outcomes import DEFAULT_BOOK, DestinationBook, Effects, throttle_wait
 from ..destinations.policy import MAX_THROTTLES_PER_ROW
-from ..outbox import Claim, Outcome
+from ..outbox import Claim, Outcome, tally
+from ..outbox.claim import ClaimRules
 from ..outbox.machine import MAX_RETRY_AFTER_SECONDS
 from ..redact import visible
 from ..settings import WorkerSettings
-from .metrics import DeliveryMetrics
+from .metrics import CancelCounts, DeliveryMetrics, DestinationMetrics
 
 _QUIET_OUTCOMES: Final = frozenset(
     {
@@ -141,3 +142,67 @@ def next_attempt_text(
         delay = max(delay, min(result.retry_after, cap))
     approx = "~" if settings.retry_jitter else ""
     return f"{approx}{_when(clock() + delay)} next_in={approx}{delay:g}s"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ledger:
+    """What a worker counts and says of each attempt's recorded end: its
+    totals, metrics and log line; its claim rules hear of the end, and its
+    claim loop is woken when the row's new due time may come sooner."""
+
+    counts: dict[str, int]
+    metrics: DeliveryMetrics
+    destination_metrics: DestinationMetrics
+    cancel_counts: CancelCounts
+    rules: ClaimRules
+    log: logging.Logger
+    settings: WorkerSettings
+    clock: Callable[[], float]
+    book: DestinationBook
+    wake: Callable[[], None]
+
+    def recorded(
+        self,
+        claim: Claim,
+        result: TransportResult,
+        effects: Effects,
+        started: float,
+        outcome: Outcome | None,
+    ) -> None:
+        """An attempt's end recorded as ``outcome`` (None: every write
+        failed; the lease brings the row back)."""
+        self.rules.ended([(claim.dispatch_id, claim.lease_until)])
+        if outcome is not None:
+            tally(self.counts, result, outcome)
+            if outcome not in (Outcome.CONFLICT, Outcome.CANCELLED):
+                self.destination_metrics.ended(
+                    claim.deliver_to, result.throttled, effects.transitions
+                )
+        self.cancel_counts.ended(outcome is Outcome.CANCELLED, effects.too_late)
+        if outcome in (Outcome.RETRY, Outcome.AWAITING_ACK, Outcome.THROTTLED) or result.local:
+            # Its new due time may come before the loop's planned wake-up
+            # (a short retry schedule, a Retry-After; a released row is
+            # due at once, after the pause): re-read it.
+            self.wake()
+        log_outcome(
+            self.log,
+            self.metrics,
+            claim,
+            outcome,
+            started,
+            result,
+            self.settings,
+            self.clock,
+            self.book,
+        )
+
+    def interrupted(
+        self, claim: Claim, result: Interrupted, started: float, outcome: Outcome | None
+    ) -> None:
+        """An interrupted attempt released (or dead-lettered) as ``outcome``."""
+        if outcome is Outcome.DEAD_LETTER:
+            self.counts["dead_letter"] += 1
+        self.cancel_counts.ended(outcome is Outcome.CANCELLED, too_late=False)
+        log_outcome(
+            self.log, self.metrics, claim, outcome, started, result, self.settings, self.clock
+        )

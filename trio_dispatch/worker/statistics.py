@@ -34,6 +34,9 @@ class WorkerStatistics:
     """Wall-clock time of the last completed scan, or None."""
     running: bool
     """Whether :meth:`DispatchWorker.run` is running."""
+    held_ahead: int = 0
+    """Rows claimed ahead of the slots, not yet started (``delivering``
+    under this worker's leases; trio_dispatch.worker.finisher)."""
 
     @property
     def counts(self) -> dict[str, int]:
