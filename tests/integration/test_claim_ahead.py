@@ -98,6 +98,39 @@ async def test_a_worker_holds_rows_ahead_of_its_slots_but_runs_no_more_than_its_
     assert sorted(gate.started) == sorted(ids)
 
 
+async def test_a_worker_with_a_rate_holds_no_row_ahead_and_starts_no_more_than_its_burst(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    """A rate counts a start at its claim: rows held ahead would start
+    together when the slots free up, beyond the burst. So a worker with a
+    rate on any destination claims into free slots only."""
+    ids = [await enqueue_dispatch(store, kind="k", deliver_to="metered") for _ in range(12)]
+    gate = Gate()
+    started_at: list[float] = []
+
+    async def send(delivery: Delivery) -> None:
+        started_at.append(anyio.current_time())
+        await gate.send(delivery)
+
+    rate = {"metered": {"rate": "100/s", "burst": 2}}
+    async with anyio.create_task_group() as tg:
+        worker = DispatchWorker(
+            store, transport=send, concurrency=2, tick_seconds=0.2, destinations=rate
+        )
+        await tg.start(worker.run)
+        await wait_for(lambda: len(gate.started) == 2)
+        await anyio.sleep(0.3)  # time enough for the rate to admit every row
+        assert len(delivering(raw)) == 2  # the running ones: none held ahead
+        assert worker.statistics().held_ahead == 0
+        gate.open.set()
+        await wait_for(lambda: all(row_is(raw, i, status="delivered") for i in ids))
+        tg.cancel_scope.cancel()
+    # The starts never run ahead of the rate beyond its burst.
+    first = started_at[0]
+    for n, at in enumerate(started_at, start=1):
+        assert n <= 100 * (at - first) + 2 + 1, (n, at - first)
+
+
 async def test_shutdown_gives_the_rows_held_ahead_back_at_once_unsent_and_uncounted(
     store: SQLiteStore, raw: RawDB
 ) -> None:

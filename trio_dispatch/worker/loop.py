@@ -161,6 +161,10 @@ class DispatchWorker:
         self.db = db
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
         """Each destination's policy (docs/destinations.md), checked."""
+        self._rated = any(policy.gcra_rate is not None for policy in self.destinations.values())
+        """Whether a rate bounds some destination's starts: then no row is held
+        ahead, since a rate counts a start at its claim, and rows held ahead
+        would start when slots free up, several at once beyond its burst."""
         self._book = DestinationBook(self.destinations)
         self.settings = settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked, and the one place the worker reads them
@@ -536,7 +540,7 @@ class DispatchWorker:
         if self._closing or self._pause.remaining() > 0:
             return 0
         slots = self._slots
-        ahead = self._pace.ahead_rows(slots.capacity, slots.ahead_capacity)
+        ahead = 0 if self._rated else self._pace.ahead_rows(slots.capacity, slots.ahead_capacity)
         return slots.free + ahead - slots.waiting - self._finisher.reserved
 
     def _claimed(self, claims: list[Claim], counts: dict[str, int], since: float) -> None:
