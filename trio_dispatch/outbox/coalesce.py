@@ -217,22 +217,7 @@ def place(conn: Conn, new: NewDispatch, rule: Coalesce, now: float) -> Placed | 
             superseded = old
             first = row["coalesce_since"]
             since = float(row["created_at"] if first is None else first)
-            record(
-                conn,
-                [
-                    Change(
-                        old,
-                        Status.PENDING,
-                        Status.SUPERSEDED,
-                        Reason.COALESCED,
-                        f"superseded by {new.id}",
-                        new.source,
-                        new.actor,
-                        now,
-                        {"superseded_by": new.id, **rule.as_metadata()},
-                    )
-                ],
-            )
+            record(conn, [_supersede(old, new, now)])
             # Its key's next row, if it waited behind it, goes now.
             promote(conn, [row["ordering_key"]], now)
     if rule.mode != "debounce":
