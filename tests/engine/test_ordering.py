@@ -291,6 +291,13 @@ async def test_a_worker_beside_a_blocked_key_sleeps_instead_of_scanning_again_an
         worker = DispatchWorker(store, transport=refuse, tick_seconds=3600, listen=False)
         await tg.start(worker.run)
         await wait_for(lambda: raw.row(head)["status"] == "dead_letter")
+        # Settled: the scans that the dead letter's end itself wakes are done
+        # (a spinning worker never settles: it fails below after 5 s).
+        scans = -1
+        with anyio.move_on_after(5):
+            while (now_scans := worker.statistics().scans) != scans:
+                scans = now_scans
+                await anyio.sleep(0.2)
         scans = worker.statistics().scans
         worker.wake()  # a scan now: it finds the row behind the dead head held back
         await wait_for(lambda: worker.statistics().scans > scans)
