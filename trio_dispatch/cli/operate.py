@@ -169,12 +169,7 @@ async def cmd_retry(db: Store, args: argparse.Namespace) -> int:
     )
     result = await retry_dispatches(
         db,
-        deliver_to=chosen.deliver_to,
-        status=chosen.status,
-        since=chosen.since,
-        until=chosen.until,
-        kind=chosen.kind,
-        ordering_key=chosen.ordering_key,
+        **chosen.terms(),
         dry_run=args.dry_run,
         actor=_actor("retry"),
         reason=args.reason,
@@ -231,12 +226,7 @@ async def cmd_cancel(db: Store, args: argparse.Namespace) -> int:
 async def _cancel_many(db: Store, args: argparse.Namespace, chosen: Filter) -> int:
     result = await cancel_dispatches(
         db,
-        deliver_to=chosen.deliver_to,
-        status=chosen.status,
-        since=chosen.since,
-        until=chosen.until,
-        kind=chosen.kind,
-        ordering_key=chosen.ordering_key,
+        **chosen.terms(),
         dry_run=args.dry_run,
         actor=_actor("cancel"),
         reason=args.reason,

@@ -85,6 +85,18 @@ class Filter:
     until: float | None = None
     defaults: tuple[Status, ...] = RETRYABLE
 
+    def terms(self) -> dict[str, Any]:
+        """The filter as the keywords :func:`retry_dispatches` and
+        :func:`cancel_dispatches` take."""
+        return {
+            "deliver_to": self.deliver_to,
+            "status": self.status,
+            "since": self.since,
+            "until": self.until,
+            "kind": self.kind,
+            "ordering_key": self.ordering_key,
+        }
+
     @property
     def statuses(self) -> tuple[Status, ...]:
         return self.defaults if self.status is None else (self.status,)
