@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from trio_dispatch import Delivery, DispatchWorker, enqueue_dispatch
+from trio_dispatch import Delivery, DispatchWorker, enqueue_dispatch, enqueue_many
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.outbox.claim import ClaimRules, claim_rules
 from trio_dispatch.outbox.claim.fair import RELOOK_TURNS
@@ -166,3 +166,30 @@ async def test_a_worker_starts_a_newcomer_enqueued_while_a_backlog_drains_alone(
     # b's second row, claimed with the first or by a claim soon after, goes
     # before the rows of a held meanwhile too.
     assert started.index("b", first + 1) < first + 2 * MOST_AHEAD, started[first:]
+
+
+async def test_an_enqueue_is_heard_before_its_write_and_a_transactions_only_at_its_commit(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # A worker's claim that the store writes after an enqueue in one group
+    # commit looks for the new row's destination only if the worker heard
+    # of it before the write: so the early notice comes before the row is.
+    seen: list[int] = []
+    remove = store.on_enqueuing(lambda: seen.append(raw.counts()[0]))
+    try:
+        await enqueue_dispatch(store, kind="k", deliver_to="b")
+        assert seen == [0] and raw.counts()[0] == 1
+        await enqueue_many(store, [{"kind": "k", "deliver_to": "b"}] * 2)
+        await enqueue_dispatch(
+            store, kind="k", deliver_to="b", coalesce_key="digest", coalesce="replace"
+        )
+        assert seen == [0, 1, 3] and raw.counts()[0] == 4
+        # A caller's transaction: its rows are seen after its commit (the
+        # enqueue notice), never before.
+        async with store.transaction() as tx:
+            await enqueue_dispatch(tx, kind="k", deliver_to="b")
+        assert seen == [0, 1, 3] and raw.counts()[0] == 5
+    finally:
+        remove()
+    await enqueue_dispatch(store, kind="k", deliver_to="b")
+    assert seen == [0, 1, 3]

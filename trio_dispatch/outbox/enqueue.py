@@ -326,6 +326,7 @@ async def enqueue_dispatch(
 
 
 async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> EnqueueResult:
+    db.notify_enqueuing()
     if new.plain:
         # Coalesced with the other plain enqueues of the same group commit;
         # alone and unkeyed, it is one statement (PostgreSQL sends it alone).
@@ -352,6 +353,7 @@ async def commit_new(
 ) -> list[EnqueueResult]:
     """Write prepared dispatches in one transaction and wake this process's
     workers if any row is new."""
+    db.notify_enqueuing()
     results = await db.write(partial(insert_all, batch=batch, now=clock(), name_items=name_items))
     if any(result.outcome != KEPT for result in results):
         db.notify_enqueued()

@@ -351,6 +351,12 @@ class Database(Protocol):
         A store calls them at once; a transaction calls them after it commits
         (and never, if it rolls back)."""
 
+    def notify_enqueuing(self) -> None:
+        """Tell this process's early listeners that an enqueue is about to
+        be written (a store; a transaction's rows wait for its commit, and
+        :meth:`notify_enqueued` then): a worker's claim that the store runs
+        after it, in the same group commit, looks for its destination."""
+
 
 class Transaction(Database, Protocol):
     """A caller-owned transaction (docs/usage.md): units passed to :meth:`write`
@@ -378,6 +384,14 @@ class Store(Database, Protocol):
         """Call ``callback`` (in the event loop) after each commit that added
         a pending dispatch in this process; return a function that removes
         it. Used by a worker to wake at once instead of waiting for a tick."""
+
+    def on_enqueuing(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (in the event loop) before each enqueue of this
+        process is written (it may still fail: a hint, never a promise);
+        return a function that removes it. A worker's fair share uses it:
+        on SQLite a claim written in the same group commit as the enqueue,
+        after it, sees the new row, where the notice after the commit would
+        reach only the claim after that one."""
 
     def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback`` (in the event loop) with the dispatch id after

@@ -171,6 +171,7 @@ class BatchingStore(abc.ABC):
         self._idle = anyio.Event()
         self._tx_owner: object | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._early_listeners: list[Callable[[], None]] = []
         self._cancel_listeners: list[Callable[[str], None]] = []
         self._closed = False
         self.stats = {"batches": 0, "units": 0, "hops": 0}
@@ -519,16 +520,17 @@ class BatchingStore(abc.ABC):
     # -- wake-ups --------------------------------------------------------------
 
     def on_enqueue(self, callback: Callable[[], None]) -> Callable[[], None]:
-        self._listeners.append(callback)
-
-        def remove() -> None:
-            if callback in self._listeners:
-                self._listeners.remove(callback)
-
-        return remove
+        return _listen(self._listeners, callback)
 
     def notify_enqueued(self) -> None:
         for callback in list(self._listeners):
+            callback()
+
+    def on_enqueuing(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return _listen(self._early_listeners, callback)
+
+    def notify_enqueuing(self) -> None:
+        for callback in list(self._early_listeners):
             callback()
 
     def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
@@ -543,3 +545,17 @@ class BatchingStore(abc.ABC):
     def notify_cancel(self, dispatch_id: str) -> None:
         for callback in list(self._cancel_listeners):
             callback(dispatch_id)
+
+
+Listener = Callable[[], None]
+
+
+def _listen(listeners: list[Listener], callback: Listener) -> Listener:
+    """Add ``callback`` to ``listeners``; return what removes it."""
+    listeners.append(callback)
+
+    def remove() -> None:
+        if callback in listeners:
+            listeners.remove(callback)
+
+    return remove

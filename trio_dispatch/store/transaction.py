@@ -100,3 +100,7 @@ class BatchingTransaction:
 
     def notify_enqueued(self) -> None:
         self._enqueued = True
+
+    def notify_enqueuing(self) -> None:
+        """Nothing: the rows are seen once the caller commits (then
+        :meth:`notify_enqueued`)."""

@@ -281,9 +281,12 @@ class DispatchWorker:
     def _enqueued(self) -> None:
         """An enqueue notice: scan now, and let the claims' fair-share turns
         look for a destination that was not there before."""
+        self._news()
+        self.wake()
+
+    def _news(self) -> None:
         if self._rules.turns is not None:
             self._rules.turns.news()
-        self.wake()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Deliver until cancelled; signals ``task_status`` once it listens
@@ -299,6 +302,9 @@ class DispatchWorker:
         self._interrupt = None
         self._wake = anyio.Event()
         remove = self.db.on_enqueue(self._enqueued)
+        # Before the write too: a claim of the same group commit, after the
+        # enqueue, then looks for the new row's destination.
+        remove_early = self.db.on_enqueuing(self._news)
         try:
             await self._run(task_status)
         except BaseExceptionGroup as group:
@@ -310,6 +316,7 @@ class DispatchWorker:
             raise interrupt from None
         finally:
             remove()
+            remove_early()
             self._wake = None
             self._stop = None
             self._running = False
