@@ -313,3 +313,38 @@ def test_every_writer_gives_a_priority_the_store_s_head_start_and_urgent_rows_go
     ranked = raw.rows("SELECT id FROM dispatch_outbox ORDER BY next_attempt_at - head_start")
     assert [row["id"] for row in ranked] == [ids[2], ids[1], ids[0]]
     assert sorted(d.dispatch_id for d in delivered_by_a_worker(db_target)) == sorted(ids)
+
+
+def test_every_writer_coalesces_a_key_to_one_waiting_row_and_a_rollback_supersedes_nothing(
+    writer: Writer, raw: RawDB, db_target: str
+) -> None:
+    def replace(n: int) -> Callable[[Any, Any], Any]:
+        return lambda one, many: one(
+            kind="digest", deliver_to="d", body={"n": n}, coalesce_key="u-1", coalesce="replace"
+        )
+
+    first = writer.unit(replace(1), True)
+    second, kept, batch = writer.unit(
+        lambda one, many: (
+            replace(2)(one, many),
+            one(kind="digest", deliver_to="d", coalesce_key="u-1", coalesce="keep"),
+            many([{"kind": "digest", "deliver_to": "d", "coalesce_key": "u-2"}]),
+        ),
+        True,
+    )
+    # keep returns the waiting row's id and writes nothing; replace never
+    # rewrites a payload: the waiting row becomes superseded, naming its successor.
+    assert kept == second != first
+    writer.unit(replace(3), False)  # rolled back: nothing superseded
+    statuses = {
+        row["id"]: row["status"] for row in raw.rows("SELECT id, status FROM dispatch_outbox")
+    }
+    assert statuses == {first: "superseded", second: "pending", batch[0]: "pending"}
+    last = raw.transitions(first)[-1]
+    assert (last["status"], last["reason_code"], last["reason_summary"]) == (
+        "superseded",
+        "dispatch.superseded.coalesced",
+        f"superseded by {second}",
+    )
+    delivered = {d.dispatch_id: d.payload for d in delivered_by_a_worker(db_target)}
+    assert set(delivered) == {second, batch[0]} and '"n": 2' in delivered[second]
