@@ -108,13 +108,13 @@ def test_the_check_sees_a_missing_tick_and_a_tick_with_two_dispatches(tmp_path: 
     anyio.run(fire_ticks)
     figures = schedule_soak.tick_figures(db, names)
     assert (figures["ticks"], figures["missing_ticks"], figures["dispatches"]) == (4, 0, 4)
-    runs = schedule_soak.soak._query(db, "SELECT id FROM schedule_runs ORDER BY scheduled_for")
+    runs = schedule_soak.common.query(db, "SELECT id FROM schedule_runs ORDER BY scheduled_for")
     # Tick 101 loses its run and dispatch; tick 103's dispatch moves to tick 100's run.
-    schedule_soak.soak._query(
+    schedule_soak.common.query(
         db, "DELETE FROM dispatch_outbox WHERE schedule_run_id = ?", (runs[1]["id"],)
     )
-    schedule_soak.soak._query(db, "DELETE FROM schedule_runs WHERE id = ?", (runs[1]["id"],))
-    schedule_soak.soak._query(
+    schedule_soak.common.query(db, "DELETE FROM schedule_runs WHERE id = ?", (runs[1]["id"],))
+    schedule_soak.common.query(
         db,
         "UPDATE dispatch_outbox SET schedule_run_id = ? WHERE schedule_run_id = ?",
         (runs[0]["id"], runs[3]["id"]),

@@ -97,7 +97,7 @@ def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
     assert figures["missing_from_ledger"] == 0, figures
     assert figures["duplicate_pairs"] == 0, figures
     assert figures["ok"], figures
-    changes = soak._query(
+    changes = soak.query(
         tmp_path / "crash.db",
         "SELECT COUNT(*) AS n FROM dispatch_destination_changes WHERE state = 'open'",
     )
