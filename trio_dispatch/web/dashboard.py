@@ -37,6 +37,7 @@ from . import pages
 from .actions import ACTION_LABELS, Actions, action_form, offered
 from .auth import Identity, Role
 from .destinations import DestinationsView
+from .markup import link
 
 if TYPE_CHECKING:
     from ..schedules import Schedule
@@ -127,22 +128,21 @@ class Dashboard:
             before=before,
             limit=PAGE_SIZE + 1,
         )
+        filters = {
+            "status": status,
+            "kind": kind,
+            "ordering_key": ordering_key,
+            "coalesce_key": coalesce_key,
+        }
         next_page = None
         if len(rows) > PAGE_SIZE:
             rows = rows[:PAGE_SIZE]
             last = rows[-1]
-            next_page = "/?" + urlencode(
+            next_page = link(
                 {
-                    key: value
-                    for key, value in {
-                        "status": status,
-                        "kind": kind,
-                        "ordering_key": ordering_key,
-                        "coalesce_key": coalesce_key,
-                        "before": f"{float(last['created_at'])!r},{last['id']}",
-                        "refresh": str(refresh) if refresh else None,
-                    }.items()
-                    if value
+                    **filters,
+                    "before": f"{float(last['created_at'])!r},{last['id']}",
+                    "refresh": str(refresh) if refresh else None,
                 }
             )
         worker = None
@@ -168,10 +168,7 @@ class Dashboard:
         here = {
             key: value
             for key, value in {
-                "status": status,
-                "kind": kind,
-                "ordering_key": ordering_key,
-                "coalesce_key": coalesce_key,
+                **filters,
                 "before": query.get("before") if before is not None else None,
             }.items()
             if value
