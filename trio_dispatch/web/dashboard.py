@@ -10,6 +10,7 @@ runs no script); any other value is a 400 naming it (:class:`BadQuery`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -69,6 +70,7 @@ def refresh_seconds(value: str | None) -> int | None:
     return seconds
 
 
+@dataclasses.dataclass(eq=False)
 class Dashboard:
     """The pages of :class:`~.app.WebApp` over ``db``: the rows of ``db``,
     a running ``worker``'s state (given one), the ``schedules`` shown,
@@ -76,26 +78,15 @@ class Dashboard:
     and, with ``actions`` (an operator token configured), the buttons
     that post to them."""
 
-    def __init__(
-        self,
-        db: Database,
-        *,
-        worker: DispatchWorker | None,
-        schedules: Sequence[Schedule],
-        ordering: OrderingPolicy,
-        store_label: str,
-        clock: Callable[[], float],
-        actions: Actions | None,
-        destinations: DestinationsView,
-    ) -> None:
-        self.db = db
-        self.worker = worker
-        self.schedules = schedules
-        self.ordering = ordering
-        self.store_label = store_label
-        self.clock = clock
-        self.actions = actions
-        self.destinations = destinations
+    db: Database
+    _: dataclasses.KW_ONLY
+    worker: DispatchWorker | None
+    schedules: Sequence[Schedule]
+    ordering: OrderingPolicy
+    store_label: str
+    clock: Callable[[], float]
+    actions: Actions | None
+    destinations: DestinationsView
 
     async def index(self, query: Mapping[str, str], identity: Identity) -> str:
         """The index page (``/``) of this query: counts, recent failures
