@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -37,6 +39,19 @@ def size(full: int, quick: int) -> int:
 
 
 @functools.cache
+def load_script(name: str) -> ModuleType:
+    """``scripts/NAME.py`` (a driver the tests run small) imported as the
+    module ``NAME_driver``, registered in ``sys.modules`` so that what it
+    defines resolves by module name (dataclasses, pickles)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_driver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"{name}_driver"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def client_tls() -> ssl.SSLContext:
     """One verifying TLS context for the tests' own HTTP clients: httpx loads
     the CA bundle again for each client made without one (20-40 ms), and the

@@ -6,7 +6,6 @@ tick with one definition; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -15,25 +14,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from ..conftest import RawDB
+from ..helpers import load_script
 
-
-def _driver() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "schedule_soak.py"
-    spec = importlib.util.spec_from_file_location("schedule_soak_driver", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["schedule_soak_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-schedule_soak = _driver()
+schedule_soak = load_script("schedule_soak")
 
 
 def _assert_each_tick_once(figures: dict[str, Any], seconds: float, engine: str) -> None:
