@@ -30,16 +30,8 @@ from .markup import with_notice as with_notice
 from .style import STYLE as STYLE
 from .style import STYLE_HASH as STYLE_HASH
 
-STATUS_ORDER: Final = (
-    "pending",
-    "delivering",
-    "delivered",
-    "acked",
-    "dead_letter",
-    "expired",
-    "superseded",
-    "cancelled",
-)
+STATUS_ORDER: Final = tuple(str(status) for status in Status)
+"""The index page's cards and status choices, in the lifecycle's order."""
 
 
 REFRESH_CHOICES: Final = (5, 10, 30, 60)
