@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import soak
+from soaks import common
 
 OVERLAPPING_KEYS = (
     "SELECT ordering_key FROM dispatch_outbox WHERE status = 'delivering' "
@@ -71,7 +71,7 @@ def role_ordered_worker(db: str, log: str, incarnation: str, concurrency: int, s
         line("E", delivery)
 
     async def main() -> None:
-        async with open_store(db) as store, anyio.create_task_group() as tg:
+        async with open_store(db) as store:
             # Lease 2 s (0.5 s timeout + 1.5 s margin): a killed worker's rows,
             # and so their keys, come back sooner than with the 5 s default.
             worker = DispatchWorker(
@@ -85,17 +85,13 @@ def role_ordered_worker(db: str, log: str, incarnation: str, concurrency: int, s
                 lease_margin_seconds=1.5,
                 ordering_on_dead_letter="block",
             )
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                await tg.start(worker.run)
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    break
+            await common.run_until_signalled(worker)
 
     anyio.run(main, backend="trio")
 
 
 def _spawn(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    return soak._spawn(*args, log=log, script=__file__)
+    return common.spawn(*args, log=log, script=__file__)
 
 
 def _enqueue_round(db: Path | str, keys: list[str], round_no: int) -> list[tuple[str, str]]:
@@ -207,7 +203,9 @@ class _Poller:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.found.extend(row["ordering_key"] for row in soak._query(self.db, OVERLAPPING_KEYS))
+            self.found.extend(
+                row["ordering_key"] for row in common.query(self.db, OVERLAPPING_KEYS)
+            )
             self.polls += 1
             self._stop.wait(0.01)
 
@@ -241,7 +239,7 @@ def ordered_soak(
     rng = random.Random(seed)
     db: Path | str = store or workdir / "ordered.db"
     log, errors = workdir / "ordered.attempts", workdir / "ordered.log"
-    soak._make_schema(db)
+    common.make_schema(db)
     names = [f"key-{k:03d}" for k in range(keys)]
     enqueued: dict[str, list[str]] = {name: [] for name in names}
     deaths: dict[str, float] = {}
@@ -294,18 +292,18 @@ def ordered_soak(
         alive_at_end = sum(1 for _, process in running if process.poll() is None)
         codes = []
         for name, process in running:
-            codes.append(soak._stop(process))
+            codes.append(common.stop(process))
             deaths[name] = time.monotonic()
     finally:
         if poller:
             poller.__exit__()
     statuses = {
         row["id"]: row["status"]
-        for row in soak._query(db, "SELECT id, status FROM dispatch_outbox")
+        for row in common.query(db, "SELECT id, status FROM dispatch_outbox")
     }
     figures: dict[str, Any] = {
         "driver": "ordered",
-        "engine": "postgresql" if soak._is_postgres(db) else "sqlite",
+        "engine": "postgresql" if common.is_postgres(db) else "sqlite",
         "keys": keys,
         "per_key": per_key,
         "workers": workers,
@@ -362,7 +360,7 @@ def _wait_mid_send(log: Path, incarnation: str, deadline: float) -> None:
 def _wait_delivered(db: Path | str, expected: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = soak._query(
+        found = common.query(
             db, "SELECT COUNT(*) AS n FROM dispatch_outbox WHERE status = 'delivered'"
         )
         if int(found[0]["n"]) >= expected:
@@ -384,7 +382,7 @@ def main() -> None:
     parser.add_argument("-k", type=int, default=10, help="kills: how many")
     parser.add_argument("--store", help="a postgresql:// URL (its tables empty) instead of SQLite")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=soak.ROOT) as tmp:
+    with tempfile.TemporaryDirectory(dir=common.ROOT) as tmp:
         if args.driver == "kills":
             figures = ordered_soak(
                 Path(tmp), args.keys or 50, args.per_key or 40, kills=args.k, store=args.store

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import soak
+from soaks import common
 
 EVERY_SECONDS = 1
 """The schedules' interval (``every: 1s``)."""
@@ -75,15 +75,11 @@ def role_schedule_worker(db: str, count: int) -> None:
         pass
 
     async def main() -> None:
-        async with open_store(db) as store, anyio.create_task_group() as tg:
+        async with open_store(db) as store:
             worker = DispatchWorker(
                 store, transport=send, tick_seconds=0.2, concurrency=8, schedules=schedules
             )
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                await tg.start(worker.run)
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    break
+            await common.run_until_signalled(worker)
 
     anyio.run(main, backend="trio")
 
@@ -96,12 +92,12 @@ def tick_figures(db: Path | str, names: list[str]) -> dict[str, Any]:
     """What the store shows: ticks fired, ticks with more than one run or
     dispatch, ticks with none, and ticks missing between each schedule's
     first and last."""
-    runs = soak._query(
+    runs = common.query(
         db,
         "SELECT id, schedule, scheduled_for, origin FROM schedule_runs "
         "WHERE schedule IS NOT NULL ORDER BY schedule, scheduled_for",
     )
-    dispatches = soak._query(
+    dispatches = common.query(
         db, "SELECT id, schedule_run_id, payload FROM dispatch_outbox WHERE kind = 'soak.tick'"
     )
     runs_per_tick = collections.Counter((r["schedule"], float(r["scheduled_for"])) for r in runs)
@@ -154,11 +150,11 @@ def schedule_soak(
     rng = random.Random(seed)
     db: Path | str = store or workdir / "schedules.db"
     errors = workdir / "schedules.log"
-    soak._make_schema(db)  # type: ignore[arg-type]
+    common.make_schema(db)  # type: ignore[arg-type]
     names = schedule_names(schedules)
 
     def spawn() -> subprocess.Popen[bytes]:
-        return soak._spawn("schedule-worker", str(db), str(schedules), log=errors, script=__file__)
+        return common.spawn("schedule-worker", str(db), str(schedules), log=errors, script=__file__)
 
     started = time.monotonic()
     running = [spawn() for _ in range(workers)]
@@ -166,7 +162,7 @@ def schedule_soak(
     codes: list[int] = []
     try:
         deadline = time.monotonic() + 30
-        while not soak._query(db, "SELECT 1 FROM schedule_runs LIMIT 1"):
+        while not common.query(db, "SELECT 1 FROM schedule_runs LIMIT 1"):
             if time.monotonic() > deadline:
                 raise RuntimeError("no tick fired within 30 s of starting the workers")
             time.sleep(0.1)
@@ -192,12 +188,12 @@ def schedule_soak(
         alive_at_end = sum(1 for process in running if process.poll() is None)
         stopped_at = time.time()
     finally:
-        codes = [soak._stop(process) for process in running]
+        codes = [common.stop(process) for process in running]
     said = errors.read_text() if errors.exists() else ""
     ticks = tick_figures(db, names)
     figures: dict[str, Any] = {
         "driver": "schedules",
-        "engine": "postgresql" if soak._is_postgres(db) else "sqlite",
+        "engine": "postgresql" if common.is_postgres(db) else "sqlite",
         "workers": workers,
         "schedules": schedules,
         "kills": kills,
@@ -238,7 +234,7 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=3)
     parser.add_argument("--store", help="a postgresql:// URL (its tables empty) instead of SQLite")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=soak.ROOT) as tmp:
+    with tempfile.TemporaryDirectory(dir=common.ROOT) as tmp:
         if args.driver == "workers":
             figures = schedule_soak(
                 Path(tmp), args.seconds or 8, schedules=args.schedules, store=args.store

@@ -3,7 +3,8 @@
 Each prints its figures and exits non-zero if the outbox broke its promise
 (a row lost, an (id, attempt) sent twice, a worker dead of SQLITE_BUSY, a
 dedup caller told the wrong id). The test suite runs small versions of the
-same functions (tests/test_soak.py).
+same functions (tests/process/test_soak.py); the roles they start are in
+scripts/soaks/roles.py.
 
     .venv/bin/python scripts/soak.py crash   [-n 5000] [-k 50] [--cancel-rate 0.1]
                                              [--coalesce-rate 0.2]
@@ -28,273 +29,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # soaks/, when a test imports this
 
-TERMINAL = ("delivered", "acked", "dead_letter", "expired", "cancelled", "superseded")
+from soaks.common import (
+    ROOT,
+    TERMINAL,
+    is_postgres,
+    ledger_figures,
+    make_schema,
+    outbox_rows,
+    query,
+    read_ledger,
+    spawn,
+    stop,
+    wait_terminal,
+)
+from soaks.roles import COALESCE_KEYS, POLICY_ENV, run_role
+
 CANCELLED_REASON = "dispatch.cancelled.operator"
 SUPERSEDED_REASON = "dispatch.superseded.coalesced"
-COALESCE_KEYS = 7
-"""Coalesced enqueues (docs/controls.md) share this many keys: most find a row of
-their key waiting and supersede it, some find it claimed or sent."""
-
-POLICY_ENV = "SOAK_DESTINATION_POLICY"
-"""A JSON destination policy (docs/destinations.md) the roles share: the producer then
-spreads its rows over three destinations and every worker runs with the
-policy as ``"*"``, so the soak crosses rates, shared concurrency and an
-opening breaker with its SIGKILLs."""
 
 
-def _policy() -> dict[str, Any] | None:
-    text = os.environ.get(POLICY_ENV)
-    return json.loads(text) if text else None
-
-
-# -- roles run as child processes ------------------------------------------------
-
-
-def role_worker(db: str, ledger: str, fail_rate: float, seed: int) -> None:
-    """A worker process whose transport appends "id attempt" to the ledger
-    (the send) and fails a seeded fraction of attempts after sending."""
-    import anyio
-
-    from trio_dispatch import Delivery, DispatchWorker, open_store
-
-    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    async def send(delivery: Delivery) -> bool:
-        await anyio.sleep(random.random() * 0.02)  # kills land mid-send too
-        os.write(fd, f"{delivery.dispatch_id} {delivery.attempt}\n".encode())
-        rng = random.Random(f"{seed}:{delivery.dispatch_id}:{delivery.attempt}")
-        return rng.random() >= fail_rate
-
-    async def main() -> None:
-        async with open_store(db) as store, anyio.create_task_group() as tg:
-            # A 1.5 s lease margin (5 s by default): a killed worker's rows come
-            # back sooner, so a run sees more lease recoveries in less time.
-            policy = _policy()
-            worker = DispatchWorker(
-                store,
-                transport=send,
-                destinations=None if policy is None else {"*": policy},
-                concurrency=16,
-                batch_size=32,
-                tick_seconds=0.2,
-                timeout_seconds=0.5,
-                grace_seconds=1,
-                lease_margin_seconds=1.5,
-            )
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                await tg.start(worker.run)
-                async for _ in signals:
-                    tg.cancel_scope.cancel()
-                    break
-
-    anyio.run(main, backend="trio")
-
-
-def role_producer(
-    db: str, ids_file: str, n: int, pace: float, coalesce_rate: float = 0.0, seed: int = 0
-) -> None:
-    """Enqueue n dispatches in small batches, appending each committed id;
-    a seeded ``coalesce_rate`` share of them replace their coalesce key's
-    waiting row (one of :data:`COALESCE_KEYS`)."""
-    import anyio
-
-    from trio_dispatch import enqueue_many, open_store
-
-    spread = _policy() is not None
-    rng = random.Random(seed)
-
-    def coalescing() -> dict[str, Any]:
-        if rng.random() >= coalesce_rate:
-            return {}
-        return {"coalesce_key": f"key-{rng.randrange(COALESCE_KEYS)}", "coalesce": "replace"}
-
-    async def main() -> None:
-        async with open_store(db) as store:
-            with open(ids_file, "a") as out:
-                done = 0
-                while done < n:
-                    size = min(25, n - done)
-                    results = await enqueue_many(
-                        store,
-                        [
-                            {
-                                "kind": "soak",
-                                "deliver_to": f"dest-{(done + i) % 3}"
-                                if spread
-                                else f"seat-{done + i}",
-                                "max_attempts": 8,
-                                **coalescing(),
-                            }
-                            for i in range(size)
-                        ],
-                    )
-                    out.write("".join(f"{r.id}\n" for r in results))
-                    out.flush()
-                    done += size
-                    await anyio.sleep(pace)
-
-    anyio.run(main, backend="trio")
-
-
-def role_canceller(db: str, ids_file: str, rate: float, seed: int, stop_file: str) -> None:
-    """Cancel a seeded share of the committed ids as they appear, pending
-    or running (marked for the worker, or its lease's recovery, to carry
-    out), while the workers are killed; stop once ``stop_file`` exists and
-    every id written by then was seen."""
-    import anyio
-
-    from trio_dispatch import InvalidTransition, cancel_dispatch, open_store
-
-    rng = random.Random(seed)
-
-    async def main() -> None:
-        seen = 0
-        async with open_store(db) as store:
-            while True:
-                stopping = os.path.exists(stop_file)
-                ids = Path(ids_file).read_text().split() if os.path.exists(ids_file) else []
-                for dispatch_id in ids[seen:]:
-                    if rng.random() >= rate:
-                        continue
-                    try:
-                        await cancel_dispatch(store, dispatch_id, "soak", wait_seconds=0)
-                    except (InvalidTransition, LookupError):  # it ended first, or a cut line
-                        pass
-                seen = len(ids)
-                if stopping:
-                    return
-                await anyio.sleep(rng.uniform(0.0, 0.05))
-
-    anyio.run(main, backend="trio")
-
-
-def role_dedup(db: str, out: str, keys: list[str]) -> None:
-    import anyio
-
-    from trio_dispatch import enqueue_dispatch, open_store
-
-    async def main() -> list[str]:
-        async with open_store(db) as store:
-            return [
-                await enqueue_dispatch(store, kind="race", deliver_to="seat", dedup_key=key)
-                for key in keys
-            ]
-
-    Path(out).write_text(json.dumps(anyio.run(main, backend="trio")))
-
-
-def _spawn(*args: str, log: Path | None = None, script: str = __file__) -> subprocess.Popen[bytes]:
-    """A role of ``script`` (this file, or another driver built on it) as a
-    child process, its stderr appended to ``log``."""
-    argv = [sys.executable, script, "--role", *args]
-    if log is None:
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(log, "ab") as sink:  # the child holds its own copy; ours closes here
-        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=sink)
-
-
-# -- helpers ---------------------------------------------------------------------
-
-
-def _make_schema(db: Path | str) -> None:
-    import anyio
-
-    from trio_dispatch import open_store
-
-    async def touch() -> None:
-        async with open_store(db):
-            pass
-
-    anyio.run(touch)
-
-
-def _is_postgres(db: Path | str) -> bool:
-    return str(db).startswith(("postgresql://", "postgres://"))
-
-
-def _query(db: Path | str, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    """Rows of a query on either engine (SQL with ? placeholders)."""
-    if _is_postgres(db):
-        import psycopg
-        from psycopg.rows import dict_row
-
-        with psycopg.connect(str(db), autocommit=True) as conn:
-            cursor = conn.cursor(row_factory=dict_row)
-            cursor.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
-            return list(cursor.fetchall()) if cursor.description else []
-    conn = sqlite3.connect(db, timeout=30)
-    conn.row_factory = sqlite3.Row
-    try:
-        rows = [dict(r) for r in conn.execute(sql, params)]
-        conn.commit()
-        return rows
-    finally:
-        conn.close()
-
-
-def _rows(db: Path | str) -> dict[str, dict[str, Any]]:
-    return {
-        r["id"]: r
-        for r in _query(
-            db, "SELECT id, status, attempt, max_attempts, next_attempt_at FROM dispatch_outbox"
-        )
-    }
-
-
-def _ledger(path: Path) -> list[tuple[str, int]]:
-    if not path.exists():
-        return []
-    pairs = []
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2:  # a line cut by a kill is not a send
-            pairs.append((parts[0], int(parts[1])))
-    return pairs
-
-
-def _pull_retries_forward(db: Path | str) -> None:
-    """Time passing, compressed: retries scheduled minutes ahead are due now."""
-    _query(
-        db,
-        "UPDATE dispatch_outbox SET next_attempt_at = ? "
-        "WHERE status = 'pending' AND next_attempt_at > ?",
-        (time.time(), time.time()),
-    )
-
-
-def _wait_terminal(db: Path | str, expected: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = _rows(db)
-        if len(rows) >= expected and all(r["status"] in TERMINAL for r in rows.values()):
-            return True
-        _pull_retries_forward(db)
-        time.sleep(0.3)
-    return False
-
-
-def _stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
-
-
-def _ledger_figures(ids: set[str], pairs: list[tuple[str, int]]) -> dict[str, int]:
-    pair_counts = collections.Counter(pairs)
-    sends = collections.Counter(dispatch_id for dispatch_id, _ in pairs)
-    return {
-        "missing_from_ledger": len(ids - set(sends)),
-        "duplicate_pairs": sum(1 for count in pair_counts.values() if count > 1),
-        "repeated_ids": sum(1 for count in sends.values() if count > 1),
-        "max_sends_of_one_id": max(sends.values(), default=0),
-    }
+def _spawn(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A role of this driver (:mod:`soaks.roles`) as a child process, its
+    stderr appended to ``log``."""
+    return spawn(*args, script=__file__, log=log)
 
 
 # -- the drivers -------------------------------------------------------------------
@@ -331,7 +90,7 @@ def crash_soak(
     db: Path | str = store or workdir / "crash.db"
     ledger, ids_file = workdir / "crash.ledger", workdir / "crash.ids"
     log = workdir / "crash.log"
-    _make_schema(db)
+    make_schema(db)
     started = time.monotonic()
     pace = kills * 0.4 / max(1, n / 25)  # spread production over the kills
     producer = _spawn(
@@ -367,15 +126,15 @@ def crash_soak(
     stop_cancels.touch()
     canceller_code = 0 if canceller is None else canceller.wait(timeout=300)
     final = _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
-    finished = _wait_terminal(db, n, timeout=60 + n / 50)
-    final_code = _stop(final)
+    finished = wait_terminal(db, n, timeout=60 + n / 50)
+    final_code = stop(final)
     os.environ.pop(POLICY_ENV, None)
     ids = set(ids_file.read_text().split())
-    rows = _rows(db)
+    rows = outbox_rows(db)
     cancelled = {i for i in ids if i in rows and rows[i]["status"] == "cancelled"}
     recorded = {
         r["entity_id"]
-        for r in _query(
+        for r in query(
             db,
             "SELECT entity_id FROM status_transitions WHERE reason_code = ? AND status = ?",
             (CANCELLED_REASON, "cancelled"),
@@ -384,16 +143,16 @@ def crash_soak(
     superseded = {i for i in ids if i in rows and rows[i]["status"] == "superseded"}
     replaced = {
         r["entity_id"]
-        for r in _query(
+        for r in query(
             db,
             "SELECT entity_id FROM status_transitions WHERE reason_code = ? AND status = ?",
             (SUPERSEDED_REASON, "superseded"),
         )
     }
-    sent = {i for i, _ in _ledger(ledger)}
+    sent = {i for i, _ in read_ledger(ledger)}
     figures = {
         "driver": "crash soak",
-        "engine": "postgresql" if _is_postgres(db) else "sqlite",
+        "engine": "postgresql" if is_postgres(db) else "sqlite",
         "n": n,
         "kills": kills,
         "policy": policy,
@@ -414,7 +173,7 @@ def crash_soak(
         "superseded": len(superseded),
         "superseded_without_transition": len(superseded - replaced),
         "superseded_after_a_send": len(superseded & sent),
-        **_ledger_figures(ids - cancelled - superseded, _ledger(ledger)),
+        **ledger_figures(ids - cancelled - superseded, read_ledger(ledger)),
         "producer_exit": producer_code,
         "canceller_exit": canceller_code,
         "final_worker_exit": final_code,
@@ -478,22 +237,22 @@ def several_workers(
         _spawn("worker", str(db), str(ledger), str(fail_rate), str(seed), log=log)
         for _ in range(workers)
     ]
-    finished = _wait_terminal(db, n, timeout=60 + n / 50)
+    finished = wait_terminal(db, n, timeout=60 + n / 50)
     alive_at_end = sum(1 for p in procs if p.poll() is None)
-    codes = [_stop(p) for p in procs]
-    rows = _rows(db)
+    codes = [stop(p) for p in procs]
+    rows = outbox_rows(db)
     text = log.read_text() if log.exists() else ""
     figures = {
         "driver": "several workers",
         "n": n,
         "workers": workers,
         "fail_rate": fail_rate,
-        "engine": "postgresql" if _is_postgres(db) else "sqlite",
+        "engine": "postgresql" if is_postgres(db) else "sqlite",
         "lost": len(ids - set(rows)) + sum(1 for i in ids if rows[i]["status"] not in TERMINAL),
         "all_terminal": finished,
         "statuses": dict(collections.Counter(r["status"] for r in rows.values())),
         "status_sum": len(rows),
-        **_ledger_figures(ids, _ledger(ledger)),
+        **ledger_figures(ids, read_ledger(ledger)),
         "busy_errors_logged": text.count("database is locked") + text.count("LockNotAvailable"),
         "workers_alive_at_end": alive_at_end,
         "worker_exits": codes,
@@ -515,7 +274,7 @@ def dedup_race(workdir: Path, n: int = 1000, processes: int = 8, seed: int = 3) 
     """`processes` processes enqueue the same n dedup keys at once."""
     rng = random.Random(seed)
     db = workdir / "dedup.db"
-    _make_schema(db)
+    make_schema(db)
     keys = [f"key-{i}" for i in range(n)]
     orders, procs = [], []
     started = time.monotonic()
@@ -571,17 +330,7 @@ def dedup_race(workdir: Path, n: int = 1000, processes: int = 8, seed: int = 3) 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--role":
-        role, args = sys.argv[2], sys.argv[3:]
-        if role == "worker":
-            role_worker(args[0], args[1], float(args[2]), int(args[3]))
-        elif role == "producer":
-            role_producer(
-                args[0], args[1], int(args[2]), float(args[3]), float(args[4]), int(args[5])
-            )
-        elif role == "canceller":
-            role_canceller(args[0], args[1], float(args[2]), int(args[3]), args[4])
-        elif role == "dedup":
-            role_dedup(args[0], args[1], json.loads(Path(args[2]).read_text()))
+        run_role(sys.argv[2], sys.argv[3:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("driver", choices=["crash", "workers", "dedup", "all"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import io
 import json
 import os
@@ -12,10 +13,11 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -37,6 +39,19 @@ def size(full: int, quick: int) -> int:
 
 
 @functools.cache
+def load_script(name: str) -> ModuleType:
+    """``scripts/NAME.py`` (a driver the tests run small) imported as the
+    module ``NAME_driver``, registered in ``sys.modules`` so that what it
+    defines resolves by module name (dataclasses, pickles)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_driver", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[f"{name}_driver"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def client_tls() -> ssl.SSLContext:
     """One verifying TLS context for the tests' own HTTP clients: httpx loads
     the CA bundle again for each client made without one (20-40 ms), and the
@@ -143,6 +158,42 @@ def statuses(raw: RawDB) -> dict[str, int]:
         str(r["status"]): int(r["n"])
         for r in raw.rows("SELECT status, COUNT(*) AS n FROM dispatch_outbox GROUP BY status")
     }
+
+
+def everything(raw: RawDB) -> list[list[dict[str, Any]]]:
+    """Every row of both tables, in order: what a write could change."""
+    return [
+        raw.rows("SELECT * FROM dispatch_outbox ORDER BY id"),
+        raw.rows("SELECT * FROM status_transitions ORDER BY id"),
+    ]
+
+
+def dry_run(raw: RawDB, *args: str) -> str:
+    """``trio-dispatch ARGS --dry-run`` succeeds and writes nothing (every
+    row and transition as before); what it printed."""
+    before = everything(raw)
+    dry = run_cli(*args, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert everything(raw) == before
+    return dry.stdout
+
+
+def json_output(done: Ran | subprocess.CompletedProcess[str], *keys: str) -> dict[str, Any]:
+    """The command succeeded and printed a JSON document: those ``keys`` of
+    it (with none, all of it)."""
+    assert done.returncode == 0, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return {key: document[key] for key in keys} if keys else document
+
+
+def refused(raw: RawDB, code: int, words: Sequence[str], *args: str) -> Ran:
+    """``trio-dispatch ARGS`` fails with ``code`` and one line holding each
+    of ``words`` (:func:`assert_one_line_error`), and writes nothing."""
+    before = everything(raw)
+    done = run_cli(*args)
+    assert_one_line_error(done, code, *words)
+    assert everything(raw) == before
+    return done
 
 
 def row_is(raw: RawDB, dispatch_id: str, **expected: object) -> bool:

@@ -24,7 +24,7 @@ from trio_dispatch.store import Store
 
 from .harness import Bench, Figure, Outcome, ratio_at_most
 from .pgserver import postgres_database
-from .workloads import load_rows
+from .workloads import ROW_COLUMNS, load_rows
 
 BACKLOG: Final = 200_000
 """Due rows of the capped destination (``--quick``: the same; building
@@ -38,17 +38,7 @@ LIMIT: Final = 64
 """The scan's limit (a worker's free slots, up to its batch size)."""
 CAPPED: Final = "hung"
 
-_COLUMNS: Final = (
-    "id",
-    "kind",
-    "deliver_to",
-    "payload",
-    "status",
-    "attempt",
-    "next_attempt_at",
-    "created_at",
-    "updated_at",
-)
+_COLUMNS: Final = (*ROW_COLUMNS, "next_attempt_at", "created_at", "updated_at")
 
 
 def _rows(backlog: int, now: float) -> list[tuple[Any, ...]]:

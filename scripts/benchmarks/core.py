@@ -38,6 +38,7 @@ from .workloads import (
     ours_deliveries,
     ours_enqueue_many,
     ours_single_enqueue,
+    seconds_until,
 )
 
 
@@ -140,14 +141,12 @@ async def ours_command_deliveries(path: Path, n: int, concurrency: int) -> float
             batch_size=concurrency,
             tick_seconds=3600,
         )
-        async with anyio.create_task_group() as tg:
-            start = time.perf_counter()
-            await tg.start(worker.run)
+
+        async def delivered() -> None:
             while worker.counts["delivered"] < n:
                 await anyio.sleep(0.005)
-            elapsed = time.perf_counter() - start
-            tg.cancel_scope.cancel()
-    return n / elapsed
+
+        return n / await seconds_until(worker, delivered)
 
 
 async def ours_wake_latency(path: Path, n: int) -> list[float]:

@@ -145,6 +145,11 @@ def ratio_at_most(times: float) -> Callable[[Figure], bool]:
     return lambda figure: figure.ratio <= times
 
 
+FigureRow = tuple[str, str, str, str, str, Callable[[Figure], bool]]
+"""One figure of a section's table: its key, what it measures, the unit, the
+baseline's name, the target and whether a figure meets it."""
+
+
 class Pairs:
     """Paired measurements by key, one (ours, baseline) pair per round."""
 
@@ -155,6 +160,17 @@ class Pairs:
         values, baselines = self._pairs.setdefault(key, ([], []))
         values.append(ours)
         baselines.append(baseline)
+
+    def figures(self, engine: str, rows: Sequence[FigureRow], section: str) -> list[Figure]:
+        """The figure of each row, of the pairs of key ``ENGINE/KEY`` (the
+        baseline's name is its peer's too)."""
+        found = []
+        for key, name, unit, baseline, target, meets in rows:
+            values, baselines = self._pairs[f"{engine}/{key}"]
+            found.append(
+                Figure(name, values, unit, baselines, baseline, target, meets, baseline, section)
+            )
+        return found
 
     def figure(
         self,

@@ -16,22 +16,17 @@ PostgreSQL in one run.
 
 from __future__ import annotations
 
-import statistics
+import functools
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
-import anyio
-
-from trio_dispatch import Delivery, DispatchWorker, enqueue_many, open_store
+from trio_dispatch import enqueue_many, open_store
 from trio_dispatch.lifecycle import WAITING_AT
-from trio_dispatch.outbox import claim_due
-from trio_dispatch.store import Store
 
-from .harness import Bench, Figure, Outcome, at_least, ratio_at_most
-from .pgserver import fresh_postgres, postgres_database
-from .workloads import load_rows
+from .harness import Bench, Outcome, Pairs, at_least, ratio_at_most
+from .workloads import ROW_COLUMNS, Engine, claim_ms, drain_rate, load_rows, taking_turns
 
 KEYS: Final = 10_000
 KEYS_QUICK: Final = 2_000
@@ -49,12 +44,7 @@ HOT_QUICK: Final = 2_000
 BLOCKED: Final = "blocked-key"
 
 _COLUMNS: Final = (
-    "id",
-    "kind",
-    "deliver_to",
-    "payload",
-    "status",
-    "attempt",
+    *ROW_COLUMNS,
     "max_attempts",
     "next_attempt_at",
     "created_at",
@@ -109,83 +99,18 @@ def build_backlog(target: str, backlog: int) -> None:
 async def deliveries(target: str, n: int, concurrency: int) -> float:
     """Deliveries/s of a worker (no-op transport, ``block`` policy) taking
     ``n`` rows out of the store as it is."""
-    done = 0
-    finished = anyio.Event()
-
-    async def counting(delivery: Delivery) -> None:
-        nonlocal done
-        done += 1
-        if done == n:
-            finished.set()
-
-    async with open_store(target) as db:
-        worker = DispatchWorker(
-            db,
-            transport=counting,
-            concurrency=concurrency,
-            batch_size=100,
-            tick_seconds=3600,
-            ordering_on_dead_letter="block",
-        )
-        async with anyio.create_task_group() as tg:
-            start = time.perf_counter()
-            await tg.start(worker.run)
-            await finished.wait()
-            elapsed = time.perf_counter() - start
-            tg.cancel_scope.cancel()
-    return n / elapsed
-
-
-async def _claim_ms(db: Store) -> float:
-    """One ``claim_due`` of up to 100 rows, in milliseconds; then (untimed)
-    its rows go back to pending as they were."""
-    started = time.perf_counter()
-    claims, _ = await claim_due(db, limit=CLAIM_LIMIT, ordering="block")
-    elapsed = time.perf_counter() - started
-    if len(claims) != CLAIM_LIMIT:
-        raise RuntimeError(f"the claim took {len(claims)} rows, not {CLAIM_LIMIT}")
-    ids = [(claim.dispatch_id,) for claim in claims]
-    await db.write(
-        lambda conn: conn.executemany(
-            "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
-            "next_attempt_at = created_at WHERE id = ?",
-            ids,
-        )
-    )
-    return elapsed * 1000
+    return await drain_rate(target, n, concurrency, ordering_on_dead_letter="block")
 
 
 async def claim_times(backlog_target: str, empty_target: str) -> tuple[float, float]:
-    """Median claim milliseconds on the store with the backlog and on the
-    one without, the two taking turns."""
-    times: dict[str, list[float]] = {"big": [], "empty": []}
-    async with open_store(backlog_target) as big, open_store(empty_target) as empty:
-        stores = [("big", big), ("empty", empty)]
-        for _, db in stores:
-            await _claim_ms(db)  # warm
-        for turn in range(CLAIMS):
-            for name, db in stores if turn % 2 else stores[::-1]:
-                times[name].append(await _claim_ms(db))
-    return statistics.median(times["big"]), statistics.median(times["empty"])
+    """Median milliseconds of one ``claim_due`` of up to 100 rows (each put
+    back untimed) on the store with the backlog and on the one without, the
+    two taking turns."""
+    claim = functools.partial(claim_ms, limit=CLAIM_LIMIT, ordering="block")
+    return await taking_turns(backlog_target, empty_target, claim, CLAIMS)
 
 
-class _Engine:
-    """Fresh stores of one engine: SQLite files, or PostgreSQL databases
-    emptied before each use."""
-
-    def __init__(self, bench: Bench, name: str, urls: list[str]) -> None:
-        self.bench, self.name, self.urls = bench, name, urls
-
-    def fresh(self, which: int = 0) -> str:
-        if self.urls:
-            target = fresh_postgres(self.urls[which])
-        else:
-            target = str(self.bench.at(f"ordering{which}"))
-        self.bench.go(_fill, target, [])
-        return target
-
-
-def _many_keys(engine: _Engine, keys: int) -> tuple[float, float]:
+def _many_keys(engine: Engine, keys: int) -> tuple[float, float]:
     n = keys * ROWS_A_KEY
     go = engine.bench.go
     keyed = engine.fresh()
@@ -197,7 +122,7 @@ def _many_keys(engine: _Engine, keys: int) -> tuple[float, float]:
     return ours, go(deliveries, plain, n, CONCURRENCY)
 
 
-def _blocked(engine: _Engine, unkeyed: int) -> tuple[float, float, float, float]:
+def _blocked(engine: Engine, unkeyed: int) -> tuple[float, float, float, float]:
     go = engine.bench.go
     big, empty = engine.fresh(0), engine.fresh(1)
     build_backlog(big, BACKLOG)
@@ -209,7 +134,7 @@ def _blocked(engine: _Engine, unkeyed: int) -> tuple[float, float, float, float]
     return with_backlog, without, claim_big, claim_empty
 
 
-def _hot(engine: _Engine, n: int) -> tuple[float, float]:
+def _hot(engine: Engine, n: int) -> tuple[float, float]:
     go = engine.bench.go
     hot = engine.fresh()
     go(_fill, hot, _items(n, lambda i: "hot"))
@@ -224,30 +149,18 @@ def run_ordering(bench: Bench) -> Outcome:
     keys = KEYS_QUICK if bench.quick else KEYS
     unkeyed = UNKEYED_QUICK if bench.quick else UNKEYED
     hot = HOT_QUICK if bench.quick else HOT
-    notes: list[str] = []
-    databases = [db for db in (postgres_database(), postgres_database()) if db is not None]
-    engines = [_Engine(bench, "SQLite", [])]
-    if len(databases) == 2:
-        engines.append(_Engine(bench, "PostgreSQL", [url for url, _ in databases]))
-    else:
-        notes.append("ordering section: PostgreSQL skipped, no server answered")
-    measured: dict[str, tuple[list[float], list[float]]] = {}
-
-    def add(key: str, ours: float, baseline: float) -> None:
-        values, baselines = measured.setdefault(key, ([], []))
-        values.append(ours)
-        baselines.append(baseline)
-
+    engines, drops, notes = Engine.available(bench, "ordering", 2)
+    measured = Pairs()
     try:
         for _ in range(bench.rounds):
             for engine in engines:
-                add(f"{engine.name}/keys", *_many_keys(engine, keys))
+                measured.add(f"{engine.name}/keys", *_many_keys(engine, keys))
                 with_backlog, without, claim_big, claim_empty = _blocked(engine, unkeyed)
-                add(f"{engine.name}/blocked", with_backlog, without)
-                add(f"{engine.name}/claim", claim_big, claim_empty)
-                add(f"{engine.name}/hot", *_hot(engine, hot))
+                measured.add(f"{engine.name}/blocked", with_backlog, without)
+                measured.add(f"{engine.name}/claim", claim_big, claim_empty)
+                measured.add(f"{engine.name}/hot", *_hot(engine, hot))
     finally:
-        for _, drop in databases:
+        for drop in drops:
             drop()
     figures = []
     n = keys * ROWS_A_KEY
@@ -290,11 +203,7 @@ def run_ordering(bench: Bench) -> Outcome:
                 at_least(0.50),
             ),
         ]
-        for key, what, unit, baseline, target, meets in rows:
-            values, baselines = measured[f"{name}/{key}"]
-            figures.append(
-                Figure(what, values, unit, baselines, baseline, target, meets, baseline, "ordering")
-            )
+        figures += measured.figures(name, rows, "ordering")
     if bench.quick:
         notes.append(
             f"ordering section (--quick): {keys:,} keys x {ROWS_A_KEY} (full: {KEYS:,}), "

@@ -20,24 +20,21 @@ PostgreSQL in one run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-import anyio
-
-from trio_dispatch import Delivery, DispatchWorker, enqueue_many, open_store
+from trio_dispatch import enqueue_many, open_store
 from trio_dispatch.outbox import claim_due
 from trio_dispatch.priority import DEFAULT_PRIORITY_STEP_SECONDS
 from trio_dispatch.store import Store
 
-from .harness import Bench, Figure, Outcome, at_least, ratio_at_most
-from .pgserver import fresh_postgres, postgres_database
-from .workloads import load_rows
+from .harness import Bench, Outcome, Pairs, at_least, ratio_at_most
+from .workloads import ROW_COLUMNS, Engine, claim_ms, drain_rate, load_rows, taking_turns
 
 DRAIN: Final = 10_000
 DRAIN_QUICK: Final = 5_000
@@ -53,12 +50,7 @@ IDLE_CLAIMS: Final = 40
 SEED: Final = 18
 
 _COLUMNS: Final = (
-    "id",
-    "kind",
-    "deliver_to",
-    "payload",
-    "status",
-    "attempt",
+    *ROW_COLUMNS,
     "max_attempts",
     "next_attempt_at",
     "created_at",
@@ -105,30 +97,6 @@ async def _fill(target: str, priorities: list[int]) -> None:
             )
 
 
-async def _drain(target: str, n: int) -> float:
-    """Deliveries/s of a worker taking ``n`` due rows out of the store."""
-    done = 0
-    finished = anyio.Event()
-
-    async def counting(delivery: Delivery) -> None:
-        nonlocal done
-        done += 1
-        if done == n:
-            finished.set()
-
-    async with open_store(target) as db:
-        worker = DispatchWorker(
-            db, transport=counting, concurrency=CONCURRENCY, batch_size=100, tick_seconds=3600
-        )
-        async with anyio.create_task_group() as tg:
-            start = time.perf_counter()
-            await tg.start(worker.run)
-            await finished.wait()
-            elapsed = time.perf_counter() - start
-            tg.cancel_scope.cancel()
-    return n / elapsed
-
-
 def _rows(n: int, status: str, due: Callable[[int], float], mix: str) -> Iterator[tuple[Any, ...]]:
     """``n`` rows of ``status`` (made as they are written, so a million
     never sit in memory), each due at ``due(i)``, of priority 0 or spread
@@ -163,25 +131,6 @@ def _build_claim_table(target: str, finished: int) -> None:
     load_rows(target, _COLUMNS, rows, analyze=True)
 
 
-async def _claim_ms(db: Store) -> float:
-    """One ``claim_due`` of 100 rows, in milliseconds; then (untimed) its
-    rows go back to pending as they were (their head starts kept)."""
-    started = time.perf_counter()
-    claims, _ = await claim_due(db, limit=CLAIM_LIMIT)
-    elapsed = time.perf_counter() - started
-    if len(claims) != CLAIM_LIMIT:
-        raise RuntimeError(f"the claim took {len(claims)} rows, not {CLAIM_LIMIT}")
-    ids = [(claim.dispatch_id,) for claim in claims]
-    await db.write(
-        lambda conn: conn.executemany(
-            "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
-            "next_attempt_at = created_at WHERE id = ?",
-            ids,
-        )
-    )
-    return elapsed * 1000
-
-
 async def _idle_claim_ms(db: Store) -> float:
     """One ``claim_due`` that finds nothing due, in milliseconds."""
     started = time.perf_counter()
@@ -192,38 +141,7 @@ async def _idle_claim_ms(db: Store) -> float:
     return elapsed * 1000
 
 
-async def _turns(
-    first: str, second: str, measure: Callable[[Store], Any], turns: int
-) -> tuple[float, float]:
-    """Median of ``measure`` on each store, the two taking turns."""
-    times: dict[str, list[float]] = {first: [], second: []}
-    async with open_store(first) as one, open_store(second) as other:
-        stores = [(first, one), (second, other)]
-        for _, db in stores:
-            await measure(db)  # warm
-        for turn in range(turns):
-            for name, db in stores if turn % 2 else stores[::-1]:
-                times[name].append(await measure(db))
-    return statistics.median(times[first]), statistics.median(times[second])
-
-
-class _Engine:
-    """Fresh stores of one engine: SQLite files, or PostgreSQL databases
-    emptied before each use."""
-
-    def __init__(self, bench: Bench, name: str, urls: list[str]) -> None:
-        self.bench, self.name, self.urls = bench, name, urls
-
-    def fresh(self, which: int = 0) -> str:
-        if self.urls:
-            target = fresh_postgres(self.urls[which])
-        else:
-            target = str(self.bench.at(f"priority{which}"))
-        self.bench.go(_fill, target, [])
-        return target
-
-
-def _mixed(engine: _Engine, n: int, turn: int) -> dict[str, float]:
+def _mixed(engine: Engine, n: int, turn: int) -> dict[str, float]:
     """Deliveries/s of a drain of each mix, the mixes taking turns."""
     go = engine.bench.go
     rates: dict[str, float] = {}
@@ -231,11 +149,11 @@ def _mixed(engine: _Engine, n: int, turn: int) -> dict[str, float]:
         mix = MIXES[(turn + k) % len(MIXES)]
         target = engine.fresh()
         go(_fill, target, _priorities(n, mix))
-        rates[mix] = go(_drain, target, n)
+        rates[mix] = go(drain_rate, target, n, CONCURRENCY)
     return rates
 
 
-def _idle(engine: _Engine) -> tuple[float, float]:
+def _idle(engine: Engine) -> tuple[float, float]:
     mixed, plain = engine.fresh(0), engine.fresh(1)
     now = time.time()
 
@@ -245,7 +163,9 @@ def _idle(engine: _Engine) -> tuple[float, float]:
 
     for target, mix in ((mixed, "spread"), (plain, "zero")):
         load_rows(target, _COLUMNS, _rows(RETRYING, "pending", due, mix), analyze=True)
-    result: tuple[float, float] = engine.bench.go(_turns, mixed, plain, _idle_claim_ms, IDLE_CLAIMS)
+    result: tuple[float, float] = engine.bench.go(
+        taking_turns, mixed, plain, _idle_claim_ms, IDLE_CLAIMS
+    )
     return result
 
 
@@ -253,20 +173,9 @@ def run_priority(bench: Bench) -> Outcome:
     """The priority figures on each engine (see the module's text)."""
     drain = DRAIN_QUICK if bench.quick else DRAIN
     finished = FINISHED_QUICK if bench.quick else FINISHED
-    notes: list[str] = []
-    databases = [db for db in (postgres_database() for _ in range(4)) if db is not None]
-    engines = [_Engine(bench, "SQLite", [])]
-    if len(databases) == 4:
-        engines.append(_Engine(bench, "PostgreSQL", [url for url, _ in databases]))
-    else:
-        notes.append("priority section: PostgreSQL skipped, no server answered")
-    measured: dict[str, tuple[list[float], list[float]]] = {}
-
-    def add(key: str, ours: float, baseline: float) -> None:
-        values, baselines = measured.setdefault(key, ([], []))
-        values.append(ours)
-        baselines.append(baseline)
-
+    engines, drops, notes = Engine.available(bench, "priority", 4)
+    measured = Pairs()
+    claim = functools.partial(claim_ms, limit=CLAIM_LIMIT)
     try:
         # The claim's tables are built once per engine (a million rows take
         # a while), in databases of their own; each round measures them.
@@ -277,13 +186,15 @@ def run_priority(bench: Bench) -> Outcome:
         for round_ in range(bench.rounds):
             for engine in engines:
                 rates = _mixed(engine, drain, round_)
-                add(f"{engine.name}/typical", rates["typical"], rates["zero"])
-                add(f"{engine.name}/spread", rates["spread"], rates["zero"])
+                measured.add(f"{engine.name}/typical", rates["typical"], rates["zero"])
+                measured.add(f"{engine.name}/spread", rates["spread"], rates["zero"])
                 big, small = tables[engine.name]
-                add(f"{engine.name}/claim", *bench.go(_turns, big, small, _claim_ms, CLAIMS))
-                add(f"{engine.name}/idle", *_idle(engine))
+                measured.add(
+                    f"{engine.name}/claim", *bench.go(taking_turns, big, small, claim, CLAIMS)
+                )
+                measured.add(f"{engine.name}/idle", *_idle(engine))
     finally:
-        for _, drop in databases:
+        for drop in drops:
             drop()
     figures = []
     for engine in engines:
@@ -326,11 +237,7 @@ def run_priority(bench: Bench) -> Outcome:
                 lambda figure: True,
             ),
         ]
-        for key, what, unit, baseline, target, meets in rows:
-            values, baselines = measured[f"{name}/{key}"]
-            figures.append(
-                Figure(what, values, unit, baselines, baseline, target, meets, baseline, "priority")
-            )
+        figures += measured.figures(name, rows, "priority")
     if bench.quick:
         notes.append(
             f"priority section (--quick): {drain:,} rows drained (full: {DRAIN:,}), "

@@ -1,7 +1,8 @@
 """Measurements more than one section takes: our enqueue (one by one,
-concurrent, ``enqueue_many``) and in-process deliveries, a caller's own
-table and its raw sqlite3 transaction, and the file helpers of the sections
-that build big stores.
+concurrent, ``enqueue_many``), in-process deliveries (a worker draining a
+store), one claim timed, two stores measured taking turns, a caller's own
+table and its raw sqlite3 transaction, the fresh stores of each engine, and
+the file helpers of the sections that build big stores.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import sqlite3
+import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,9 +25,11 @@ from trio_dispatch import (
     enqueue_many,
     open_store,
 )
+from trio_dispatch.outbox import claim_due
 from trio_dispatch.store import Store
 
-from .harness import BODY_JSON, Side
+from .harness import BODY_JSON, Bench, Side
+from .pgserver import fresh_postgres, postgres_database
 
 APP_TABLE: Final = (
     "CREATE TABLE IF NOT EXISTS app_orders (id INTEGER PRIMARY KEY, ref TEXT NOT NULL, "
@@ -147,6 +151,23 @@ async def ours_deliveries(
     batch_size: int = 100,
     body: dict[str, Any] | None = None,
 ) -> float:
+    """Deliveries/s of a worker draining ``n`` rows :func:`fill_ours` wrote."""
+    await fill_ours(path, n, body)
+    return await drain_rate(path, n, concurrency, transport=transport, batch_size=batch_size)
+
+
+async def drain_rate(
+    target: Path | str,
+    n: int,
+    concurrency: int,
+    *,
+    transport: Any = None,
+    batch_size: int = 100,
+    **options: Any,
+) -> float:
+    """Deliveries/s of a worker (its ``options`` beside these) taking ``n``
+    rows out of the store as it is; each delivery awaits ``transport``
+    (None: nothing) and is counted, the clock stopping at the ``n``-th."""
     done = 0
     finished = anyio.Event()
 
@@ -158,22 +179,64 @@ async def ours_deliveries(
         if done == n:
             finished.set()
 
-    await fill_ours(path, n, body)
-    async with open_store(path) as db:
+    async with open_store(target) as db:
         worker = DispatchWorker(
             db,
             transport=counting,
             concurrency=concurrency,
             batch_size=batch_size,
             tick_seconds=3600,
+            **options,
         )
-        async with anyio.create_task_group() as tg:
-            start = time.perf_counter()
-            await tg.start(worker.run)
-            await finished.wait()
-            elapsed = time.perf_counter() - start
-            tg.cancel_scope.cancel()
-    return n / elapsed
+        return n / await seconds_until(worker, finished.wait)
+
+
+async def seconds_until(worker: DispatchWorker, done: Callable[[], Awaitable[object]]) -> float:
+    """Seconds from ``worker``'s start until ``done()`` returns; then the
+    worker stops."""
+    async with anyio.create_task_group() as tg:
+        start = time.perf_counter()
+        await tg.start(worker.run)
+        await done()
+        elapsed = time.perf_counter() - start
+        tg.cancel_scope.cancel()
+    return elapsed
+
+
+async def claim_ms(db: Store, limit: int, **options: Any) -> float:
+    """One ``claim_due`` of ``limit`` rows (its ``options`` beside), in
+    milliseconds; then (untimed) its rows go back to pending as they were
+    (their head starts kept). A claim of fewer rows is a RuntimeError."""
+    started = time.perf_counter()
+    claims, _ = await claim_due(db, limit=limit, **options)
+    elapsed = time.perf_counter() - started
+    if len(claims) != limit:
+        raise RuntimeError(f"the claim took {len(claims)} rows, not {limit}")
+    ids = [(claim.dispatch_id,) for claim in claims]
+    await db.write(
+        lambda conn: conn.executemany(
+            "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
+            "next_attempt_at = created_at WHERE id = ?",
+            ids,
+        )
+    )
+    return elapsed * 1000
+
+
+async def taking_turns(
+    first: str, second: str, measure: Callable[[Store], Awaitable[float]], turns: int
+) -> tuple[float, float]:
+    """The median of ``measure`` on each of two stores open side by side,
+    the two taking turns (each measured once, untimed, first)."""
+    times: dict[str, list[float]] = {first: [], second: []}
+    async with open_store(first) as one, open_store(second) as other:
+        stores = [(first, one), (second, other)]
+        for _, db in stores:
+            await measure(db)  # warm
+        for turn in range(turns):
+            for name, db in stores if turn % 2 else stores[::-1]:
+                times[name].append(await measure(db))
+    return statistics.median(times[first]), statistics.median(times[second])
 
 
 async def noop(delivery: Delivery) -> None:
@@ -194,6 +257,44 @@ def flush_file(path: Path) -> None:
 async def make_schema(path: Path | str) -> None:
     async with open_store(path):
         pass
+
+
+class Engine:
+    """Fresh stores of one engine, their tables made: SQLite files in the
+    run's scratch directory, or the PostgreSQL databases ``urls`` emptied
+    before each use."""
+
+    def __init__(self, bench: Bench, name: str, section: str, urls: list[str]) -> None:
+        self.bench, self.name, self.section, self.urls = bench, name, section, urls
+
+    @classmethod
+    def available(
+        cls, bench: Bench, section: str, databases: int
+    ) -> tuple[list[Engine], list[Callable[[], None]], list[str]]:
+        """SQLite, and PostgreSQL when ``databases`` throwaway databases could
+        be made: the engines, what drops each database made (call them when
+        done) and the section's note when PostgreSQL is skipped."""
+        made = [db for db in (postgres_database() for _ in range(databases)) if db is not None]
+        found = [cls(bench, "SQLite", section, [])]
+        notes = []
+        if len(made) == databases:
+            found.append(cls(bench, "PostgreSQL", section, [url for url, _ in made]))
+        else:
+            notes.append(f"{section} section: PostgreSQL skipped, no server answered")
+        return found, [drop for _, drop in made], notes
+
+    def fresh(self, which: int = 0) -> str:
+        """A fresh store: of the ``which``-th database on PostgreSQL."""
+        if self.urls:
+            target = fresh_postgres(self.urls[which])
+        else:
+            target = str(self.bench.at(f"{self.section}{which}"))
+        self.bench.go(make_schema, target)
+        return target
+
+
+ROW_COLUMNS: Final = ("id", "kind", "deliver_to", "payload", "status", "attempt")
+"""The columns the rows of every section's :func:`load_rows` begin with."""
 
 
 def load_rows(

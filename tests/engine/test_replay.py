@@ -26,6 +26,7 @@ from trio_dispatch.store import SQLiteStore
 from trio_dispatch.transports import TransportResult
 
 from ..conftest import RawDB
+from ..helpers import everything
 
 pytestmark = pytest.mark.anyio
 
@@ -86,14 +87,6 @@ async def outage(store: SQLiteStore, raw: RawDB) -> dict[str, str]:
         "delivered": ("delivered", T0 + 20),
     }
     return ids
-
-
-def everything(raw: RawDB) -> list[list[dict[str, Any]]]:
-    """Every row of both tables, in order: what a write could change."""
-    return [
-        raw.rows("SELECT * FROM dispatch_outbox ORDER BY id"),
-        raw.rows("SELECT * FROM status_transitions ORDER BY id"),
-    ]
 
 
 def retried(raw: RawDB) -> list[str]:

@@ -19,8 +19,7 @@ from trio_dispatch.outbox import claim_due, finish_attempt
 from trio_dispatch.transports import TransportResult
 
 from ..conftest import RawDB
-from ..engine.test_replay import everything
-from ..helpers import assert_one_line_error, run_cli
+from ..helpers import assert_one_line_error, dry_run, everything, json_output, refused, run_cli
 
 T0 = 1_000_000.0
 
@@ -162,23 +161,17 @@ def test_by_filters_a_dry_run_writes_nothing_then_the_cancel_runs(
     db_target: str, raw: RawDB, rows: dict[str, str]
 ) -> None:
     args = ["cancel", "--db", db_target, "--deliver-to", "billing"]
-    before = everything(raw)
-    dry = run_cli(*args, "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout == (
+    assert dry_run(raw, *args) == (
         "would cancel 2 dispatches (status pending or delivering, deliver_to 'billing')\n"
     )
-    assert everything(raw) == before
     done = run_cli(*args, "--reason", "billing is gone", "--json")
-    assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
-    assert {k: document[k] for k in ("matched", "cancelled", "requested", "skipped")} == {
+    assert json_output(done, "matched", "cancelled", "requested", "skipped") == {
         "matched": 2,
         "cancelled": 1,
         "requested": 1,
         "skipped": 0,
     }
-    assert document["filter"]["statuses"] == ["pending", "delivering"]
+    assert json_output(done)["filter"]["statuses"] == ["pending", "delivering"]
     assert status(raw, rows["billing"]) == "cancelled"
     assert raw.row(rows["running"])["cancel_requested_at"] is not None
     assert status(raw, rows["mail"]) == "pending"  # another destination
@@ -200,8 +193,5 @@ def test_by_filters_a_dry_run_writes_nothing_then_the_cancel_runs(
 def test_usage_refusals_are_one_line_and_write_nothing(
     db_target: str, raw: RawDB, rows: dict[str, str], args: list[str], code: int, words: Any
 ) -> None:
-    before = everything(raw)
     given = [rows["billing"] if arg == "ID" else arg for arg in args]
-    done = run_cli("cancel", "--db", db_target, *given)
-    assert_one_line_error(done, code, *words)
-    assert everything(raw) == before
+    refused(raw, code, words, "cancel", "--db", db_target, *given)

@@ -14,8 +14,8 @@ from trio_dispatch import open_store
 from trio_dispatch.times import iso_time
 
 from ..conftest import RawDB
-from ..engine.test_replay import RETRY, T0, everything, names, outage, retried
-from ..helpers import assert_one_line_error, cli_process, run_cli
+from ..engine.test_replay import RETRY, T0, names, outage, retried
+from ..helpers import cli_process, dry_run, everything, json_output, refused, run_cli
 
 
 @pytest.fixture
@@ -37,22 +37,17 @@ def test_a_replay_round_trip_in_a_child_process(
     process, and the same command again."""
     window = ["--since", iso_time(T0 + 15), "--until", iso_time(T0 + 30)]
     args = ["retry", "--db", db_target, "--deliver-to", "billing", *window]
-    before = everything(raw)
-    dry = run_cli(*args, "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.startswith("would retry 2 dispatches (status dead_letter or expired, ")
-    assert "deliver_to 'billing', changed since 1970-01-12T13:46:55Z" in dry.stdout
-    assert everything(raw) == before  # the dry run wrote nothing
+    said = dry_run(raw, *args)
+    assert said.startswith("would retry 2 dispatches (status dead_letter or expired, ")
+    assert "deliver_to 'billing', changed since 1970-01-12T13:46:55Z" in said
     done = cli_process(*args, "--reason", "billing is back", "--json")
-    assert done.returncode == 0, done.stderr
-    document = json.loads(done.stdout)
-    assert {k: document[k] for k in ("matched", "retried", "skipped", "dry_run")} == {
+    assert json_output(done, "matched", "retried", "skipped", "dry_run") == {
         "matched": 2,
         "retried": 2,
         "skipped": 0,
         "dry_run": False,
     }
-    assert document["filter"] == {
+    assert json_output(done)["filter"] == {
         "statuses": ["dead_letter", "expired"],
         "deliver_to": "billing",
         "kind": None,
@@ -104,12 +99,9 @@ def test_a_replay_of_one_status_with_a_new_deadline(
 def test_a_bad_replay_is_one_line_and_writes_nothing(
     db_target: str, raw: RawDB, failed: dict[str, str], args: list[str], code: int, words: Any
 ) -> None:
-    before = everything(raw)
     args = [failed["a10"] if arg == "ID" else arg for arg in args]
-    done = run_cli("retry", "--db", db_target, *args)
-    assert_one_line_error(done, code, *words)
+    done = refused(raw, code, words, "retry", "--db", db_target, *args)
     assert done.stdout == ""
-    assert everything(raw) == before
 
 
 @pytest.mark.sqlite_only  # the parser's own

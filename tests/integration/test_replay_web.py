@@ -17,7 +17,8 @@ from trio_dispatch.times import iso_time
 from trio_dispatch.web import WebApp
 
 from ..conftest import RawDB
-from ..engine.test_replay import T0, everything, names, outage, retried
+from ..engine.test_replay import T0, names, outage, retried
+from ..helpers import everything
 from .test_web import serving
 from .test_web_actions import BEARER, OPERATOR, VIEWER, login
 

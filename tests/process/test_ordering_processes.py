@@ -4,27 +4,13 @@ full sizes below run; a developer's run uses smaller ones."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from .test_soak import size
+from ..helpers import load_script, size
 
-
-def _driver() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "ordering_soak.py"
-    spec = importlib.util.spec_from_file_location("ordering_soak_driver", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["ordering_soak_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ordering_soak = _driver()
+ordering_soak = load_script("ordering_soak")
 
 
 def _attempt(dispatch_id: str, key: str, start: float, end: float | None, who: str = "w1") -> str:

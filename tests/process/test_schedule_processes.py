@@ -6,7 +6,6 @@ tick with one definition; on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -15,25 +14,14 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from ..conftest import RawDB
+from ..helpers import load_script
 
-
-def _driver() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "schedule_soak.py"
-    spec = importlib.util.spec_from_file_location("schedule_soak_driver", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["schedule_soak_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-schedule_soak = _driver()
+schedule_soak = load_script("schedule_soak")
 
 
 def _assert_each_tick_once(figures: dict[str, Any], seconds: float, engine: str) -> None:
@@ -108,13 +96,13 @@ def test_the_check_sees_a_missing_tick_and_a_tick_with_two_dispatches(tmp_path: 
     anyio.run(fire_ticks)
     figures = schedule_soak.tick_figures(db, names)
     assert (figures["ticks"], figures["missing_ticks"], figures["dispatches"]) == (4, 0, 4)
-    runs = schedule_soak.soak._query(db, "SELECT id FROM schedule_runs ORDER BY scheduled_for")
+    runs = schedule_soak.common.query(db, "SELECT id FROM schedule_runs ORDER BY scheduled_for")
     # Tick 101 loses its run and dispatch; tick 103's dispatch moves to tick 100's run.
-    schedule_soak.soak._query(
+    schedule_soak.common.query(
         db, "DELETE FROM dispatch_outbox WHERE schedule_run_id = ?", (runs[1]["id"],)
     )
-    schedule_soak.soak._query(db, "DELETE FROM schedule_runs WHERE id = ?", (runs[1]["id"],))
-    schedule_soak.soak._query(
+    schedule_soak.common.query(db, "DELETE FROM schedule_runs WHERE id = ?", (runs[1]["id"],))
+    schedule_soak.common.query(
         db,
         "UPDATE dispatch_outbox SET schedule_run_id = ? WHERE schedule_run_id = ?",
         (runs[0]["id"], runs[3]["id"]),

@@ -4,27 +4,13 @@ they run at the sizes below; a developer's run uses about half of each."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from ..helpers import size as size  # re-exported: test_ordering_processes imports it from here
+from ..helpers import load_script, size
 
-
-def _soak() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
-    spec = importlib.util.spec_from_file_location("soak_driver", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-soak = _soak()
+soak = load_script("soak")
 
 
 @pytest.mark.slow
@@ -97,7 +83,7 @@ def test_crash_soak_with_a_rate_a_shared_limit_and_a_breaker_loses_nothing(
     assert figures["missing_from_ledger"] == 0, figures
     assert figures["duplicate_pairs"] == 0, figures
     assert figures["ok"], figures
-    changes = soak._query(
+    changes = soak.query(
         tmp_path / "crash.db",
         "SELECT COUNT(*) AS n FROM dispatch_destination_changes WHERE state = 'open'",
     )

@@ -429,6 +429,43 @@ async def apply_bulk(
     return BulkResult(action, matched, applied, requested)
 
 
+async def _command(
+    db: Database,
+    action: Literal["retry", "cancel"],
+    chosen: Filter,
+    dry_run: bool,
+    reason: str | None,
+    limit: int | None,
+    now: float | None,
+    actor: str,
+    metadata: Mapping[str, Any] | None,
+    expires_at: float | _Keep | None = _Keep.KEEP,
+) -> tuple[int, int, int]:
+    """What :func:`retry_dispatches` and :func:`cancel_dispatches` share:
+    their arguments checked before anything is read, then the walk of the
+    rows ``chosen`` matches. Returns (matched, applied, running attempts
+    marked); with ``dry_run``, (the rows that match now, 0, 0) and nothing
+    written."""
+    require_bool("dry_run", dry_run)
+    why = require_reason(reason)
+    if limit is not None:
+        limit = require_int("limit", limit, minimum=1)
+    if expires_at is not _Keep.KEEP and expires_at is not None:
+        expires_at = require_number("expires_at", expires_at)
+    clock_from(now)  # checks ``now`` before anything is read
+    if dry_run:
+        return await count_matching(db, chosen, limit), 0, 0
+    if action == "cancel":  # each cancel records the reason as cancel_row does
+        return await _walk(
+            db, "cancel", chosen, actor=actor, metadata=metadata, now=now, limit=limit, reason=why
+        )
+    # A retry's reason goes into each transition's metadata.
+    note = {**({} if why is None else {"reason": why}), **(metadata or {})}
+    return await _walk(
+        db, "retry", chosen, actor=actor, metadata=note, now=now, limit=limit, expires_at=expires_at
+    )
+
+
 async def retry_dispatches(
     db: Database,
     *,
@@ -472,27 +509,10 @@ async def retry_dispatches(
     _, chosen = bulk_filter(
         "retry", status, kind, ordering_key, deliver_to=deliver_to, since=since, until=until
     )
-    require_bool("dry_run", dry_run)
-    why = require_reason(reason)
-    if limit is not None:
-        limit = require_int("limit", limit, minimum=1)
-    if expires_at is not _Keep.KEEP and expires_at is not None:
-        expires_at = require_number("expires_at", expires_at)
-    clock_from(now)  # checks ``now`` before anything is read
-    if dry_run:
-        return RetryResult(await count_matching(db, chosen, limit), 0, dry_run=True)
-    note = {**({} if why is None else {"reason": why}), **(metadata or {})}
-    matched, retried, _ = await _walk(
-        db,
-        "retry",
-        chosen,
-        actor=actor,
-        metadata=note,
-        now=now,
-        limit=limit,
-        expires_at=expires_at,
+    matched, retried, _ = await _command(
+        db, "retry", chosen, dry_run, reason, limit, now, actor, metadata, expires_at=expires_at
     )
-    return RetryResult(matched, retried)
+    return RetryResult(matched, retried, dry_run=dry_run)
 
 
 async def cancel_dispatches(
@@ -531,24 +551,10 @@ async def cancel_dispatches(
     _, chosen = bulk_filter(
         "cancel", status, kind, ordering_key, deliver_to=deliver_to, since=since, until=until
     )
-    require_bool("dry_run", dry_run)
-    why = require_reason(reason)
-    if limit is not None:
-        limit = require_int("limit", limit, minimum=1)
-    clock_from(now)  # checks ``now`` before anything is read
-    if dry_run:
-        return CancelManyResult(await count_matching(db, chosen, limit), 0, 0, dry_run=True)
-    matched, applied, requested = await _walk(
-        db,
-        "cancel",
-        chosen,
-        actor=actor,
-        metadata=metadata,
-        now=now,
-        limit=limit,
-        reason=why,
+    matched, applied, requested = await _command(
+        db, "cancel", chosen, dry_run, reason, limit, now, actor, metadata
     )
-    return CancelManyResult(matched, applied - requested, requested)
+    return CancelManyResult(matched, applied - requested, requested, dry_run=dry_run)
 
 
 __all__ = [

@@ -2,7 +2,7 @@
 leave at most one row waiting for its first attempt.
 
 Among a key's rows only the one that is ``pending`` and never claimed
-counts (the *waiting* row: :data:`~trio_dispatch.store.schema.COALESCE_WAITING_TERM`,
+counts (the *waiting* row: :data:`~trio_dispatch.store.migrations.COALESCE_WAITING_TERM`,
 the term of schema version 15's partial unique index). An enqueue with the
 key, in its mode:
 

@@ -4,7 +4,7 @@ the ``web`` extra: hypercorn and prometheus_client).
 - :mod:`.binding`: listen addresses and the bearer-token rule;
 - :mod:`.app`: :class:`WebApp`, the ASGI application;
 - :mod:`.metrics`: the Prometheus families;
-- :mod:`.pages`: the dashboard's HTML;
+- :mod:`.pages`: the dashboard's pages, of the HTML pieces of :mod:`.markup`;
 - :mod:`.destinations`: the destinations' pages, actions and state metric;
 - :mod:`.server`: :func:`serve_app`, hypercorn on trio or asyncio.
 

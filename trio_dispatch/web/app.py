@@ -31,8 +31,9 @@ one line, before any credential is looked at, so a page whose name an
 attacker points at this machine (DNS rebinding) reads nothing.
 
 ``/?refresh=N`` reloads the index page every ``N`` seconds
-(:data:`REFRESH_MIN`..:data:`REFRESH_MAX`, a meta refresh: the page still
-runs no script); any other value is a 400 naming it.
+(:data:`~.dashboard.REFRESH_MIN`..:data:`~.dashboard.REFRESH_MAX`, a meta
+refresh: the page still runs no script); any other value is a 400 naming
+it. The pages read from the store are built in :mod:`.dashboard`.
 """
 
 from __future__ import annotations
@@ -40,51 +41,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote
 
 from anyio.abc import TaskGroup
 
-from ..outbox.coalesce import require_coalesce
-from ..outbox.ordering import (
-    DEFAULT_ORDERING_POLICY,
-    OrderingPolicy,
-    require_ordering_key,
-    require_policy,
-)
-from ..outbox.reads import (
-    DEFAULT_LIST_LIMIT,
-    WAITING,
-    bounded_stats,
-    frequent_kinds,
-    get_dispatch,
-    list_blocked_heads,
-    list_page,
-    list_transitions,
-    recent_failures,
-    status_label,
-    status_labels,
-    waiting_behind,
-    waiting_ids,
-)
+from ..outbox.ordering import DEFAULT_ORDERING_POLICY, OrderingPolicy, require_policy
+from ..outbox.reads import WAITING, bounded_stats, frequent_kinds
 from ..redact import mask_url, scrubbed_logger, visible
-from ..schedules.runs import listing, states
 from ..store.base import Database
 from ..values import show
 from . import pages
-from .actions import (
-    ACTION_LABELS,
-    Actions,
-    FormTooLarge,
-    Reply,
-    action_form,
-    client,
-    offered,
-    read_form,
-)
-from .auth import Auth, Identity, Role, header
+from .actions import Actions, FormTooLarge, Reply, client, read_form
+from .auth import Auth, Identity, header
 from .binding import LOOPBACK_NAMES, AllowedHosts, Listen, parse_allowed_hosts
+from .dashboard import BadQuery, Dashboard
 from .destinations import DestinationsView
 from .health import STORE_CHECK_SECONDS as STORE_CHECK_SECONDS
 from .health import StoreProbes, health_document
@@ -100,12 +71,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-PAGE_SIZE: Final = DEFAULT_LIST_LIMIT
-BLOCKED_PAGE: Final = 100
-"""The blocked keys' page lists at most this many heads, oldest first."""
-REFRESH_MIN: Final = 2
-REFRESH_MAX: Final = 3600
-"""Bounds of ``?refresh=N``, in seconds."""
 HOST_LOG_INTERVAL_SECONDS: Final = 60.0
 """At most one warning this often while requests for other hosts are refused."""
 SECURITY_HEADERS: Final = (
@@ -131,7 +96,7 @@ log = scrubbed_logger("trio_dispatch.web")
 
 
 FORMER_DISPATCH_PATH: Final = "/dispatch/"
-"""Where rows' pages were before they moved to :data:`~.pages.DISPATCH_PATH`."""
+"""Where rows' pages were before they moved to :data:`~.markup.DISPATCH_PATH`."""
 
 
 def moved_to(scope: Scope) -> bytes | None:
@@ -143,24 +108,6 @@ def moved_to(scope: Scope) -> bytes | None:
     rest = quote(path.removeprefix(FORMER_DISPATCH_PATH), safe="")
     query = scope.get("query_string", b"")
     return (pages.DISPATCH_PATH + rest).encode("ascii") + (b"?" + query if query else b"")
-
-
-class BadQuery(ValueError):
-    """A query parameter the page cannot use: a 400, its one line."""
-
-
-def refresh_seconds(value: str | None) -> int | None:
-    """``?refresh=N`` as whole seconds, None when absent; a value that is
-    not a whole number in bounds raises :class:`BadQuery` naming it."""
-    if value is None:
-        return None
-    seconds = int(value) if value.isascii() and value.isdigit() and len(value) <= 6 else None
-    if seconds is None or not REFRESH_MIN <= seconds <= REFRESH_MAX:
-        raise BadQuery(
-            f"refresh must be a whole number of seconds from {REFRESH_MIN} to {REFRESH_MAX}, "
-            f"got {show(value)}"
-        )
-    return seconds
 
 
 class WebApp:
@@ -220,6 +167,16 @@ class WebApp:
             self.store_label,
             acting=self.actions is not None,
             waiting=WAITING[self.ordering],
+        )
+        self.dashboard = Dashboard(
+            db,
+            worker=worker,
+            schedules=self.schedules,
+            ordering=self.ordering,
+            store_label=self.store_label,
+            clock=clock,
+            actions=self.actions,
+            destinations=self.destinations,
         )
         self.started_at = clock()
         self._probes = StoreProbes(db, clock)
@@ -423,7 +380,7 @@ class WebApp:
             return status, json.dumps(document).encode() + b"\n", b"application/json"
         if path == "/":
             try:
-                content = await self._overview(query, identity)
+                content = await self.dashboard.index(query, identity)
             except BadQuery as exc:
                 return 400, f"{exc}\n".encode(), b"text/plain; charset=utf-8"
             return 200, content.encode(), html
@@ -438,17 +395,12 @@ class WebApp:
         if shown is not None:
             return shown.status, shown.body, shown.content_type
         if path == "/blocked":
-            rows = await list_blocked_heads(self.db, ordering=self.ordering, limit=BLOCKED_PAGE)
-            body = pages.blocked(rows, self.ordering, BLOCKED_PAGE, self.clock())
-            return 200, pages.page("Blocked keys", body, self.store_label).encode(), html
+            return 200, (await self.dashboard.blocked()).encode(), html
         if path == "/schedules":
-            now = self.clock()
-            found = await self.db.read(partial(listing, schedules=self.schedules, now=now))
-            body = pages.schedules(found, now)
-            return 200, pages.page("Schedules", body, self.store_label).encode(), html
+            return 200, (await self.dashboard.schedule_list()).encode(), html
         dispatch_id = path.removeprefix(pages.DISPATCH_PATH)
         if dispatch_id != path and dispatch_id and "/" not in dispatch_id:
-            status, content = await self._detail(dispatch_id, identity)
+            status, content = await self.dashboard.dispatch(dispatch_id, identity)
             return status, content.encode(), html
         return 404, pages.page("Not found", pages.not_found(path), self.store_label).encode(), html
 
@@ -458,183 +410,3 @@ class WebApp:
         does not answer within :data:`STORE_CHECK_SECONDS`."""
         failure = await self._probes.check()
         return health_document(failure, self.worker, self.started_at, self.clock())
-
-    async def _overview(self, query: dict[str, str], identity: Identity) -> str:
-        now = self.clock()
-        refresh = refresh_seconds(query.get("refresh"))
-        status = pages.known_status(query.get("status"))
-        kind = query.get("kind") or None
-        try:
-            ordering_key = require_ordering_key(query.get("ordering_key") or None)
-            rule = require_coalesce(query.get("coalesce_key") or None)
-            coalesce_key = None if rule is None else rule.key
-        except ValueError as exc:
-            raise BadQuery(str(exc)) from None
-        before: tuple[float, str] | None = None
-        if "before" in query:
-            created, _, last_id = query["before"].partition(",")
-            try:
-                before = (float(created), last_id)
-            except ValueError:
-                before = None
-        stats = await bounded_stats(self.db, now=now, ordering=self.ordering)
-        rows = await list_page(
-            self.db,
-            status=status,
-            kind=kind,
-            ordering_key=ordering_key,
-            coalesce_key=coalesce_key,
-            before=before,
-            limit=PAGE_SIZE + 1,
-        )
-        next_page = None
-        if len(rows) > PAGE_SIZE:
-            rows = rows[:PAGE_SIZE]
-            last = rows[-1]
-            next_page = "/?" + urlencode(
-                {
-                    key: value
-                    for key, value in {
-                        "status": status,
-                        "kind": kind,
-                        "ordering_key": ordering_key,
-                        "coalesce_key": coalesce_key,
-                        "before": f"{float(last['created_at'])!r},{last['id']}",
-                        "refresh": str(refresh) if refresh else None,
-                    }.items()
-                    if value
-                }
-            )
-        worker = None
-        if self.worker is not None:
-            statistics = self.worker.statistics()
-            worker = {
-                "in_flight": statistics.in_flight,
-                "held_ahead": statistics.held_ahead,
-                "concurrency": statistics.concurrency,
-                "delivered": statistics.delivered,
-                "last_scan_age_seconds": None
-                if statistics.last_scan_at is None
-                else max(0.0, now - statistics.last_scan_at),
-            }
-        schedules = None
-        if self.schedules:
-            names = [schedule.name for schedule in self.schedules]
-            known = await self.db.read(partial(states, names=names))
-            schedules = {
-                "count": len(names),
-                "paused": sum(1 for state in known.values() if state.paused),
-            }
-        here = {
-            key: value
-            for key, value in {
-                "status": status,
-                "kind": kind,
-                "ordering_key": ordering_key,
-                "coalesce_key": coalesce_key,
-                "before": query.get("before") if before is not None else None,
-            }.items()
-            if value
-        }
-        body = pages.overview(
-            stats,
-            rows,
-            status=status,
-            kind=kind,
-            ordering_key=ordering_key,
-            coalesce_key=coalesce_key,
-            next_page=next_page,
-            worker=worker,
-            now=now,
-            labels=await status_labels(self.db, rows),
-            failures=await recent_failures(self.db),
-            refresh=refresh,
-            here=here,
-            schedules=schedules,
-            destinations=await self.destinations.summary(),
-            waiting=await waiting_ids(self.db, rows, self.ordering),
-        )
-        body = await self._toolbar(identity, status, kind, ordering_key, coalesce_key) + body
-        return pages.page("Outbox", body, self.store_label, refresh=refresh)
-
-    async def _toolbar(
-        self,
-        identity: Identity,
-        status: str | None,
-        kind: str | None,
-        ordering_key: str | None,
-        coalesce_key: str | None = None,
-    ) -> str:
-        """For an operator: the bulk actions of the listed filter, the
-        replay's form, a blocked key's head with its retry and purge, and the
-        session's logout. A list filtered by coalesce key offers no bulk
-        action: they take no such filter, and would act beyond the list."""
-        if self.actions is None:
-            return ""
-        parts = [action_form("/logout", "Log out", identity)]
-        if identity.role < Role.OPERATOR:
-            return f"<section class=operator>{parts[0]}</section>" if parts[0] else ""
-        if ordering_key is not None:
-            heads = await list_blocked_heads(
-                self.db, ordering=self.ordering, limit=1, ordering_key=ordering_key
-            )
-            for head in heads:
-                head_id = str(head["id"])
-                parts.append(
-                    "<p class=blocked>Key blocked by its head "
-                    f'<a href="{pages.dispatch_link(head_id)}">'
-                    f"{pages.text(head_id)}</a> ({pages.text(head['status'])}).</p>"
-                    + self._row_actions(head_id, str(head["status"]), identity)
-                )
-        links = []
-        if status is not None and coalesce_key is None:
-            fields = {"status": status, "kind": kind, "ordering_key": ordering_key}
-            query = urlencode({k: v for k, v in fields.items() if v})
-            links = [
-                f'<a href="/actions/{action}?{pages.text(query)}">{label} all {pages.text(status)}'
-                f"{' of this filter' if kind or ordering_key else ''}...</a>"
-                for action, label in ACTION_LABELS
-                if offered(action, status)
-            ]
-        links.append(
-            '<a id=replay-link href="/actions/retry">'
-            "Retry failed rows by destination and time...</a>"
-        )
-        parts.append(f"<p class=actions>{' · '.join(links)}</p>")
-        joined = "".join(parts)
-        return f"<section class=operator>{joined}</section>" if joined else ""
-
-    async def _detail(self, dispatch_id: str, identity: Identity) -> tuple[int, str]:
-        now = self.clock()
-        try:
-            row = await get_dispatch(self.db, dispatch_id)
-            history = await list_transitions(self.db, dispatch_id)
-        except ValueError:  # not an id at all
-            row, history = None, []
-        status = 200 if row is not None or history else 404
-        # The newest transition says whether the row waits for an ack.
-        label = behind = None
-        buttons = ""
-        waiting = False
-        if row is not None:
-            label = status_label(row, str(history[-1]["reason_code"]) if history else None)
-            behind = await waiting_behind(self.db, row, self.ordering)
-            waiting = row["id"] in await waiting_ids(self.db, [row], self.ordering)
-            buttons = self._row_actions(str(row["id"]), str(row["status"]), identity)
-        body = pages.detail(row, dispatch_id, history, now, label, behind, buttons, waiting)
-        return status, pages.page(f"Dispatch {dispatch_id}", body, self.store_label)
-
-    def _row_actions(self, dispatch_id: str, status: str, identity: Identity) -> str:
-        """Retry (a dead letter or expired row), cancel (a pending or
-        delivering one) and purge buttons for an operator's browser
-        session; a note for others who could act."""
-        if self.actions is None or identity.role < Role.OPERATOR:
-            return ""
-        forms = "".join(
-            action_form(f"/dispatches/{dispatch_id}/{action}", label, identity)
-            for action, label in ACTION_LABELS
-            if offered(action, status)
-        )
-        if not forms:
-            return "<p class=note>Log in (<a href=/login>/login</a>) to act from here.</p>"
-        return f"<div class=actions>{forms}</div>"

@@ -1,144 +1,41 @@
-"""The dashboard's HTML: server-rendered, no script, every value escaped.
-
-Outside text (a kind, a destination, an error, a payload) goes through
-:func:`text`, which makes control characters visible and then escapes it
-for HTML, so ``<script>alert(1)</script>`` as a kind shows as that text.
-
-Tables have a fixed layout: a long value (an error, a destination, an id)
-is cut to its column with an ellipsis, never widening the page, and its
-whole text is in the cell's ``title`` (shown on hover) and on the row's
-page, where long values wrap.
+"""The dashboard's pages: the index (counts, recent failures, the list),
+the blocked keys, the schedules, a dispatch's own page, and the replay's
+form; built of the pieces of :mod:`.markup` (every value escaped there),
+whose names are imported from here too.
 """
 
 from __future__ import annotations
 
-import datetime
-import html
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Final
-from urllib.parse import urlencode
 
 from ..lifecycle import STATUSES, Reason, Status
 from ..outbox.reads import AWAITING_ACK
-from ..redact import MASK, visible
-from ..times import relative_time
+from ..redact import MASK
+from .markup import CELL_TEXT_LIMIT as CELL_TEXT_LIMIT
+from .markup import DISPATCH_PATH as DISPATCH_PATH
+from .markup import age as age
+from .markup import badge as badge
+from .markup import columns as columns
+from .markup import cut as cut
+from .markup import dispatch_link as dispatch_link
+from .markup import id_cell, link
+from .markup import not_found as not_found
+from .markup import page as page
+from .markup import text as text
+from .markup import text_block as text_block
+from .markup import when as when
+from .markup import with_notice as with_notice
 from .style import STYLE as STYLE
 from .style import STYLE_HASH as STYLE_HASH
-from .style import WIDTHS, width_class
 
-STATUS_ORDER: Final = (
-    "pending",
-    "delivering",
-    "delivered",
-    "acked",
-    "dead_letter",
-    "expired",
-    "superseded",
-    "cancelled",
-)
-CELL_TEXT_LIMIT: Final = 300
-"""A table cell holds at most this many characters of a value (its
-``title`` and the row's page hold all of it)."""
+STATUS_ORDER: Final = tuple(str(status) for status in Status)
+"""The index page's cards and status choices, in the lifecycle's order."""
+
+
 REFRESH_CHOICES: Final = (5, 10, 30, 60)
 """The auto-refresh periods the index page offers as links, in seconds."""
-
-
-def text(value: object) -> str:
-    """Outside text, visible and escaped for HTML."""
-    return html.escape(visible("" if value is None else str(value)), quote=True)
-
-
-def when(seconds: object, now: float) -> str:
-    """A Unix time as the CLI prints it: UTC as ISO 8601, then how long ago
-    (or until), ``2026-12-01T11:34:29Z (3m05s ago)``."""
-    if seconds is None:
-        return "-"
-    moment = float(str(seconds))
-    try:
-        stamp = datetime.datetime.fromtimestamp(moment, datetime.UTC)
-    except (OverflowError, OSError, ValueError):  # beyond the calendar: the number itself
-        return text(repr(moment))
-    rel = relative_time(moment, now)
-    return (
-        f"<span class=stamp>{stamp:%Y-%m-%dT}<wbr>{stamp:%H:%M:%SZ}</span> "
-        f'<span class="muted rel">({rel})</span>'
-    )
-
-
-def cut(value: object, *, classes: str = "", limit: int = CELL_TEXT_LIMIT) -> str:
-    """A table cell for outside text that may be long: cut to its column
-    with an ellipsis (the stylesheet), the whole text in its ``title``."""
-    whole = "" if value is None else str(value)
-    shown = whole if len(whole) <= limit else whole[:limit] + "…"
-    kind = f' class="{classes}"' if classes else ""
-    return f'<td{kind} title="{text(whole)}">{text(shown)}</td>'
-
-
-def badge(label: str) -> str:
-    """A status badge: a status, or :data:`~trio_dispatch.outbox.reads.AWAITING_ACK`."""
-    return f'<span class="badge {text(label.replace(" ", "_"))}">{text(label)}</span>'
-
-
-def columns(*widths: str) -> str:
-    """The widths of a fixed-layout table's columns, each one of
-    :data:`WIDTHS` (``""``: a share of what is left)."""
-    unknown = [width for width in widths if width and width not in WIDTHS]
-    assert not unknown, f"add {unknown} to WIDTHS"
-    return (
-        "<colgroup>"
-        + "".join(f"<col class={width_class(width)}>" if width else "<col>" for width in widths)
-        + "</colgroup>"
-    )
-
-
-def age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.0f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
-
-
-def page(title: str, body: str, store: str, *, refresh: int | None = None) -> str:
-    """A whole page; with ``refresh``, one the browser reloads every that
-    many seconds (a meta refresh: no script). ``store`` (the store's masked
-    address) goes in the header; empty, nothing does (the login page shows
-    nothing about the store before a role is proven)."""
-    reload = f'<meta http-equiv=refresh content="{int(refresh)}">' if refresh else ""
-    shown = f"<span class=store>{text(store)}</span>" if store else ""
-    return (
-        "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        '<meta name=viewport content="width=device-width,initial-scale=1">'
-        f"{reload}"
-        f"<title>{text(title)} - trio_dispatch</title><style>{STYLE}</style></head><body>"
-        f'<header><a href="/">trio_dispatch</a>{shown}</header>'
-        f"<main>{body}</main></body></html>"
-    )
-
-
-def with_notice(document: bytes, notice: str) -> bytes:
-    """A rendered :func:`page` with a one-time ``notice`` (what an action
-    just did) at the top of its main part."""
-    shown = f"<main><p class=notice id=notice role=status>{text(notice)}</p>"
-    return document.replace(b"<main>", shown.encode(), 1)
-
-
-DISPATCH_PATH: Final = "/dispatches/"
-"""A row's page is ``/dispatches/ID``, where its actions are too
-(``/dispatches/ID/retry``); ``/dispatch/ID``, its former address, redirects."""
-
-
-def dispatch_link(dispatch_id: object) -> str:
-    """The (escaped) address of a row's page."""
-    return text(DISPATCH_PATH + str(dispatch_id))
-
-
-def _link(params: Mapping[str, str | None]) -> str:
-    kept = {key: value for key, value in params.items() if value}
-    return "/?" + urlencode(kept) if kept else "/"
 
 
 def overview(
@@ -174,13 +71,13 @@ def overview(
         n = stats["counts"].get(name, 0)
         shown = f"{n:,}+" if name in capped else f"{n:,}"
         cards.append(
-            f'<div class="card {name}"><a href="{text(_link({"status": name}))}">'
+            f'<div class="card {name}"><a href="{text(link({"status": name}))}">'
             f"<div class=n>{shown}</div><div class=l>{name.replace('_', ' ')}</div></a></div>"
         )
     dead = stats["dead_letters_last_24h"]
     dead_shown = f"{dead:,}+" if stats["dead_letters_capped"] else f"{dead:,}"
     cards.append(
-        f'<div class="card dead_letter"><a href="{text(_link({"status": "dead_letter"}))}">'
+        f'<div class="card dead_letter"><a href="{text(link({"status": "dead_letter"}))}">'
         f"<div class=n>{dead_shown}</div><div class=l>dead letters, last 24 h</div></a></div>"
     )
     cards.append(
@@ -296,18 +193,13 @@ def refresh_links(here: Mapping[str, str], refresh: int | None) -> str:
     if refresh:
         return (
             f"<p class=refresh id=refresh>auto-refresh every {int(refresh)}s &middot; "
-            f'<a href="{text(_link(rest))}">stop</a></p>'
+            f'<a href="{text(link(rest))}">stop</a></p>'
         )
     choices = " ".join(
-        f'<a href="{text(_link({**rest, "refresh": str(seconds)}))}">{seconds}s</a>'
+        f'<a href="{text(link({**rest, "refresh": str(seconds)}))}">{seconds}s</a>'
         for seconds in REFRESH_CHOICES
     )
     return f"<p class=refresh id=refresh>auto-refresh: off &middot; every {choices}</p>"
-
-
-def _id_cell(dispatch_id: object) -> str:
-    shown = text(dispatch_id)
-    return f'<td class=mono title="{shown}"><a href="{dispatch_link(dispatch_id)}">{shown}</a></td>'
 
 
 def next_attempt(row: Mapping[str, Any], now: float, waiting: bool = False) -> str:
@@ -389,7 +281,7 @@ def dispatch_table(
         lines.append(
             "<tr>"
             f"<td class=when>{when(row['created_at'], now)}</td>"
-            f"{_id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
+            f"{id_cell(row['id'])}{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td>{badge(label)}</td>"
             f"{priority_cell(row) if ranked else ''}"
             f"{attempts_cell(row)}"
@@ -422,7 +314,7 @@ def blocked(rows: Sequence[Mapping[str, Any]], ordering: str, limit: int, now: f
         )
         lines = [
             "<tr>"
-            f"{cut(row['ordering_key'])}{_id_cell(row['id'])}"
+            f"{cut(row['ordering_key'])}{id_cell(row['id'])}"
             f"<td>{badge(str(row['status']))}</td>{cut(row['kind'])}{cut(row['deliver_to'])}"
             f"<td class=when>{when(row['updated_at'], now)}</td>"
             f"{cut(row.get('last_error') or '', classes='err')}"
@@ -500,7 +392,7 @@ def failures_table(failures: Sequence[Mapping[str, Any]], now: float) -> str:
         lines.append(
             "<tr>"
             f"<td class=when>{when(failure['created_at'], now)}</td>"
-            f"{_id_cell(failure['id'])}"
+            f"{id_cell(failure['id'])}"
             + (cut(deliver_to) if deliver_to is not None else "<td class=muted>(purged)</td>")
             + f"<td>{badge('retry' if retried else str(failure['status']))}</td>"
             f"{cut(failure['reason_summary'], classes='err')}"
@@ -617,7 +509,7 @@ def coalescing_text(row: Mapping[str, Any], now: float) -> str:
     key = row.get("coalesce_key")
     if key is None:
         return "-"
-    said = f'<a class=mono href="{text(_link({"coalesce_key": str(key)}))}">{text(key)}</a>'
+    said = f'<a class=mono href="{text(link({"coalesce_key": str(key)}))}">{text(key)}</a>'
     since = row.get("coalesce_since")
     if since is not None and since != row.get("created_at"):
         said += f" <span class=muted>(replacing rows since {when(since, now)})</span>"
@@ -633,15 +525,6 @@ def superseded_by(history: Iterable[Mapping[str, Any]]) -> str | None:
         if t.get("reason_code") == Reason.COALESCED and summary.startswith("superseded by "):
             return summary.rsplit(" ", 1)[-1]
     return None
-
-
-def text_block(value: str) -> str:
-    """Multi-line outside text: each line visible and escaped."""
-    return "\n".join(text(line) for line in value.split("\n"))
-
-
-def not_found(path: str) -> str:
-    return f"<h1>Not found</h1><p class=muted>{text(path)}</p><p><a href='/'>dashboard</a></p>"
 
 
 def known_status(value: str | None) -> str | None:
