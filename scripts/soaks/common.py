@@ -47,14 +47,18 @@ async def run_until_signalled(worker: DispatchWorker) -> None:
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
-    """SIGTERM a role (SIGKILL past ``timeout``); its exit code."""
+    """SIGTERM a role (SIGKILL past ``timeout``); its exit code, 0 for a
+    clean stop. A role that the signal ended outright (-15) got it before
+    its interpreter had started it -- a role takes its signals before its
+    worker claims anything -- so it stopped clean, having done nothing."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
     try:
-        return process.wait(timeout)
+        code = process.wait(timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         return process.wait()
+    return 0 if code == -signal.SIGTERM else code
 
 
 def make_schema(db: Path | str) -> None:
