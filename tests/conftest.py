@@ -49,28 +49,45 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "postgres_only: runs on the PostgreSQL engine only")
     config.addinivalue_line(
         "markers",
-        "diagonal: outside CI, runs as trio-sqlite and asyncio-postgres only (each engine and "
-        "each backend once); its two other pairs are marked slow, so CI runs all four",
+        "every_pair: outside CI too, runs on all four backend/engine pairs, not only on the "
+        "diagonal (trio-sqlite, asyncio-postgres) that the loop keeps of other such tests",
     )
 
 
 DIAGONAL = {("trio", "sqlite"), ("asyncio", "postgres")}
-"""The (backend, engine) pairs a ``diagonal`` test keeps in the fast loop."""
+"""The (backend, engine) pairs the loop keeps of a test that runs on all four."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A ``diagonal`` test's pairs off the diagonal are marked slow: for a
-    test whose time goes on real waits (ticks, timeouts) that no backend or
-    engine shortens, or a grid of inputs, one pair per engine and per backend
-    covers the behaviour in the loop run after every change."""
+    """A test that runs on both backends and both engines has its two pairs
+    off the diagonal marked slow, so the loop run after every change covers
+    each engine and each backend once a test and CI runs all four. The
+    store does its work on a thread of its own and hands results to either
+    event loop the same way (``trio_dispatch._threads``), so what a backend
+    changes and what an engine changes meet in few places; a test of one of
+    them is marked ``every_pair`` and keeps its four pairs in the loop.
+    A test on one engine only keeps both backends, one on one backend only
+    both engines."""
+    pairs: dict[str, set[tuple[Any, Any]]] = {}
     for item in items:
-        params = getattr(item, "callspec", None)
-        if params is None or item.get_closest_marker("diagonal") is None:
-            continue
-        pair = (params.params.get("anyio_backend"), params.params.get("engine"))
-        if None not in pair and pair not in DIAGONAL:
+        pair = _pair(item)
+        if None not in pair:
+            pairs.setdefault(item.nodeid.split("[", 1)[0], set()).add(pair)
+    for item in items:
+        pair = _pair(item)
+        if (
+            pair not in DIAGONAL
+            and len(pairs.get(item.nodeid.split("[", 1)[0], ())) == 4
+            and item.get_closest_marker("every_pair") is None
+        ):
             item.add_marker(pytest.mark.slow)
+
+
+def _pair(item: pytest.Item) -> tuple[Any, Any]:
+    """(backend, engine) of a test's parametrization (None where it has none)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("anyio_backend"), params.get("engine")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
