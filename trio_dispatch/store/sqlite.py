@@ -464,9 +464,10 @@ class SQLiteStore(BatchingStore):
         read-only connection polls ``PRAGMA data_version``, which changes
         when anyone else commits -- no table is read. ``on_cancel`` is
         called with None after each such commit (a cancel of a running
-        attempt is one; SQLite cannot say which) and once when the watch
-        begins. An in-memory store has no other connection: it returns
-        only when cancelled."""
+        attempt is one; SQLite cannot say which). Both are called once when
+        the watch begins: a commit before its first read went unheard. An
+        in-memory store has no other connection: it returns only when
+        cancelled."""
         if self.path == ":memory:":
             task_status.started()
             await anyio.sleep_forever()
@@ -487,8 +488,7 @@ class SQLiteStore(BatchingStore):
             await anyio.to_thread.run_sync(conn.execute, "PRAGMA busy_timeout = 0")
             task_status.started()
             heard = callback if on_cancel is None else partial(_both, callback, on_cancel)
-            if on_cancel is not None:  # a cancel committed before the first poll
-                on_cancel(None)
+            heard()  # what committed before the first read went unheard: look once
             while True:
                 await anyio.sleep(DATA_VERSION_POLL_SECONDS)
                 try:
