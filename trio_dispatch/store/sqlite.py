@@ -9,11 +9,13 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
-import sqlite_utils
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from .base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
@@ -118,7 +120,10 @@ class SQLiteConn:
     def utils(self) -> sqlite_utils.Database:
         """The sqlite-utils view of this connection (schema introspection),
         made on first use (it refuses a connection in ``autocommit`` mode,
-        which a caller's may be)."""
+        which a caller's may be). sqlite-utils is imported then too: it
+        costs every process that opens a store 60 ms, every command too."""
+        import sqlite_utils
+
         if self._db is None:
             self._db = sqlite_utils.Database(
                 self._conn, recursive_triggers=False, execute_plugins=False
