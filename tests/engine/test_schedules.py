@@ -484,6 +484,7 @@ async def test_a_wall_clock_stepped_back_and_put_right_delays_the_ticks_by_a_clo
     assert ticks == sorted(set(ticks)) and max(ticks) <= time.time()
 
 
+@pytest.mark.slow  # real seconds of ticks; the next test holds a tick to the server's clock without
 @pytest.mark.postgres_only  # on SQLite the process's clock is the store's clock
 async def test_a_worker_whose_clock_runs_ahead_fires_no_tick_before_the_database_s_clock(
     store: SQLiteStore, raw: RawDB
@@ -543,6 +544,7 @@ def kinds_by_tick(raw: RawDB) -> list[tuple[float, str]]:
     return [(float(row["scheduled_for"]), str(row["kind"])) for row in rows]
 
 
+@pytest.mark.slow  # real seconds of ticks; the rolling deploy test decides the same without
 async def test_two_definitions_of_one_name_never_fire_the_union_of_their_ticks(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
