@@ -5,6 +5,8 @@ file) and on PostgreSQL (a throwaway database on the local server, created
 for the run and dropped after it; tables emptied between tests). Mark a test
 or module ``sqlite_only`` when what it checks is SQLite's own. Without a
 PostgreSQL server the postgres cases skip, except under CI, where they fail.
+Outside CI, an async test on both engines runs as trio-sqlite and
+asyncio-postgres only (:func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
@@ -68,10 +70,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     each engine and each backend once a test and CI runs all four. The
     store does its work on a thread of its own and hands results to either
     event loop the same way (``trio_dispatch._threads``), so what a backend
-    changes and what an engine changes meet in few places; a test of one of
-    them is marked ``every_pair`` and keeps its four pairs in the loop.
-    A test on one engine only keeps both backends, one on one backend only
-    both engines."""
+    changes and what an engine changes meet in few places (an engine's
+    listener waits in the event loop); a test of one of them is marked
+    ``every_pair`` and keeps its four pairs in the loop. A test on one
+    engine keeps both backends; one on one backend keeps both engines."""
     pairs: dict[str, set[tuple[Any, Any]]] = {}
     for item in items:
         pair = _pair(item)
