@@ -5,12 +5,15 @@ file) and on PostgreSQL (a throwaway database on the local server, created
 for the run and dropped after it; tables emptied between tests). Mark a test
 or module ``sqlite_only`` when what it checks is SQLite's own. Without a
 PostgreSQL server the postgres cases skip, except under CI, where they fail.
+Outside CI, an async test on both engines runs as trio-sqlite and
+asyncio-postgres only (:func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -42,6 +45,8 @@ _SHARED: dict[str, Any] = {}
 this process's :class:`PostgresRaw` reads and writes it through (None until
 first used). A connection costs the server a new backend process (3 ms and
 a fork; more under load), and ``wait_for`` polls raw reads every 10 ms."""
+_MIGRATED: list[Path] = []
+"""This process's SQLite file as the store creates it, once made."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,28 +54,45 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "postgres_only: runs on the PostgreSQL engine only")
     config.addinivalue_line(
         "markers",
-        "diagonal: outside CI, runs as trio-sqlite and asyncio-postgres only (each engine and "
-        "each backend once); its two other pairs are marked slow, so CI runs all four",
+        "every_pair: outside CI too, runs on all four backend/engine pairs, not only on the "
+        "diagonal (trio-sqlite, asyncio-postgres) that the loop keeps of other such tests",
     )
 
 
 DIAGONAL = {("trio", "sqlite"), ("asyncio", "postgres")}
-"""The (backend, engine) pairs a ``diagonal`` test keeps in the fast loop."""
+"""The (backend, engine) pairs the loop keeps of a test that runs on all four."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A ``diagonal`` test's pairs off the diagonal are marked slow: for a
-    test whose time goes on real waits (ticks, timeouts) that no backend or
-    engine shortens, or a grid of inputs, one pair per engine and per backend
-    covers the behaviour in the loop run after every change."""
+    """A test that runs on both backends and both engines has its two pairs
+    off the diagonal marked slow, so the loop run after every change covers
+    each engine and each backend once a test and CI runs all four. The
+    store does its work on a thread of its own and hands results to either
+    event loop the same way (``trio_dispatch._threads``), so what a backend
+    changes and what an engine changes meet in few places (an engine's
+    listener waits in the event loop); a test of one of them is marked
+    ``every_pair`` and keeps its four pairs in the loop. A test on one
+    engine keeps both backends; one on one backend keeps both engines."""
+    pairs: dict[str, set[tuple[Any, Any]]] = {}
     for item in items:
-        params = getattr(item, "callspec", None)
-        if params is None or item.get_closest_marker("diagonal") is None:
-            continue
-        pair = (params.params.get("anyio_backend"), params.params.get("engine"))
-        if None not in pair and pair not in DIAGONAL:
+        pair = _pair(item)
+        if None not in pair:
+            pairs.setdefault(item.nodeid.split("[", 1)[0], set()).add(pair)
+    for item in items:
+        pair = _pair(item)
+        if (
+            pair not in DIAGONAL
+            and len(pairs.get(item.nodeid.split("[", 1)[0], ())) == 4
+            and item.get_closest_marker("every_pair") is None
+        ):
             item.add_marker(pytest.mark.slow)
+
+
+def _pair(item: pytest.Item) -> tuple[Any, Any]:
+    """(backend, engine) of a test's parametrization (None where it has none)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("anyio_backend"), params.get("engine")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -218,10 +240,31 @@ def fresh_target(engine: str, db_path: Path, request: pytest.FixtureRequest) -> 
 
 
 @pytest.fixture
-async def store(db_target: str) -> AsyncIterator[SQLiteStore]:
-    """An open store on ``db_target`` (use with ``@pytest.mark.anyio``)."""
+async def store(
+    engine: str, db_target: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[SQLiteStore]:
+    """An open store on ``db_target`` (use with ``@pytest.mark.anyio``).
+    On SQLite the file starts as a copy of one the store created and
+    migrated from nothing, once a process, as each test's PostgreSQL store
+    opens the run's database migrated once: migrating a new file took
+    10 ms of CPU and a dozen fsyncs a test, a copy takes 1 ms. Creating and
+    migrating a store is tested where it is the subject."""
+    if engine == "sqlite":
+        shutil.copyfile(await _migrated_sqlite(tmp_path_factory), db_target)
     async with open_store(db_target) as db:
         yield db  # type: ignore[misc]
+
+
+async def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This process's SQLite file as the store creates it (made on first use)."""
+    if not _MIGRATED:
+        path = tmp_path_factory.mktemp("migrated") / "outbox.db"
+        async with open_store(str(path)):
+            pass
+        # Closed by its last connection, the file holds everything: no WAL left.
+        assert not path.with_name(path.name + "-wal").exists()
+        _MIGRATED.append(path)
+    return _MIGRATED[0]
 
 
 class RawDB:

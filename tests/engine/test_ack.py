@@ -94,7 +94,6 @@ async def test_ack_of_row_without_ack_required_raises_value_error_and_writes_not
     assert raw.row(dispatch_id)["status"] == "pending"
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize(
     "make_wrong",
     [

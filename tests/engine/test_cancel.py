@@ -307,6 +307,7 @@ async def test_a_cancel_in_the_callers_transaction_commits_or_rolls_back_with_it
     assert asked.requested and raw.row(dispatch_id)["cancel_requested_at"] == T0 + 1
 
 
+@pytest.mark.every_pair  # each engine's listener waits in the event loop: each backend's
 async def test_a_listener_hears_a_cancel_committed_by_another_store(db_target: str) -> None:
     """PostgreSQL names the dispatch (a notice on the cancel channel);
     SQLite's commit watch hears that something committed (None)."""

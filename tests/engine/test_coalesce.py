@@ -514,6 +514,7 @@ def _produce_in_child(target: str, out: str, mode: str, count: int, start: Any) 
     Path(out).write_text(json.dumps(anyio.run(main)))
 
 
+@pytest.mark.slow  # a race between processes (4 started afresh); in the loop, 20 tasks race
 @pytest.mark.parametrize("mode", ["replace", "keep"])
 async def test_four_processes_enqueueing_one_key_leave_exactly_one_waiting_row(
     db_target: str, raw: RawDB, tmp_path: Path, mode: str

@@ -238,6 +238,7 @@ async def test_a_rate_is_never_exceeded_over_any_window(store: SQLiteStore, raw:
     assert started[:3] == [NOW] * 3 and started[3] > NOW
 
 
+@pytest.mark.slow  # 4 claimants race 1.5 s (3 s of server CPU); test_rate_claims runs in the loop
 @pytest.mark.postgres_only
 async def test_a_rate_is_never_exceeded_by_claimants_on_the_servers_clock(
     store: SQLiteStore, raw: RawDB, db_target: str

@@ -275,7 +275,6 @@ INVALID: list[tuple[dict[str, Any], type[Exception], str]] = [
 ]
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize("bad, error, name", INVALID, ids=[repr(b) for b, _, _ in INVALID])
 async def test_invalid_arguments_raise_naming_the_value_and_write_nothing(
     store: SQLiteStore, raw: RawDB, bad: dict[str, Any], error: type[Exception], name: str

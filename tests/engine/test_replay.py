@@ -132,7 +132,6 @@ async def test_a_replay_by_destination_retries_its_dead_and_expired_rows_in_id_o
         assert raw.row(ids[name]) == row, name
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize(
     "filters, expected",
     [
@@ -297,7 +296,6 @@ async def test_expires_at_none_lets_a_replayed_expired_row_go_out(
 NAIVE = datetime.datetime(2026, 12, 2, 9, 0)
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize(
     "filters, error, message",
     [

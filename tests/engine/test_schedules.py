@@ -333,7 +333,6 @@ async def test_pause_and_resume_cycles_leave_a_schedule_queued_once(
     assert len(live) == 1 and len(scheduler._heap) <= 2
 
 
-@pytest.mark.diagonal  # a catch-up of 1,001 runs: each engine and each backend once
 async def test_a_catch_up_of_30_days_every_second_fires_at_most_the_cap_and_says_so_once(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -372,7 +371,6 @@ def failing_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     return [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-@pytest.mark.diagonal  # real seconds of ticks, which no engine or backend shortens
 async def test_a_schedule_the_store_refuses_is_isolated_backed_off_and_reported_once(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -411,7 +409,6 @@ async def test_a_schedule_the_store_refuses_is_isolated_backed_off_and_reported_
     assert 'trio_dispatch_schedule_failures_total{schedule="b-good-0"} 0.0' in text
 
 
-@pytest.mark.diagonal  # real seconds of ticks, which no engine or backend shortens
 async def test_a_failing_schedule_that_fires_again_says_so_and_is_no_longer_failing(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -487,6 +484,7 @@ async def test_a_wall_clock_stepped_back_and_put_right_delays_the_ticks_by_a_clo
     assert ticks == sorted(set(ticks)) and max(ticks) <= time.time()
 
 
+@pytest.mark.slow  # real seconds of ticks; the next test holds a tick to the server's clock without
 @pytest.mark.postgres_only  # on SQLite the process's clock is the store's clock
 async def test_a_worker_whose_clock_runs_ahead_fires_no_tick_before_the_database_s_clock(
     store: SQLiteStore, raw: RawDB
@@ -546,7 +544,7 @@ def kinds_by_tick(raw: RawDB) -> list[tuple[float, str]]:
     return [(float(row["scheduled_for"]), str(row["kind"])) for row in rows]
 
 
-@pytest.mark.diagonal  # real seconds of ticks, which no engine or backend shortens
+@pytest.mark.slow  # real seconds of ticks; the rolling deploy test decides the same without
 async def test_two_definitions_of_one_name_never_fire_the_union_of_their_ticks(
     store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:

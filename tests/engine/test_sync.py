@@ -421,7 +421,7 @@ async def test_a_worker_wakes_at_the_callers_commit_not_at_its_tick(
         await tg.start(worker.run)
         await wait_for(  # the worker is idle, listening
             lambda: (
-                worker.statistics().scans == 1
+                worker.statistics().scans >= 1
                 and (engine == "sqlite" or listening_backends(raw) == 1)
             )
         )

@@ -9,6 +9,7 @@ waiting for the end's commit."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -170,8 +171,9 @@ async def test_shutdown_gives_the_rows_held_ahead_back_at_once_unsent_and_uncoun
 
 
 async def test_an_operators_cancel_of_a_row_held_ahead_cancels_it_unsent(
-    store: SQLiteStore, raw: RawDB
+    store: SQLiteStore, raw: RawDB, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="trio_dispatch.worker")
     first = await enqueue_dispatch(store, kind="k", deliver_to="x")
     await anyio.sleep(0.01)
     second = await enqueue_dispatch(store, kind="k", deliver_to="x")
@@ -180,8 +182,13 @@ async def test_an_operators_cancel_of_a_row_held_ahead_cancels_it_unsent(
         await wait_for(lambda: row_is(raw, second, status="delivering") and gate.started)
         assert gate.started == [first]
         async with open_store(raw.target) as other:  # as another process would
-            await cancel_dispatch(other, second)
-        await anyio.sleep(0.3)  # the worker hears it and cuts the held row's scope
+            # No wait: the held row's end is written when it reaches the
+            # slot, which the gate holds (a wait would last all of it).
+            asked = await cancel_dispatch(other, second, wait_seconds=0)
+        assert asked.requested
+        # The worker hears it and cuts the held row's scope before the slot frees.
+        cut = f"dispatch {second} attempt 1: cancelled by an operator; cutting the attempt"
+        await wait_for(lambda: cut in caplog.text)
         gate.open.set()
         await wait_for(lambda: row_is(raw, second, status="cancelled"))
         await wait_for(lambda: row_is(raw, first, status="delivered"))

@@ -324,6 +324,7 @@ def test_on_an_older_schema_every_destinations_command_names_migrate(
     assert file_state(db_path) == before
 
 
+@pytest.mark.slow  # three interpreters a case; the round trip above runs in this process
 def test_a_round_trip_in_a_child_process(tmp_path: Path, db_target: str, raw: RawDB) -> None:
     """``python -m trio_dispatch`` as an operator runs it."""
     migrate(db_target)

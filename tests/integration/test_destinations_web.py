@@ -144,7 +144,6 @@ async def test_an_operator_pauses_resumes_and_enables_with_a_bearer_token(
     )
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize(
     ("form", "status", "words"),
     [

@@ -29,7 +29,7 @@ from trio_dispatch.worker import DispatchWorker
 from ..conftest import RawDB
 from ..helpers import row_is, wait_for
 
-pytestmark = [pytest.mark.anyio, pytest.mark.diagonal]  # real seconds of deadlines
+pytestmark = pytest.mark.anyio
 
 DEADLINE_REASON = "dispatch.expired.deadline"
 

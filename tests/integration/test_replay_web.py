@@ -115,7 +115,6 @@ async def test_a_browser_session_posts_back_the_confirmations_own_filters(
     assert metadata(raw, ids["a30"])["via"] == "cookie"
 
 
-@pytest.mark.diagonal  # a grid of inputs: each on both engines and both backends
 @pytest.mark.parametrize(
     "role, form, code, words",
     [

@@ -104,7 +104,7 @@ async def test_another_process_enqueue_wakes_a_listening_worker(
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(store, transport=send, tick_seconds=3600)
         await tg.start(worker.run)
-        await wait_for(lambda: worker.statistics().scans == 1 and listening_backends(raw) == 1)
+        await wait_for(lambda: worker.statistics().scans >= 1 and listening_backends(raw) == 1)
         async with open_store(raw.target) as other:  # LISTEN/NOTIFY wakes it
             started = time.monotonic()
             dispatch_id = await enqueue_dispatch(other, kind="k", deliver_to="seat")

@@ -254,14 +254,15 @@ async def test_the_listener_listens_again_after_its_connection_ends(
     async with open_store(db_target) as listening, open_store(db_target) as other:
         async with anyio.create_task_group() as tg:
             await tg.start(cast(Any, listening).listen, lambda: calls.append(1))
+            await wait_for(lambda: len(calls) == 1)  # listening began: look once
             await enqueue_dispatch(other, kind="k", deliver_to="before")
-            await wait_for(lambda: len(calls) == 1)
+            await wait_for(lambda: len(calls) == 2)
             assert terminate_backends(raw) >= 1
             # Once listening again it calls back once: what was sent
             # meanwhile is lost, so its worker scans.
-            await wait_for(lambda: len(calls) == 2)
-            await enqueue_dispatch(other, kind="k", deliver_to="after")
             await wait_for(lambda: len(calls) == 3)
+            await enqueue_dispatch(other, kind="k", deliver_to="after")
+            await wait_for(lambda: len(calls) == 4)
             tg.cancel_scope.cancel()
     assert cast(Any, listening).reconnects["listener"] == 1
     assert len(reconnect_lines(caplog, LISTENING_AGAIN)) == 1

@@ -33,29 +33,22 @@ statement forms it carries."""
 
 
 def _code_strings(path: pathlib.Path) -> list[tuple[int, str]]:
-    """The string literals of a module that are not docstrings."""
-    tree = ast.parse(path.read_text())
-    docstrings = {
-        id(node.body[0].value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.body
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    }
-    # An attribute docstring: a bare string statement after an assignment.
-    docstrings |= {
-        id(node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
-    }
-    return [
-        (node.lineno, node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and id(node) not in docstrings
-    ]
+    """The string literals of a module that are not docstrings: a string
+    standing alone as a statement is one (a module's, class's or function's
+    docstring, or an attribute's after its assignment). One walk: it meets
+    a statement before the string in it."""
+    docstrings: set[int] = set()
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docstrings.add(id(node.value))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+        ):
+            found.append((node.lineno, node.value))
+    return found
 
 
 def test_engine_specific_statements_are_spelled_only_in_the_dialect_modules() -> None:

@@ -418,10 +418,11 @@ class Listener(Protocol):
         on_cancel: Callable[[str | None], None] | None = None,
     ) -> None:
         """Call ``callback`` (in the event loop) after each enqueue any
-        process commits, until cancelled; raise if notifications are
-        unavailable (the caller then relies on its tick). With
-        ``on_cancel``, also call it after a cancel of a running attempt
-        commits anywhere (docs/controls.md), with the dispatch id, or None where
-        the engine cannot say which (SQLite: after any commit), and once
-        when listening (re)starts: what committed before it may have gone
-        unheard."""
+        process commits, and once when listening (re)starts, until
+        cancelled; raise if notifications are unavailable (the caller then
+        relies on its tick). With ``on_cancel``, also call it after a cancel
+        of a running attempt commits anywhere (docs/controls.md), with the
+        dispatch id, or None where the engine cannot say which (SQLite:
+        after any commit), and once when listening (re)starts: what
+        committed before it (after a worker's first scan, say) may have
+        gone unheard."""

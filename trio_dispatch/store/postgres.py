@@ -416,17 +416,19 @@ class PostgresStore(BatchingStore):
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``callback`` (in the event loop) whenever any process commits
-        an enqueue to this database, until cancelled. With ``on_cancel``,
-        the same connection also listens for cancels of running attempts
-        (:data:`~.dialect.CANCEL_CHANNEL`) and calls it with each one's
-        dispatch id -- and with None once listening (re)starts, since what
-        was sent before went unheard. Raises if notifications are
+        an enqueue to this database, and once listening (re)starts, since
+        what was sent before went unheard, until cancelled. With
+        ``on_cancel``, the same connection also listens for cancels of
+        running attempts (:data:`~.dialect.CANCEL_CHANNEL`) and calls it
+        with each one's dispatch id -- and with None once listening
+        (re)starts. Raises if notifications are
         unavailable (e.g. behind a transaction-mode pooler); the caller
         then relies on its tick."""
         cancels = on_cancel is not None
         conn = await anyio.to_thread.run_sync(self._listening, cancels)
         try:
             task_status.started()
+            callback()  # what was sent before it listened went unheard: look once
             if on_cancel is not None:
                 on_cancel(None)
             while True:

@@ -9,11 +9,13 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
-import sqlite_utils
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 from .base import (
     DEFAULT_BUSY_TIMEOUT_SECONDS,
@@ -118,7 +120,10 @@ class SQLiteConn:
     def utils(self) -> sqlite_utils.Database:
         """The sqlite-utils view of this connection (schema introspection),
         made on first use (it refuses a connection in ``autocommit`` mode,
-        which a caller's may be)."""
+        which a caller's may be). sqlite-utils is imported then too: it
+        costs every process that opens a store 60 ms, every command too."""
+        import sqlite_utils
+
         if self._db is None:
             self._db = sqlite_utils.Database(
                 self._conn, recursive_triggers=False, execute_plugins=False
@@ -464,9 +469,10 @@ class SQLiteStore(BatchingStore):
         read-only connection polls ``PRAGMA data_version``, which changes
         when anyone else commits -- no table is read. ``on_cancel`` is
         called with None after each such commit (a cancel of a running
-        attempt is one; SQLite cannot say which) and once when the watch
-        begins. An in-memory store has no other connection: it returns
-        only when cancelled."""
+        attempt is one; SQLite cannot say which). Both are called once when
+        the watch begins: a commit before its first read went unheard. An
+        in-memory store has no other connection: it returns only when
+        cancelled."""
         if self.path == ":memory:":
             task_status.started()
             await anyio.sleep_forever()
@@ -487,8 +493,7 @@ class SQLiteStore(BatchingStore):
             await anyio.to_thread.run_sync(conn.execute, "PRAGMA busy_timeout = 0")
             task_status.started()
             heard = callback if on_cancel is None else partial(_both, callback, on_cancel)
-            if on_cancel is not None:  # a cancel committed before the first poll
-                on_cancel(None)
+            heard()  # what committed before the first read went unheard: look once
             while True:
                 await anyio.sleep(DATA_VERSION_POLL_SECONDS)
                 try:
