@@ -45,12 +45,10 @@ from trio_dispatch import (
     open_store,
     pause_destination,
 )
-from trio_dispatch.outbox import claim_due
-from trio_dispatch.store import Store
 
 from .harness import ROOT, Bench, Figure, Outcome, at_least, percentile, ratio_at_most
 from .pgserver import fresh_postgres, postgres_database
-from .workloads import load_rows
+from .workloads import claim_ms, load_rows
 
 RATE: Final = 200
 BURST: Final = 10
@@ -250,26 +248,6 @@ async def deliveries(target: str, n: int, destinations: dict[str, Any] | None = 
     return n / elapsed
 
 
-async def _claim_ms(db: Store) -> float:
-    """One ``claim_due`` of up to 100 rows (a paused destination is left
-    out with or without a policy), in milliseconds; then (untimed) its rows
-    go back to pending."""
-    started = time.perf_counter()
-    claims, _ = await claim_due(db, limit=CLAIM_LIMIT)
-    elapsed = time.perf_counter() - started
-    if len(claims) != CLAIM_LIMIT:
-        raise RuntimeError(f"the claim took {len(claims)} rows, not {CLAIM_LIMIT}")
-    ids = [(claim.dispatch_id,) for claim in claims]
-    await db.write(
-        lambda conn: conn.executemany(
-            "UPDATE dispatch_outbox SET status = 'pending', attempt = 0, "
-            "next_attempt_at = created_at WHERE id = ?",
-            ids,
-        )
-    )
-    return elapsed * 1000
-
-
 async def claim_times(big: str, empty: str) -> tuple[float, float]:
     """Median claim milliseconds with the paused backlog and without, the
     two stores taking turns."""
@@ -277,10 +255,10 @@ async def claim_times(big: str, empty: str) -> tuple[float, float]:
     async with open_store(big) as big_db, open_store(empty) as empty_db:
         stores = [("big", big_db), ("empty", empty_db)]
         for _, db in stores:
-            await _claim_ms(db)
+            await claim_ms(db, CLAIM_LIMIT)
         for turn in range(CLAIMS):
             for name, db in stores if turn % 2 else stores[::-1]:
-                times[name].append(await _claim_ms(db))
+                times[name].append(await claim_ms(db, CLAIM_LIMIT))
     return statistics.median(times["big"]), statistics.median(times["empty"])
 
 
