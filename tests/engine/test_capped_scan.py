@@ -128,11 +128,13 @@ class Reads:
 
 
 def all_visible(raw: RawDB) -> None:
-    """Vacuum and analyze the outbox table until its visibility map covers
-    its pages (all but the odd one still being written): a vacuum leaves a
-    page out while a transaction that may see its rows as new is open, and
-    the index-only reads then fetch each heap tuple (512 tuples against 246)."""
-    for _ in range(50):
+    """Vacuum and analyze the outbox table, again for up to 2 s while its
+    visibility map covers less than 99% of its pages: a vacuum leaves a page
+    out while a transaction that may see its rows as new is open, and the
+    index-only reads then fetch each heap tuple (512 tuples against 246).
+    Past 2 s the test goes on with what the vacuums marked (an open
+    transaction elsewhere may hold them back for longer)."""
+    for _ in range(20):
         raw.execute("VACUUM ANALYZE dispatch_outbox")
         if raw.scalar(
             "SELECT relallvisible >= 0.99 * relpages FROM pg_class "
@@ -140,7 +142,6 @@ def all_visible(raw: RawDB) -> None:
         ):
             return
         time.sleep(0.1)
-    raise AssertionError("a vacuum of the outbox table never marked its pages all visible")
 
 
 def _scan(caps: DestinationCaps, limit: int) -> Any:
