@@ -47,7 +47,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -534,23 +534,17 @@ class BatchingStore(abc.ABC):
             callback()
 
     def on_cancel(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        self._cancel_listeners.append(callback)
-
-        def remove() -> None:
-            if callback in self._cancel_listeners:
-                self._cancel_listeners.remove(callback)
-
-        return remove
+        return _listen(self._cancel_listeners, callback)
 
     def notify_cancel(self, dispatch_id: str) -> None:
         for callback in list(self._cancel_listeners):
             callback(dispatch_id)
 
 
-Listener = Callable[[], None]
+CallbackT = TypeVar("CallbackT", bound=Callable[..., None])
 
 
-def _listen(listeners: list[Listener], callback: Listener) -> Listener:
+def _listen(listeners: list[CallbackT], callback: CallbackT) -> Callable[[], None]:
     """Add ``callback`` to ``listeners``; return what removes it."""
     listeners.append(callback)
 

@@ -31,9 +31,10 @@ and carried out by :class:`.watch.CancelWatch`, a shutdown's grace included.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any, Final, Protocol
@@ -84,8 +85,9 @@ from .finisher import End, Finisher, Pace, most_ahead
 from .metrics import CancelCounts, DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
 from .report import AttemptResult, Interrupted, Ledger
+from .services import Service, Services
 from .slots import SlotTable
-from .statistics import WorkerStatistics
+from .statistics import ScanTally, WorkerStatistics
 from .watch import CancelWatch, listen_to_others
 
 
@@ -229,14 +231,11 @@ class DispatchWorker:
         once the worker has stopped."""
         self._stop: anyio.CancelScope | None = None
         self._pause = ClaimPause()
-        self._services: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        self._services = Services()
         self._wake: anyio.Event | None = None
         self._backlog = False
         self._running = False
-        self._scans = 0
-        self._scan_errors = 0
-        self._lease_recoveries = 0
-        self._last_scan_at: float | None = None
+        self._tally = ScanTally()
         self.expiry = ExpirySweeper(db, self.counts, clock, actor, self.log, settings.tick_seconds)
         """Expires the rows no claim reads at their deadline (:mod:`.expiry`)."""
         self.add_service("expiry", self.expiry.run)
@@ -265,10 +264,7 @@ class DispatchWorker:
             **self.counts,
             in_flight=len(self._slots),
             concurrency=self.settings.concurrency,
-            scans=self._scans,
-            scan_errors=self._scan_errors,
-            lease_recoveries=self._lease_recoveries,
-            last_scan_at=self._last_scan_at,
+            **dataclasses.asdict(self._tally),
             running=self._running,
             held_ahead=self._slots.waiting,
         )
@@ -285,6 +281,7 @@ class DispatchWorker:
         self.wake()
 
     def _news(self) -> None:
+        """Rows may have become live: the next claim looks at every head."""
         if self._rules.turns is not None:
             self._rules.turns.news()
 
@@ -341,50 +338,34 @@ class DispatchWorker:
                 self._stop = deliveries.cancel_scope
                 self._deliveries = deliveries
                 # The listener and the cancel watch hear cancels until the
-                # deliveries have stopped (a shutdown's grace included),
-                # shielded from the worker's own cancellation as they are.
-                running = [(anyio.CancelScope(shield=True), self._cancels.run)] + [
-                    (anyio.CancelScope(shield=name == "listener"), service)
-                    for name, service in self.services()
-                ]
-                for scope, service in running:
-                    deliveries.start_soon(self._serve, service, scope)
+                # deliveries have stopped (a shutdown's grace included).
+                self._services.start(deliveries, self._cancels.run, self.services())
                 task_status.started()
                 try:
                     await self._claim_loop()
                 finally:
-                    for scope, _ in running:  # the services stop before deliveries get their grace
-                        if not scope.shield:
-                            scope.cancel()
+                    self._services.stop_unshielded()  # before deliveries get their grace
                     self._closing = True  # no more claims, chained or scanned
                     with anyio.CancelScope(shield=True):
                         await self._stop_deliveries()
-                    for scope, _ in running:
-                        scope.cancel()
+                    self._services.stop_all()
 
-    def add_service(self, name: str, service: Callable[[], Awaitable[None]]) -> None:
+    def add_service(self, name: str, service: Service) -> None:
         """Run ``service`` beside the claim loop for as long as the worker
         runs (from its next :meth:`run`); it is cancelled when the worker
         stops, before running deliveries get their grace. An exception out
         of it stops the worker, as one out of the claim loop does."""
-        if not callable(service):
-            raise TypeError(f"service {name!r} must be an async callable, got {service!r}")
-        self._services.append((name, service))
+        self._services.add(name, service)
 
-    def services(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+    def services(self) -> list[tuple[str, Service]]:
         """What runs beside the claim loop, by name: the cross-process
         listener where the store can tell (and ``listen`` is on), then what
         :meth:`add_service` added."""
-        found: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        listener = None
         if self.settings.listen and isinstance(self.db, Listener):
             heard = (self.db, self._enqueued, self._cancels, self.settings.tick_seconds, self.log)
-            found.append(("listener", partial(listen_to_others, *heard)))
-        return found + self._services
-
-    @staticmethod
-    async def _serve(service: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
-        with scope:
-            await service()
+            listener = partial(listen_to_others, *heard)
+        return self._services.listed(listener)
 
     async def _claim_loop(self) -> None:
         while True:
@@ -424,7 +405,7 @@ class DispatchWorker:
                     rules=self._rules,
                 )
         except Exception:
-            self._scan_errors += 1
+            self._tally.scan_errors += 1
             self.log.exception("scan failed; retrying in %ss", self.settings.tick_seconds)
             return self.settings.tick_seconds
         finally:
@@ -554,7 +535,7 @@ class DispatchWorker:
         """Hold ``claims`` (a scan's or a finish's, made by a write that
         began at ``since``) ahead of the slots and start what fits; claimed
         as the worker began to stop, they are given back at once."""
-        self._add_scan_counts(counts, claims)
+        self._tally.scanned(self.counts, counts, sum(c.recovered for c in claims), self.clock())
         for claim in claims:
             self._slots.hold(claim, self._attempt_scope(claim))
         self._cancels.claimed(claims, since)
@@ -578,15 +559,6 @@ class DispatchWorker:
             self._interrupt = found if found is not None else interrupt
         if self._stop is not None:
             self._stop.cancel()
-
-    def _add_scan_counts(self, counts: dict[str, int], claims: list[Claim]) -> None:
-        """Add what a scan did besides claiming (rows seen, expired, spent)
-        and how many of its claims recovered an expired lease."""
-        for key in ("attempted", "expired", "dead_letter"):
-            self.counts[key] += counts[key]
-        self._lease_recoveries += sum(claim.recovered for claim in claims)
-        self._scans += 1
-        self._last_scan_at = self.clock()
 
     def _attempt_scope(self, claim: Claim) -> anyio.CancelScope:
         """The attempt's cancel scope, cut at its own lease end."""

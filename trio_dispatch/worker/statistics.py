@@ -48,3 +48,27 @@ class WorkerStatistics:
             "expired": self.expired,
             "retried": self.retried,
         }
+
+
+@dataclasses.dataclass
+class ScanTally:
+    """A worker's claims so far (a scan's, or a finish's that refills the
+    slots): how many completed and failed, how many of their rows were
+    recovered from a lease that ran out, and when the last one completed."""
+
+    scans: int = 0
+    scan_errors: int = 0
+    lease_recoveries: int = 0
+    last_scan_at: float | None = None
+
+    def scanned(
+        self, totals: dict[str, int], counts: dict[str, int], recovered: int, at: float
+    ) -> None:
+        """A claim completed at ``at``: add what it did besides claiming
+        (rows seen, expired, spent: ``counts``) to the worker's ``totals``,
+        and its ``recovered`` rows to the lease recoveries."""
+        for key in ("attempted", "expired", "dead_letter"):
+            totals[key] += counts[key]
+        self.lease_recoveries += recovered
+        self.scans += 1
+        self.last_scan_at = at
