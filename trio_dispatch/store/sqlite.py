@@ -345,10 +345,10 @@ def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sql
         return _open_read_only(path, busy_timeout, immutable=True)
 
 
-def _migrate(conn: sqlite3.Connection, path: str) -> int | None:
+def _migrate(conn: sqlite3.Connection, path: str, busy_timeout: float) -> int | None:
     """:func:`~.schema.migrate` in one IMMEDIATE transaction (which keeps
     other migrators out); return the version found before."""
-    conn.execute("BEGIN IMMEDIATE")
+    begin_immediate(conn, busy_timeout)
     try:
         found = migrate(SQLiteConn(conn), repr(path))
     except BaseException:
@@ -433,7 +433,7 @@ class SQLiteStore(BatchingStore):
             # change the file keeps: a migration refused (a service's own
             # table in the way, a newer schema) leaves the file as it was.
             if self.migrate:
-                self.found_schema_version = _migrate(writer, self.path)
+                self.found_schema_version = _migrate(writer, self.path, self.busy_timeout)
             else:
                 self.found_schema_version = require_current(SQLiteConn(writer), where)
             _use_wal(writer, self.path)
