@@ -222,10 +222,7 @@ BEGIN_LONG_POLL_SECONDS: Final = 0.005
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Another connection holds the lock (``SQLITE_BUSY``, any extended code)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) == sqlite3.SQLITE_BUSY
-    return "locked" in str(exc)  # pragma: no cover - Python 3.11+ has the code
+    return (exc.sqlite_errorcode & 0xFF) == sqlite3.SQLITE_BUSY
 
 
 def _use_wal(conn: sqlite3.Connection, path: str) -> None:
