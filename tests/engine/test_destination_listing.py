@@ -22,6 +22,7 @@ from trio_dispatch.destinations.listing import (
     show_destination,
     store_now,
 )
+from trio_dispatch.outbox.reads import bounded_stats, dispatch_stats
 from trio_dispatch.store import SQLiteStore
 from trio_dispatch.store.base import Conn
 
@@ -268,3 +269,27 @@ async def test_a_listing_on_a_store_opened_read_only(db_target: str, raw: RawDB)
     async with open_store(db_target, read_only=True, migrate=False) as db:
         entries = by_name(await list_destinations(db, POLICIES))
     assert entries["billing"].state is State.PAUSED
+
+
+async def test_a_paused_destination_s_rows_count_in_the_oldest_due_age_and_its_own(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # The store-wide age is the oldest due row's, whatever its destination's
+    # state: a pause holds rows back, and their age shows it (an alert on the
+    # age sees a paused backlog grow); the listing says whose rows they are.
+    now = time.time()
+    fill(raw, "held", 2, now - 300)
+    fill(raw, "open", 1, now - 30)
+    await pause_destination(store, "held", reason="maintenance", now=now - 200)
+    stats = await dispatch_stats(store, now=now)
+    assert stats["oldest_due_pending_age_seconds"] == pytest.approx(300, abs=1)
+    bounded = await bounded_stats(store, now=now)
+    assert bounded["oldest_due_pending_age_seconds"] == pytest.approx(300, abs=1)
+    entries = by_name(await list_destinations(store, {}, now=now))
+    assert entries["held"].state == State.PAUSED
+    assert entries["held"].oldest_due_age == pytest.approx(300, abs=1)
+    assert entries["open"].oldest_due_age == pytest.approx(30, abs=1)
+    await resume_destination(store, "held", now=now)
+    assert (await dispatch_stats(store, now=now))["oldest_due_pending_age_seconds"] == (
+        pytest.approx(300, abs=1)
+    )

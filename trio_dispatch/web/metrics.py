@@ -60,9 +60,10 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
     out.append(
         GaugeMetricFamily(
             "trio_dispatch_oldest_due_seconds",
-            "How long the pending dispatch due the longest has been due, among those a claim "
-            "can take: rows waiting for their ordering key (behind a live row, or a blocked "
-            "head) are left out (0 when none is due).",
+            "How long the pending dispatch due the longest has been due (0 when none is "
+            "due): rows waiting for their ordering key (behind a live row, or a blocked "
+            "head) are left out; rows a paused, throttled or open destination holds back "
+            "count (trio-dispatch destinations gives each destination's own).",
             value=0.0 if oldest is None else oldest,
         )
     )
