@@ -8,6 +8,8 @@ made again. Asserted on committed rows."""
 
 from __future__ import annotations
 
+import time
+
 import anyio
 import pytest
 
@@ -143,3 +145,35 @@ async def test_a_state_row_removed_by_hand_is_made_again_by_a_later_claim(
     taken = [await claimed() for _ in range(PASSED_OVER + 2)]
     assert taken[-1] == ["api"]
     assert raw.scalar("SELECT COUNT(*) FROM dispatch_destinations WHERE name = 'api'") == 1
+
+
+async def test_a_rate_s_starts_are_stamped_at_the_time_the_rate_decided_them(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # The rate decides at the store's clock where it has one (PostgreSQL:
+    # the server's), and the history records each start at that time: the
+    # starts read back keep to the rate whatever the claiming host's clock
+    # says (a worker's clock 1 s behind stamped its start before the one
+    # the rate admitted first). On SQLite the claim's own clock is the
+    # rate's.
+    fill(raw, "metered", 2, T0, step=1.0)
+    policies = {"metered": Destination(rate="10/s", burst=1)}
+    if str(raw.target).startswith("postgres"):
+        clocks = (time.time, lambda: time.time() - 1.0)
+    else:
+        clocks = (lambda: NOW, lambda: NOW + 0.15)
+    claims: list[Claim] = []
+    for clock in clocks:
+        found, _ = await claim_due(
+            store, clock=clock, limit=1, lease_seconds=LEASE, destinations=policies
+        )
+        claims += found
+        await anyio.sleep(0.15)  # past the rate's interval
+    assert destinations_of(claims) == ["metered", "metered"]
+    first, second = (raw.transitions(claim.dispatch_id)[-1]["created_at"] for claim in claims)
+    assert second - first >= 0.1 - 1e-6, (first, second)
+    # A claim with no rate to decide is stamped at its own (injected) time.
+    fill(raw, "free", 1, T0, step=1.0)
+    free, _ = await claim_due(store, now=NOW + 5, limit=1, lease_seconds=LEASE)
+    assert destinations_of(free) == ["free"]
+    assert raw.transitions(free[0].dispatch_id)[-1]["created_at"] == NOW + 5

@@ -232,6 +232,9 @@ def claim_batch(
             if row["deliver_to"] not in bounds.skip
         ]
     claiming = Claiming(at, at + lease, actor, bounds, rules.term)
+    # The starts' stamps: the time the rules decided at, where they read
+    # the store's clock (a rate is exact in it); the leases stay on ``at``.
+    stamp = at if bounds.clock is None else bounds.clock
     rows = rules.take(conn, rows, claiming)
     counts["attempted"] = len(rows)
     starting: list[Row] = []
@@ -285,7 +288,7 @@ def claim_batch(
                 sql.claim_rows_recorded(arrays),
                 (
                     lease_until,
-                    at,
+                    stamp,
                     keys,
                     previous,
                     ENTITY_TYPE,
@@ -295,12 +298,13 @@ def claim_batch(
                     Source.DELIVERY,
                     actor,
                     repr(lease_until),
-                    at,
+                    stamp,
                 ),
             )
             if arrays is not None
             else conn.query(
-                sql.claim_rows(conn.dialect.row_key, len(group)), (lease_until, at, *keys, previous)
+                sql.claim_rows(conn.dialect.row_key, len(group)),
+                (lease_until, stamp, *keys, previous),
             )
         )
         for row in won:
@@ -336,7 +340,7 @@ def claim_batch(
                     f"{row['max_attempts']}",
                     Source.DELIVERY,
                     actor,
-                    at,
+                    stamp,
                     f'{{"attempt": {row["attempt"]}, "lease_until": {lease_until!r}}}',
                 )
             )

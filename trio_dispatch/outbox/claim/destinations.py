@@ -233,6 +233,7 @@ class DestinationAdmission(ClaimRule):
     def __init__(self, policies: Mapping[str, Destination] | None = None) -> None:
         self.policies: dict[str, Destination] = dict(policies or {})
         self._concurrency = any(p.concurrency is not None for p in self.policies.values())
+        self._rated = any(p.gcra_rate is not None for p in self.policies.values())
         self._key = tuple(sorted(self.policies.items()))
         self._rows: set[str] = set()
         """Destinations this process saw with a state row: no row is ever
@@ -325,7 +326,15 @@ class DestinationAdmission(ClaimRule):
         noted = _Noted(frozenset(probes), frozenset(settled), now)
         # Without policies, only a probe bounds a destination's room.
         bounded = bool(self.policies or fixed)
-        return Bounds(frozenset(skip), room if bounded else None, lifts, noted)
+        return Bounds(
+            frozenset(skip),
+            room if bounded else None,
+            lifts,
+            noted,
+            # Where a rate decides at the store's clock, the claim's starts
+            # are stamped at it (an injected clock stamps the others).
+            clock=now if clock and self._rated else None,
+        )
 
     def admit(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         """Lock the state rows of the destinations that have a shared limit

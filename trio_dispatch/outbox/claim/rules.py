@@ -75,6 +75,12 @@ class Bounds:
     (see :meth:`of`)."""
     parts: tuple[tuple[ClaimRule, Bounds], ...] = ()
     """Combined bounds: each rule's own."""
+    clock: float | None = None
+    """The store's time at which a rule decides starts (PostgreSQL: the
+    server's, where a destination has a rate; None: the claim's own time).
+    The claim stamps its starts with it, so the recorded times are the
+    times the rate decided at: a rate's starts read back from the history
+    keep to the rate."""
 
     def allows(self, destination: str) -> int | None:
         """The room of ``destination`` (0 when left out; None: no bound)."""
@@ -213,7 +219,8 @@ class ClaimRules:
         for bounds in found:
             for name, when in bounds.lifts.items():
                 lifts[name] = max(when, lifts.get(name, when))
-        return Bounds(skip, room, lifts, None, parts)
+        clock = next((bounds.clock for bounds in found if bounds.clock is not None), None)
+        return Bounds(skip, room, lifts, None, parts, clock)
 
     def take(self, conn: Conn, rows: list[Row], claiming: Claiming) -> list[Row]:
         """The candidates every rule lets this transaction decide for."""
