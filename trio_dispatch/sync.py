@@ -291,6 +291,16 @@ class _SQLAlchemyConn:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def query_each(
+        self,
+        sql: str,
+        rows: Sequence[Sequence[Any]],
+        first: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[list[Row]]:
+        if first is not None:
+            self.query(*first)
+        return [self.query(sql, row) for row in rows]
+
     def announce_enqueue(self) -> None:
         if self.dialect.notify:
             self._conn.exec_driver_sql(self.dialect.notify)

@@ -288,12 +288,52 @@ async def test_one_group_commit_of_many_keys_and_modes_acts_as_if_one_by_one(
     assert raw.transitions(b0)[-1]["reason_summary"] == f"superseded by {b1}"
 
 
+async def test_a_group_of_replaces_and_debounces_acts_as_if_one_by_one(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    # No keep in the group: on PostgreSQL each item is one statement found
+    # by the waiting rows' index, all in one round trip; a waiting row with
+    # an ordering key goes the long way, and its key's next row still goes.
+    stored = await add(store, coalesce_key="a", coalesce="replace")
+    head = await add(store, ordering_key="o", coalesce_key="k", coalesce="replace")
+    behind = await add(store, ordering_key="o", now=T0 + 0.5)
+    plan = [("a", "replace"), ("b", "debounce"), ("k", "replace"), ("a", "replace")]
+    plan += [("b", "debounce")]
+    a0, b0, k0, a1, b1 = await enqueue_many_concurrently(store, plan)
+    assert [r.outcome for r in (a0, b0, k0, a1, b1)] == [
+        "replaced",
+        "inserted",
+        "replaced",
+        "replaced",
+        "replaced",
+    ]
+    for key, last in (("a", a1), ("b", b1), ("k", k0)):
+        assert [r["id"] for r in waiting(raw, key)] == [last]
+    assert statuses(raw, "a") == {"superseded": 2, "pending": 1}
+    assert raw.row(stored)["status"] == raw.row(a0)["status"] == "superseded"
+    assert raw.transitions(a1)[0]["reason_summary"] == f"enqueued kind=k, replaces {a0}"
+    assert raw.transitions(a0)[-1]["reason_summary"] == f"superseded by {a1}"
+    assert metadata(raw.transitions(a0)[-1])["superseded_by"] == a1
+    # The debounce chain keeps its start: both rows due 5 s after their enqueue.
+    assert raw.row(b1)["coalesce_since"] == raw.row(b0)["coalesce_since"] == T0 + 1
+    assert raw.row(b1)["next_attempt_at"] == raw.row(b1)["not_before"] == T0 + 6
+    assert raw.row(head)["status"] == "superseded"
+    assert raw.row(behind)["next_attempt_at"] == T0 + 1  # its key's head now
+    assert raw.row(k0)["next_attempt_at"] == T0 + 1 and raw.row(k0)["ordering_key"] is None
+
+
 async def enqueue_many_concurrently(store: SQLiteStore, plan: list[tuple[str, str]]) -> list[Any]:
     """Each (key, mode) as the enqueues of one group commit, in that order
     (what :func:`enqueue_dispatch` hands the group commit for each)."""
     call = EnqueueCall()
     items = [
-        (call.new({"kind": "k", "deliver_to": "x", "coalesce_key": key, "coalesce": mode}), T0 + 1)
+        (
+            call.new(
+                {"kind": "k", "deliver_to": "x", "coalesce_key": key, "coalesce": mode}
+                | ({"coalesce_seconds": 5} if mode == "debounce" else {})
+            ),
+            T0 + 1,
+        )
         for key, mode in plan
     ]
     results = await store.write(partial(insert_coalesced, items=items))

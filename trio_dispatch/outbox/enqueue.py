@@ -337,8 +337,12 @@ async def _commit_one(db: Database, new: NewDispatch, now: float | None) -> Enqu
         return result
     if grouped(new):
         # With the other coalescing enqueues of the same group commit: a
-        # few statements for them all.
-        result = await db.write_many(insert_coalesced, (new, clock_from(now)()))
+        # few statements for them all; alone, one that replaces is one
+        # statement (PostgreSQL sends it alone).
+        assert new.coalesce is not None
+        result = await db.write_many(
+            insert_coalesced, (new, clock_from(now)()), single=new.coalesce.mode != "keep"
+        )
         if result.outcome != KEPT:
             db.notify_enqueued()
         return result

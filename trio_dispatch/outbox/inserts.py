@@ -7,18 +7,23 @@ transaction; the edge check and the history rows are the state machine's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, Final
 
 from ..errors import StoreError
 from ..lifecycle import Reason, Status
-from ..store.base import Conn
+from ..priority import HEAD_START
+from ..store.base import Conn, KeyOrderConflict
+from ..store.dialect import ArrayForms
+from ..store.schema import COALESCE_WAITING_TERM
 from . import sql
 from .coalesce import (
     INSERTED,
     KEPT,
     REPLACED,
     Placed,
+    _supersede,
     place,
     plan_group,
     supersede_changes,
@@ -26,7 +31,7 @@ from .coalesce import (
     supersede_stored,
     waiting_rows,
 )
-from .ordering import lock_keys, promote
+from .ordering import lock_ahead, lock_keys, promote
 from .transitions import Change, EnqueueResult, NewDispatch, record, transition_rows
 
 
@@ -228,12 +233,15 @@ def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> 
     key's first item is then an insert); a waiting row with an ordering key
     (its key's next row may have to be made due) sends the group one by
     one (:func:`insert_new`)."""
-    lock_keys(conn, [new.coalesce.lock for new, _ in items if new.coalesce is not None])
+    locks = [new.coalesce.lock for new, _ in items if new.coalesce is not None]
+    arrays = conn.dialect.arrays
+    if arrays is not None and all(_mode(new) != "keep" for new, _ in items):
+        return _replace_each(conn, arrays, items, lock_ahead(conn, locks))
+    lock_keys(conn, locks)
     firsts: dict[str, tuple[NewDispatch, float]] = {}
     for new, now in items:
         assert new.coalesce is not None
         firsts.setdefault(new.coalesce.key, (new, now))
-    arrays = conn.dialect.arrays
     if arrays is not None:
         # PostgreSQL: each key's waiting row superseded by its first item
         # when that one replaces, with its transition, in one statement
@@ -290,6 +298,85 @@ def insert_coalesced(conn: Conn, items: Sequence[tuple[NewDispatch, float]]) -> 
             conn.announce_enqueue()
     record(conn, supersede_changes(plan))
     return [EnqueueResult(dispatch_id, False, outcome) for dispatch_id, outcome in plan.results]
+
+
+@functools.cache
+def _replace_recorded(arrays: ArrayForms, lock: str | None = None) -> str:
+    return arrays.record_replace(
+        COALESCE_WAITING_TERM, HEAD_START, Reason.COALESCED.value, Reason.ENQUEUED.value, lock
+    )
+
+
+def _replace_each(
+    conn: Conn,
+    arrays: ArrayForms,
+    items: Sequence[tuple[NewDispatch, float]],
+    locks: tuple[str, Sequence[Any]] | None,
+) -> list[EnqueueResult]:
+    """Where statements take arrays (PostgreSQL), a group of replacing and
+    debouncing enqueues: each one statement that finds its key's waiting
+    row through the waiting rows' unique index, supersedes it and inserts
+    the new row with both transitions
+    (:meth:`~trio_dispatch.store.dialect.ArrayForms.record_replace`), in
+    the group's order -- a later item of a key supersedes the row an
+    earlier one inserted. No read comes first, and no plan depends on the
+    table's size when it was first planned: the index finds the row. A
+    waiting row a claim takes meanwhile is no longer waiting once the
+    statement has its lock: the new row is then inserted beside it.
+
+    ``locks`` (from :func:`.ordering.lock_ahead`): the statement taking the
+    keys' locks, sent ahead of the group's statements in one round trip;
+    one item takes them inside its own statement, which then commits by
+    itself where the store sends a single statement alone. An item whose
+    key's waiting row has an ordering key writes nothing there and is
+    enqueued the long way (:func:`insert_new`, which lets that key's next
+    row go), in a transaction."""
+    params = []
+    for new, now in items:
+        rule = new.coalesce
+        assert rule is not None
+        enqueued, superseded = transition_rows([_enqueued(new, now), _supersede("", new, now)])
+        debounce = rule.mode == "debounce"
+        params.append(
+            (
+                new.id,
+                new.kind,
+                new.deliver_to,
+                new.payload,
+                new.max_attempts,
+                int(new.ack_required),
+                new.ack_token,
+                float(now),
+                new.expires_at,
+                new.priority,
+                rule.key,
+                rule.seconds if debounce else None,
+                rule.max_wait if debounce else None,
+                enqueued[5],
+                str(enqueued[6]),
+                enqueued[7],
+                enqueued[9],
+                superseded[9],
+                enqueued[0],
+            )
+        )
+    if len(items) == 1 and locks is not None:
+        lock, keys = locks
+        found = [conn.query(_replace_recorded(arrays, lock), (*keys, *params[0]))]
+    else:
+        found = conn.query_each(_replace_recorded(arrays), params, first=locks)
+    results = []
+    for (new, now), rows in zip(items, found, strict=True):
+        if rows:
+            old = _text(rows[0]["id"])
+            results.append(EnqueueResult(new.id, False, INSERTED if old == new.id else REPLACED))
+        elif getattr(conn, "single", None) is False:
+            # Its statement went alone and committed nothing: the long way
+            # needs a transaction, which the group commit gives it next.
+            raise KeyOrderConflict("a coalesce key's waiting row has an ordering key")
+        else:
+            results.append(insert_new(conn, new, now))
+    return results
 
 
 def _mode(new: NewDispatch) -> str:

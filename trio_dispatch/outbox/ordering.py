@@ -52,8 +52,8 @@ call in at four points:
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
-from typing import Final, Literal
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, Literal
 
 from ..lifecycle import BLOCKING_SQL, DUE_SQL, ORDERED_SQL, WAITING_AT, Status
 from ..store.base import Conn, KeyOrderConflict, Row
@@ -164,6 +164,28 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     else:
         conn.query(conn.dialect.key_locks, (fresh,))
     held.update(fresh)
+
+
+def lock_ahead(conn: Conn, keys: Iterable[str | None]) -> tuple[str, Sequence[Any]] | None:
+    """:func:`lock_keys`, but where the locks are waited for in order (no
+    key below one already held), the statement that takes them is
+    returned instead of run, for the caller to send ahead of its next
+    statement in one round trip (:meth:`~.base.Conn.query_each`'s
+    ``first``); the keys count as held from now. None: nothing to send
+    (no lock wanted, or the keys taken here already, out of order)."""
+    wanted = sorted({key for key in keys if key is not None})
+    if not wanted or not conn.dialect.key_locks:
+        return None
+    held: set[str] | None = getattr(conn, "held_keys", None)
+    fresh = wanted if held is None else [key for key in wanted if key not in held]
+    if not fresh:
+        return None
+    if held is not None and held and fresh[0] < max(held):
+        lock_keys(conn, fresh)
+        return None
+    if held is not None:
+        held.update(fresh)
+    return conn.dialect.key_locks, (fresh,)
 
 
 def try_lock_keys(conn: Conn, keys: Iterable[str | None]) -> set[str]:

@@ -306,6 +306,17 @@ class Conn(Protocol):
     def query_one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
         """The first row of :meth:`query`, or None."""
 
+    def query_each(
+        self,
+        sql: str,
+        rows: Sequence[Sequence[Any]],
+        first: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[list[Row]]:
+        """Run a statement with ``RETURNING`` once for each parameter row, in
+        order (after ``first``, a statement whose result is not read); return
+        each run's rows. A connection may send them all in one round trip
+        (PostgreSQL's pipeline)."""
+
     def announce_enqueue(self) -> None:
         """Tell other processes, once this transaction commits, that a pending
         dispatch was added (PostgreSQL NOTIFY; nothing where unsupported)."""

@@ -361,7 +361,7 @@ class BatchingStore(abc.ABC):
         todo = batch
         while todo:
             try:
-                if len(todo) == 1 and todo[0].single:
+                if len(todo) == 1 and todo[0].single and not todo[0].first:
                     self._begin_single()
                 else:
                     self._begin()

@@ -72,6 +72,13 @@ class ArrayForms(Protocol):
         """The waiting rows of many coalesce keys superseded, each with its
         transition naming its successor, at once."""
 
+    def record_replace(
+        self, term: str, head_start: str, reason: str, enqueued: str, lock: str | None = None
+    ) -> str:
+        """One replacing enqueue -- the key's waiting row found by its unique
+        index, superseded, the new row inserted, both transitions and the
+        notice -- in one statement."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Dialect:

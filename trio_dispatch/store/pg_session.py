@@ -366,6 +366,35 @@ class PostgresConn:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def query_each(
+        self,
+        sql: str,
+        rows: Sequence[Sequence[Any]],
+        first: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[list[Row]]:
+        found: list[list[Row]] = []
+        with self._conn.cursor(row_factory=dict_row) as cursor:
+
+            def send() -> None:
+                # ``first`` and every run in one round trip (with the
+                # transaction's BEGIN when it has not gone yet).
+                with self._conn.pipeline():
+                    if first is not None:
+                        self._conn.execute(placeholders(first[0]), tuple(first[1]))
+                    if len(rows) == 1:
+                        cursor.execute(placeholders(sql), tuple(rows[0]))
+                    else:
+                        cursor.executemany(
+                            placeholders(sql), [tuple(r) for r in rows], returning=True
+                        )
+
+            self._send(send)
+            while True:
+                found.append(list(cursor.fetchall()) if cursor.description else [])
+                if not cursor.nextset():
+                    break
+        return found
+
     def announce_enqueue(self) -> None:
         # Delivered to listeners when (and only if) this transaction commits.
         self.execute(POSTGRES.notify)

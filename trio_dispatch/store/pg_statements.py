@@ -157,5 +157,74 @@ class PostgresArrays:
             "SELECT * FROM up"
         )
 
+    def record_replace(
+        self, term: str, head_start: str, reason: str, enqueued: str, lock: str | None = None
+    ) -> str:
+        """One coalescing enqueue that replaces (or debounces) in one
+        statement, found by the waiting rows' unique index itself (``ON
+        CONFLICT`` on ``term``, its predicate): no waiting row, the new one
+        is inserted; else that row is superseded (``updated_at`` the new
+        one's time, transition ``reason``) and the new one inserted after
+        it, its chain's start and due time taken from it. Both transitions
+        (``enqueued``: the new row's, naming the row it replaces) and the
+        enqueue notice go in the same statement. ``head_start`` spells the
+        priority's head start with ``?`` for ``f.priority``. Parameters:
+        id, kind, deliver_to, payload (JSON), max_attempts, ack_required,
+        ack_token, now, expires_at, priority, key, debounce seconds (or
+        None), max wait (or None), the enqueued summary, source, actor,
+        the enqueued metadata, the superseded metadata, the entity type.
+        Answers one row: ``id`` (the new row's own when nothing waited,
+        else the superseded row's) and that row's ``ordering_key``; no row
+        when the waiting row has an ordering key (nothing written: the
+        caller supersedes it the long way, which lets its key's next row
+        go). With ``lock`` (a query taking the keys' locks, its parameters
+        first), the statement takes them before it looks for the waiting
+        row: the index's look is no snapshot's, so it sees what the lock's
+        last holder committed, and the statement may commit alone."""
+        columns = (
+            "id, kind, deliver_to, payload, status, attempt, max_attempts, next_attempt_at, "
+            "ack_required, ack_token, created_at, expires_at, updated_at, key_seq, priority, "
+            "head_start, coalesce_key, coalesce_since, not_before"
+        )
+        start = head_start.replace("?", "f.priority")
+        values = (
+            f"f.id, f.kind, f.deliver_to, f.payload, '{Status.PENDING}', 0, f.max_attempts, "
+            "f.due, f.ack_required, f.ack_token, f.now, f.expires_at, f.now, 0, f.priority, "
+            f"{start}, f.key, f.since, CASE WHEN f.seconds IS NULL THEN NULL ELSE f.due END"
+        )
+        # A debounce is due its seconds after this enqueue, and no later
+        # than its chain's start plus its max wait (LEAST skips a NULL).
+        due = (
+            "CASE WHEN v.seconds IS NULL THEN v.now "
+            "ELSE LEAST(v.now + v.seconds, {since} + v.max_wait) END"
+        )
+        locked = "" if lock is None else f"lk AS ({lock}), "
+        return (
+            f"WITH {locked}v(id, kind, deliver_to, payload, max_attempts, ack_required, "
+            "ack_token, now, expires_at, priority, key, seconds, max_wait, summary, source, "
+            "actor, note, meta, etype) AS (VALUES (?::text, ?::text, ?::text, ?::json, "
+            "?::int4, ?::int4, ?::text, ?::float8, ?::float8, ?::int4, ?::text, ?::float8, "
+            "?::float8, ?::text, ?::text, ?::text, ?::json, ?::json, ?::text)), "
+            f"up AS (INSERT INTO dispatch_outbox AS d ({columns}) SELECT {values} FROM "
+            f"(SELECT v.*, v.now AS since, {due.format(since='v.now')} AS due "
+            f"FROM v{'' if lock is None else ' CROSS JOIN lk'}) AS f "
+            f"ON CONFLICT (coalesce_key) WHERE {term} DO UPDATE SET "
+            f"status = '{Status.SUPERSEDED}', updated_at = EXCLUDED.updated_at "
+            "WHERE d.ordering_key IS NULL "
+            "RETURNING d.id, COALESCE(d.coalesce_since, d.created_at) AS since, d.ordering_key), "
+            f"fresh AS (INSERT INTO dispatch_outbox ({columns}) SELECT {values} FROM "
+            f"(SELECT v.*, up.since, {due.format(since='up.since')} AS due "
+            "FROM v JOIN up ON up.id <> v.id) AS f RETURNING id), "
+            f"recorded AS ({_HISTORY} "
+            f"SELECT v.etype, up.id, '{Status.PENDING}', '{Status.SUPERSEDED}', '{reason}', "
+            "'superseded by ' || v.id, v.source, v.actor, '[]'::json, v.meta, v.now "
+            "FROM v JOIN up ON up.id <> v.id "
+            "UNION ALL "
+            f"SELECT v.etype, v.id, NULL, '{Status.PENDING}', '{enqueued}', v.summary || "
+            "CASE WHEN up.id = v.id THEN '' ELSE ', replaces ' || up.id END, v.source, v.actor, "
+            "'[]'::json, v.note, v.now FROM v CROSS JOIN up) "
+            f"SELECT up.id, up.ordering_key, pg_notify('{CHANNEL}', '') AS announced FROM up"
+        )
+
 
 ARRAYS: Final = PostgresArrays()

@@ -114,6 +114,16 @@ class SQLiteConn:
         rows = self.query(sql, params)
         return rows[0] if rows else None
 
+    def query_each(
+        self,
+        sql: str,
+        rows: Sequence[Sequence[Any]],
+        first: tuple[str, Sequence[Any]] | None = None,
+    ) -> list[list[Row]]:
+        if first is not None:
+            self.query(*first)
+        return [self.query(sql, row) for row in rows]
+
     def announce_enqueue(self) -> None:
         """Other processes on the file learn of it on their next tick."""
 
