@@ -56,6 +56,7 @@ from ..outbox import (
     require_store,
 )
 from ..outbox.claim import DestinationCaps, claim_rules
+from ..outbox.first_statistics import analyze_if_stale
 from ..outbox.priority_step import apply_priority_step
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
@@ -328,6 +329,7 @@ class DispatchWorker:
         loop started, and on the way out the deliveries stopped."""
         tracing.warm()
         await apply_priority_step(self.db, self.settings.priority_step_seconds, self.log)
+        await analyze_if_stale(self.db, self.log)
         async with AsyncExitStack() as stack:
             if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                 import trio_asyncio  # imported only when needed (~0.1 s)
