@@ -11,8 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from trio_dispatch import enqueue_dispatch
+from trio_dispatch import enqueue_dispatch, open_store
 from trio_dispatch.store import SQLiteStore
+from trio_dispatch.store.schema import SCHEMA_VERSION
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
@@ -64,3 +65,34 @@ async def test_a_write_gets_in_between_another_process_s_back_to_back_transactio
     assert statistics.median(waits) < HOLD + GAP + 0.03, waits
     assert sorted(waits)[-2] < 2 * (HOLD + GAP) + 0.05, waits
     assert store.stats["batches"] >= 20
+
+
+async def test_a_store_opens_on_a_current_file_while_another_process_holds_the_write_lock(
+    store: SQLiteStore, db_path: Path
+) -> None:
+    # The file is current (the fixture's store made it): opening another
+    # store for writes reads its version and takes no write lock, so it
+    # does not wait for the other process's transaction to end.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys, time\n"
+            "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "conn.execute('BEGIN IMMEDIATE')\n"
+            "print('holding', flush=True)\n"
+            "time.sleep(30)\n",
+            str(db_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        started = time.monotonic()
+        async with open_store(str(db_path), busy_timeout=5) as other:
+            assert other.found_schema_version == SCHEMA_VERSION
+        assert time.monotonic() - started < 2.5  # not the busy timeout's 5 s
+    finally:
+        holder.kill()
+        holder.communicate()

@@ -71,7 +71,7 @@ from .pg_session import (
     raise_lost,
     store_schema,
 )
-from .schema import migrate, require_current
+from .schema import current_version, migrate, require_current
 from .watchdog import Watch, Watchdog
 
 try:  # an optional dependency: `pip install trio_dispatch[postgres]`
@@ -206,7 +206,12 @@ class PostgresStore(BatchingStore):
             return
         writer = self._connect()
         try:
-            if self.migrate:
+            current = current_version(PostgresConn(writer)) if self.migrate else None
+            if current is not None:
+                # Nothing to migrate: no migration lock and no checks (a
+                # store's open and close went from 17.7 to 11.1 ms).
+                self.found_schema_version = current
+            elif self.migrate:
                 with writer.transaction():  # one migrator at a time, on any host
                     conn = PostgresConn(writer)
                     # Building an index on a large table may take minutes.

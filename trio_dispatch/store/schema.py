@@ -180,6 +180,15 @@ def migrate(
     return recorded
 
 
+def current_version(conn: Conn) -> int | None:
+    """The recorded version when it is :data:`SCHEMA_VERSION` (nothing to
+    migrate: a store opening for writes skips the migration's lock and
+    checks, which the schema passed when it was made), else None. Reads
+    only, outside any transaction of its own."""
+    recorded = schema_version(conn)
+    return recorded if recorded == SCHEMA_VERSION else None
+
+
 def require_current(conn: Conn, where: str) -> int | None:
     """The recorded version, if it is the current one; else
     :class:`~trio_dispatch.store.base.SchemaError` naming ``migrate``."""

@@ -34,7 +34,7 @@ from .base import (
 from .batching import BatchingStore
 from .dialect import SQLITE
 from .placeholders import to_paramstyle
-from .schema import migrate, require_current
+from .schema import current_version, migrate, require_current
 from .transaction import BatchingTransaction
 
 __all__ = [
@@ -354,7 +354,12 @@ def _connect_read_only(path: str, *, busy_timeout: float, snapshot: bool) -> sql
 
 def _migrate(conn: sqlite3.Connection, path: str, busy_timeout: float) -> int | None:
     """:func:`~.schema.migrate` in one IMMEDIATE transaction (which keeps
-    other migrators out); return the version found before."""
+    other migrators out); return the version found before. A current
+    schema is read without that transaction: opening never waits for
+    another process's writer then."""
+    current = current_version(SQLiteConn(conn))
+    if current is not None:
+        return current
     begin_immediate(conn, busy_timeout)
     try:
         found = migrate(SQLiteConn(conn), repr(path))
