@@ -91,6 +91,7 @@ async def test_a_store_opens_on_a_current_file_while_another_process_holds_the_w
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         started = time.monotonic()
         async with open_store(str(db_path), busy_timeout=5) as other:
+            assert isinstance(other, SQLiteStore)
             assert other.found_schema_version == SCHEMA_VERSION
         assert time.monotonic() - started < 2.5  # not the busy timeout's 5 s
     finally:
