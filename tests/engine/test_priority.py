@@ -47,6 +47,7 @@ from trio_dispatch.transports import TransportResult
 from trio_dispatch.worker import DispatchWorker
 
 from ..conftest import RawDB
+from ..helpers import size
 from .test_capped_scan import Reads, fill
 
 pytestmark = pytest.mark.anyio
@@ -350,8 +351,11 @@ async def test_an_idle_claim_reads_none_of_the_rows_that_fall_due_later(
         raw.execute("VACUUM ANALYZE dispatch_outbox")
     before, cost = reads.counted(unit)
     assert before == (3, now - 5)
-    fill(raw, "later", 20_000, now + 1, step=0.15)  # due within the next 3,000 s
-    fill(raw, "held", 20_000, now + 1, step=0.15)
+    # Due within the next 3,000 s (the loop's 10,000 each: one range up to
+    # now + 10 steps would still read several times the bound below).
+    later = size(20_000, 10_000)
+    fill(raw, "later", later, now + 1, step=3_000 / later)
+    fill(raw, "held", later, now + 1, step=3_000 / later)
     raw.execute(
         "UPDATE dispatch_outbox SET priority = -10, head_start = -3000 WHERE deliver_to = 'held'"
     )
