@@ -430,6 +430,45 @@ async def test_bad_coalescing_is_one_error_naming_it_and_nothing_is_written(
 # -- concurrency and transactions ---------------------------------------------------
 
 
+@pytest.mark.postgres_only
+@pytest.mark.parametrize("mode", ["replace", "debounce"])
+async def test_a_replace_waiting_on_a_claim_of_the_waiting_row_inserts_beside_it(
+    store: SQLiteStore, raw: RawDB, db_target: str, mode: str
+) -> None:
+    # PostgreSQL's one-statement replace finds the waiting row through the
+    # unique index and waits for its row lock; a claim holding that lock
+    # takes the row out of waiting when it commits, and the replace then
+    # inserts its row beside the claimed one instead of superseding it.
+    import psycopg
+
+    waiting_row = await add(store, coalesce_key="k", coalesce="replace")
+    claim = psycopg.connect(db_target)
+    try:
+        claim.execute(
+            "UPDATE dispatch_outbox SET status = 'delivering', attempt = 1, "
+            "next_attempt_at = %s, updated_at = %s WHERE id = %s",
+            (T0 + 600, T0 + 0.5, str(waiting_row)),
+        )
+        found: list[Any] = []
+
+        async def replace() -> None:
+            extra = {"coalesce_seconds": 5} if mode == "debounce" else {}
+            found.append(await add(store, coalesce_key="k", coalesce=mode, now=T0 + 1, **extra))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(replace)
+            await anyio.sleep(0.3)
+            assert found == []  # waiting for the claim's lock
+            await anyio.to_thread.run_sync(claim.commit)
+    finally:
+        claim.close()
+    [new] = found
+    assert new.outcome == "inserted" and new != waiting_row
+    assert raw.row(waiting_row)["status"] == "delivering"
+    assert [r["id"] for r in waiting(raw, "k")] == [new]
+    assert [t["reason_code"] for t in raw.transitions(waiting_row)] == ["dispatch.pending.enqueued"]
+
+
 @pytest.mark.parametrize("mode", ["replace", "keep"])
 async def test_twenty_concurrent_producers_leave_exactly_one_waiting_row(
     store: SQLiteStore, raw: RawDB, mode: str
