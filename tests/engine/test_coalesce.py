@@ -452,7 +452,7 @@ async def test_a_replace_waiting_on_a_claim_of_the_waiting_row_inserts_beside_it
         found: list[Any] = []
 
         async def replace() -> None:
-            extra = {"coalesce_seconds": 5} if mode == "debounce" else {}
+            extra: dict[str, Any] = {"coalesce_seconds": 5} if mode == "debounce" else {}
             found.append(await add(store, coalesce_key="k", coalesce=mode, now=T0 + 1, **extra))
 
         async with anyio.create_task_group() as tg:
