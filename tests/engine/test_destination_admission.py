@@ -184,7 +184,7 @@ async def test_a_breaker_whose_cool_down_ended_sends_one_probe_among_four_claima
 ) -> None:
     fill(raw, "api", 40, T0, step=1.0)
     set_state(raw, "api", state="open", state_until=NOW - 1, opened_at=T0, cool_down=60.0)
-    claims = await _probe_rounds(db_target, NOW)
+    claims = await _claimants(db_target, 4, NOW, None)
     assert [c.dispatch_id for c in claims] == ["api-0"]  # its oldest due row
     row = raw.rows("SELECT * FROM dispatch_destinations WHERE name = 'api'")[0]
     probe = (row["state"], row["probe_id"], row["probe_until"])
@@ -192,21 +192,8 @@ async def test_a_breaker_whose_cool_down_ended_sends_one_probe_among_four_claima
     assert await _claimants(db_target, 4, NOW + 1, None) == []
     # The probe's lease ends with no finish: another goes, the oldest due
     # row (the lost probe, due again at its lease end, comes after it).
-    again = await _probe_rounds(db_target, NOW + LEASE + 1)
+    again = await _claimants(db_target, 4, NOW + LEASE + 1, None)
     assert [c.dispatch_id for c in again] == ["api-1"]
-
-
-async def _probe_rounds(target: str, at: float) -> list[Claim]:
-    """Rounds of four claimants at once until one sends the probe: never
-    two in a round. A round may send none -- the claimant holding the
-    oldest row can find the destination's state row held by another, which
-    holds no oldest row to send -- and the next claim sends it."""
-    for _ in range(5):
-        claims = await _claimants(target, 4, at, None)
-        assert len(claims) <= 1, claims
-        if claims:
-            return claims
-    return []
 
 
 async def test_a_shared_concurrency_holds_across_every_claimant(

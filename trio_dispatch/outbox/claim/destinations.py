@@ -152,6 +152,21 @@ def _lock(dialect: Dialect, count: int) -> str:
     )
 
 
+@functools.cache
+def _lock_one(dialect: Dialect) -> str:
+    # Waiting (no SKIP LOCKED): see DestinationAdmission._probe_row.
+    return f"SELECT {COLUMNS} FROM {TABLE} WHERE name = ?{dialect.row_lock}"
+
+
+PROBE_LOCK_WAIT: Final = 0.2
+"""Seconds a claim holding a half-open destination's oldest due row waits
+for its state row, held by another claim, before passing it over."""
+_PROBE_WAIT: Final = "trio_dispatch_probe_wait"
+_WAIT_SETTING: Final = (
+    "SELECT current_setting('lock_timeout') AS was, set_config('lock_timeout', ?, true) AS now"
+)
+_RESTORE_SETTING: Final = "SELECT set_config('lock_timeout', ?, true) AS now"
+
 _ADVANCE: Final = f"UPDATE {TABLE} SET rate_tat = ?, updated_at = ? WHERE name = ?"
 _PROBE: Final = (
     f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
@@ -366,6 +381,11 @@ class DestinationAdmission(ClaimRule):
             self._passed.pop(name, None)
         slow = [name for name in guarded if name not in allowed]
         locked = self._lock_rows(conn, slow) if slow else {}
+        for name in slow:
+            if name in probes and name not in locked:
+                waited = self._probe_row(conn, name, rows, claiming)
+                if waited is not None:
+                    locked[name] = waited
         counted = [name for name in slow if self.policy(name).concurrency is not None]
         running = self.running(conn, at, counted) if counted else {}
         probe: dict[str, str | None] = {}
@@ -399,6 +419,43 @@ class DestinationAdmission(ClaimRule):
             conn, locked, {n: k for n, k in taken.items() if n in locked}, first, claiming, now
         )
         return admitted
+
+    def _probe_row(
+        self, conn: Conn, name: str, rows: Sequence[Row], claiming: Claiming
+    ) -> Row | None:
+        """The state row of a half-open destination whose probe is due,
+        which another claim holds, where this claim holds the destination's
+        oldest due row (the probe): waited for, at most
+        :data:`PROBE_LOCK_WAIT` seconds, and returned locked. Passed over
+        instead, the probe would go nowhere this round: the claim holding
+        the state row does not hold the oldest row, so it sends none either.
+        Never waited for where rows do not lock (SQLite's one writer holds
+        them all), nor when this claim does not hold the oldest row; a wait
+        that runs out passes the destination over, as before (a bounded
+        wait, well under the server's deadlock check, so no lock order
+        between state rows is needed)."""
+        if not conn.dialect.lock_clause:
+            return None
+        oldest = _oldest(conn, name, claiming)
+        if oldest is None or not any(
+            str(row["id"]) == oldest and str(row["deliver_to"]) == name for row in rows
+        ):
+            return None
+        conn.execute(f"SAVEPOINT {_PROBE_WAIT}")
+        try:
+            was = conn.query_one(_WAIT_SETTING, (f"{int(PROBE_LOCK_WAIT * 1000)}ms",))
+            found = conn.query_one(_lock_one(conn.dialect), (name,))
+        except Exception:
+            # Still held after the wait (or gone): as if passed over.
+            conn.execute(f"ROLLBACK TO SAVEPOINT {_PROBE_WAIT}")
+            conn.execute(f"RELEASE SAVEPOINT {_PROBE_WAIT}")
+            return None
+        conn.execute(f"RELEASE SAVEPOINT {_PROBE_WAIT}")
+        assert was is not None
+        conn.query_one(_RESTORE_SETTING, (str(was["was"]),))
+        if found is not None:
+            self._passed.pop(name, None)
+        return found
 
     def _rate_only(self, name: str) -> bool:
         policy = self.policy(name)
