@@ -261,8 +261,9 @@ def ordered_soak(
     poller = _Poller(db) if poll else None
     if poller:
         poller.__enter__()
+    running: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
-        running = [spawn() for _ in range(workers)]
+        running.extend(spawn() for _ in range(workers))
         rounds = 0
         # Production spreads over the kills: a row behind a live head waits,
         # and each end, kill or lease recovery meets keys half enqueued.
@@ -295,6 +296,12 @@ def ordered_soak(
             codes.append(common.stop(process))
             deaths[name] = time.monotonic()
     finally:
+        # Cut short (an error, a test's timeout): no worker outlives the run
+        # to write into the next one's database.
+        for _, process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         if poller:
             poller.__exit__()
     statuses = {
