@@ -93,6 +93,15 @@ class _Configured(Protocol):
     def worker_settings(self) -> WorkerSettings: ...
 
 
+class ConfiguredWorker(Protocol):
+    """A loaded configuration file, as far as a worker needs one (the
+    configuration module is the caller's business, not the worker's)."""
+
+    def worker_options(self) -> dict[str, Any]:
+        """``DispatchWorker`` keyword arguments, ``settings`` among them."""
+        ...
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
     """How a worker runs; every field is checked when the object is built

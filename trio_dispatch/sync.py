@@ -73,7 +73,7 @@ from .outbox import sql
 from .outbox.enqueue import EnqueueArgs, EnqueueCall
 from .outbox.inserts import insert_all
 from .outbox.transitions import EnqueuedId, EnqueueResult, NewDispatch
-from .store.base import Conn, Row, SchemaError
+from .store.base import Conn, Row, SchemaError, query_in_turn
 from .store.dialect import DIALECTS, POSTGRES, Dialect
 from .store.placeholders import to_paramstyle
 from .store.schema import migrate
@@ -297,9 +297,7 @@ class _SQLAlchemyConn:
         rows: Sequence[Sequence[Any]],
         first: tuple[str, Sequence[Any]] | None = None,
     ) -> list[list[Row]]:
-        if first is not None:
-            self.query(*first)
-        return [self.query(sql, row) for row in rows]
+        return query_in_turn(self, sql, rows, first)
 
     def announce_enqueue(self) -> None:
         if self.dialect.notify:

@@ -145,25 +145,9 @@ def lock_keys(conn: Conn, keys: Iterable[str | None]) -> None:
     and if another transaction holds it :class:`KeyOrderConflict` is raised
     (the group commit then runs the unit first in a transaction of its own,
     where it waits in order)."""
-    wanted = sorted({key for key in keys if key is not None})
-    if not wanted or not conn.dialect.key_locks:
-        return
-    held: set[str] | None = getattr(conn, "held_keys", None)
-    if held is None:
-        conn.query(conn.dialect.key_locks, (wanted,))
-        return
-    fresh = [key for key in wanted if key not in held]
-    if not fresh:
-        return
-    if held and fresh[0] < max(held):
-        taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (fresh,))}
-        if len(taken) < len(fresh):
-            raise KeyOrderConflict(
-                f"ordering key {show(min(set(fresh) - taken))} is held by another transaction"
-            )
-    else:
-        conn.query(conn.dialect.key_locks, (fresh,))
-    held.update(fresh)
+    statement = lock_ahead(conn, keys)
+    if statement is not None:
+        conn.query(*statement)
 
 
 def lock_ahead(conn: Conn, keys: Iterable[str | None]) -> tuple[str, Sequence[Any]] | None:
@@ -171,8 +155,8 @@ def lock_ahead(conn: Conn, keys: Iterable[str | None]) -> tuple[str, Sequence[An
     key below one already held), the statement that takes them is
     returned instead of run, for the caller to send ahead of its next
     statement in one round trip (:meth:`~.base.Conn.query_each`'s
-    ``first``); the keys count as held from now. None: nothing to send
-    (no lock wanted, or the keys taken here already, out of order)."""
+    ``first``); the keys count as held from now. None: nothing to send (no
+    lock wanted, or the keys tried here already, out of order)."""
     wanted = sorted({key for key in keys if key is not None})
     if not wanted or not conn.dialect.key_locks:
         return None
@@ -180,10 +164,15 @@ def lock_ahead(conn: Conn, keys: Iterable[str | None]) -> tuple[str, Sequence[An
     fresh = wanted if held is None else [key for key in wanted if key not in held]
     if not fresh:
         return None
-    if held is not None and held and fresh[0] < max(held):
-        lock_keys(conn, fresh)
-        return None
     if held is not None:
+        if held and fresh[0] < max(held):
+            taken = {str(row["key"]) for row in conn.query(conn.dialect.key_try_locks, (fresh,))}
+            if len(taken) < len(fresh):
+                raise KeyOrderConflict(
+                    f"ordering key {show(min(set(fresh) - taken))} is held by another transaction"
+                )
+            held.update(fresh)
+            return None
         held.update(fresh)
     return conn.dialect.key_locks, (fresh,)
 

@@ -280,6 +280,19 @@ def parse_target(target: str) -> tuple[Engine, str]:
     return "sqlite", target
 
 
+def query_in_turn(
+    conn: Conn,
+    sql: str,
+    rows: Sequence[Sequence[Any]],
+    first: tuple[str, Sequence[Any]] | None = None,
+) -> list[list[Row]]:
+    """:meth:`Conn.query_each` one statement after the other, for a
+    connection with no pipeline."""
+    if first is not None:
+        conn.query(*first)
+    return [conn.query(sql, row) for row in rows]
+
+
 class Conn(Protocol):
     """A connection inside an open transaction, used from a unit of work."""
 

@@ -30,6 +30,7 @@ from .base import (
     Undecodable,
     decode_text,
     parse_target,
+    query_in_turn,
 )
 from .batching import BatchingStore
 from .dialect import SQLITE
@@ -120,9 +121,7 @@ class SQLiteConn:
         rows: Sequence[Sequence[Any]],
         first: tuple[str, Sequence[Any]] | None = None,
     ) -> list[list[Row]]:
-        if first is not None:
-            self.query(*first)
-        return [self.query(sql, row) for row in rows]
+        return query_in_turn(self, sql, rows, first)
 
     def announce_enqueue(self) -> None:
         """Other processes on the file learn of it on their next tick."""

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from functools import partial
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import anyio
 import sniffio
@@ -56,11 +56,9 @@ from ..outbox import (
     require_store,
 )
 from ..outbox.claim import DestinationCaps, claim_rules
-from ..outbox.first_statistics import analyze_if_stale
-from ..outbox.priority_step import apply_priority_step
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
-from ..settings import WorkerSettings
+from ..settings import ConfiguredWorker, WorkerSettings
 from ..store.base import Listener, Store
 from ..transports import (
     ChildEnvironment,
@@ -85,21 +83,12 @@ from .expiry import ExpirySweeper
 from .finisher import End, Finisher, Pace, most_ahead
 from .metrics import CancelCounts, DeliveryMetrics, DestinationMetrics
 from .outcomes import ClaimPause, OutcomeWriter
+from .prepare import prepare_store
 from .report import AttemptResult, Interrupted, Ledger
 from .services import Service, Services
 from .slots import SlotTable
 from .statistics import ScanTally, WorkerStatistics
 from .watch import CancelWatch, listen_to_others
-
-
-class _Configured(Protocol):
-    """A loaded configuration file, as far as the worker needs one (the
-    configuration module is the caller's business, not the loop's)."""
-
-    def worker_options(self) -> dict[str, Any]:
-        """``DispatchWorker`` keyword arguments, ``settings`` among them."""
-        ...
-
 
 log = scrubbed_logger("trio_dispatch.worker")
 
@@ -246,7 +235,7 @@ class DispatchWorker:
             self.add_service("schedules", self.scheduler.run)
 
     @classmethod
-    def from_config(cls, db: Store, config: _Configured, **overrides: Any) -> DispatchWorker:
+    def from_config(cls, db: Store, config: ConfiguredWorker, **overrides: Any) -> DispatchWorker:
         """A worker with the settings and transport of a loaded configuration
         file (``Config.worker_options()``); keyword ``overrides`` (settings
         or other arguments) win."""
@@ -328,8 +317,7 @@ class DispatchWorker:
         """The run itself: the transport opened, the listener and the claim
         loop started, and on the way out the deliveries stopped."""
         tracing.warm()
-        await apply_priority_step(self.db, self.settings.priority_step_seconds, self.log)
-        await analyze_if_stale(self.db, self.log)
+        await prepare_store(self.db, self.settings, self.log)
         async with AsyncExitStack() as stack:
             if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                 import trio_asyncio  # imported only when needed (~0.1 s)
