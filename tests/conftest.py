@@ -38,6 +38,7 @@ TABLES = (
     "dispatch_schedules",
     "dispatch_destinations",
     "dispatch_destination_changes",
+    "dispatch_destination_holds",
     "dispatch_settings",
 )
 _SHARED: dict[str, Any] = {}

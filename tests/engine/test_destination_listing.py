@@ -40,7 +40,7 @@ POLICIES = parse_destinations(
 )
 STATE_COLUMNS = (
     "name, state, state_until, reason, throttled_until, rate_tat, failures, "
-    "last_success_at, last_failure_at, probe_until"
+    "last_success_at, last_failure_at, probe_until, rate_held"
 )
 
 
@@ -54,10 +54,11 @@ def put_state(raw: RawDB, name: str, state: str = "active", **columns: Any) -> N
         "last_success_at": None,
         "last_failure_at": None,
         "probe_until": None,
+        "rate_held": 0,
         **columns,
     }
     raw.execute(
-        f"INSERT INTO dispatch_destinations ({STATE_COLUMNS}) VALUES ({', '.join('?' * 10)})",
+        f"INSERT INTO dispatch_destinations ({STATE_COLUMNS}) VALUES ({', '.join('?' * 11)})",
         (name, state, *values.values()),
     )
 
@@ -107,6 +108,7 @@ async def test_lists_configured_live_and_stateful_destinations_with_their_counte
             "breaker": None,
         },
         "starts_available": None,
+        "starts_held": 0,
         "concurrency_used": 1,
         "concurrency_limit": 2,
         "pending": 3,
@@ -131,7 +133,10 @@ async def test_each_state_is_read_as_it_stands_now_from_the_stored_row(
     put_state(raw, "f-probing", "half_open", probe_until=now + 20)
     put_state(raw, "g-disabled", "disabled", reason="open 3600s")
     put_state(raw, "h-rated", rate_tat=now + 150, last_success_at=now - 2)
-    policies = parse_destinations({"h-rated": {"rate": "1/m", "burst": 5}})
+    put_state(raw, "i-held", rate_tat=now - 10, rate_held=3)
+    policies = parse_destinations(
+        {"h-rated": {"rate": "1/m", "burst": 5}, "i-held": {"rate": "1/m", "burst": 5}}
+    )
     entries = by_name(await list_destinations(store, policies))
     seen = {name: (str(e.state), e.seen.until, e.seen.reason) for name, e in entries.items()}
     assert seen == {
@@ -143,11 +148,15 @@ async def test_each_state_is_read_as_it_stands_now_from_the_stored_row(
         "f-probing": ("half_open", now + 20, None),
         "g-disabled": ("disabled", None, "open 3600s"),
         "h-rated": ("active", None, None),
+        "i-held": ("active", None, None),
     }
     assert entries["c-throttled"].throttled_until == pytest.approx(now + 90)
     # 1/m with a burst of 5, the next start 150 s ahead: 2.5 intervals of
     # the 5 spent, 2 whole starts left (for the next 30 s).
     assert entries["h-rated"].starts_available == 2
+    # Starts claimed ahead and not yet begun count as spent.
+    assert (entries["i-held"].starts_available, entries["i-held"].starts_held) == (2, 3)
+    assert entries["h-rated"].starts_held == 0
     assert entries["h-rated"].last_success_at == pytest.approx(now - 2)
     # The listing writes nothing: the pause that ended stays as stored.
     assert raw.scalar("SELECT state FROM dispatch_destinations WHERE name = 'b-pause-over'") == (

@@ -99,12 +99,13 @@ async def test_a_worker_holds_rows_ahead_of_its_slots_but_runs_no_more_than_its_
     assert sorted(gate.started) == sorted(ids)
 
 
-async def test_a_worker_with_a_rate_holds_no_row_ahead_and_starts_no_more_than_its_burst(
+async def test_a_worker_with_a_rate_holds_rows_ahead_as_held_starts_never_beyond_its_burst(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    """A rate counts a start at its claim: rows held ahead would start
-    together when the slots free up, beyond the burst. So a worker with a
-    rate on any destination claims into free slots only."""
+    """A row held ahead begins later than its claim: the rate counts it as
+    spent (``rate_held``) from its claim until the worker's next write
+    records that it began, then at that time. So the rows held ahead never
+    begin together beyond the burst, and the count ends at 0."""
     ids = [await enqueue_dispatch(store, kind="k", deliver_to="metered") for _ in range(12)]
     gate = Gate()
     started_at: list[float] = []
@@ -113,6 +114,11 @@ async def test_a_worker_with_a_rate_holds_no_row_ahead_and_starts_no_more_than_i
         started_at.append(anyio.current_time())
         await gate.send(delivery)
 
+    def held() -> int:
+        return int(
+            raw.scalar("SELECT rate_held FROM dispatch_destinations WHERE name = 'metered'") or 0
+        )
+
     rate = {"metered": {"rate": "100/s", "burst": 2}}
     async with anyio.create_task_group() as tg:
         worker = DispatchWorker(
@@ -120,9 +126,12 @@ async def test_a_worker_with_a_rate_holds_no_row_ahead_and_starts_no_more_than_i
         )
         await tg.start(worker.run)
         await wait_for(lambda: len(gate.started) == 2)
-        await anyio.sleep(0.3)  # time enough for the rate to admit every row
-        assert len(delivering(raw)) == 2  # the running ones: none held ahead
-        assert worker.statistics().held_ahead == 0
+        await anyio.sleep(0.3)  # time enough for the rate to admit more rows
+        # Two running, two held ahead: the burst, held until they begin.
+        await wait_for(lambda: len(delivering(raw)) == 4 and held() == 2)
+        assert worker.statistics().held_ahead == 2
+        assert worker.statistics().held_starts == 2  # the running two began: recorded
+        assert raw.scalar("SELECT SUM(held) FROM dispatch_destination_holds") == 2
         gate.open.set()
         await wait_for(lambda: all(row_is(raw, i, status="delivered") for i in ids))
         tg.cancel_scope.cancel()
@@ -130,6 +139,9 @@ async def test_a_worker_with_a_rate_holds_no_row_ahead_and_starts_no_more_than_i
     first = started_at[0]
     for n, at in enumerate(started_at, start=1):
         assert n <= 100 * (at - first) + 2 + 1, (n, at - first)
+    # Every held start began and was recorded: nothing stays counted.
+    assert held() == 0
+    assert raw.scalar("SELECT SUM(held) FROM dispatch_destination_holds") == 0
 
 
 async def test_shutdown_gives_the_rows_held_ahead_back_at_once_unsent_and_uncounted(

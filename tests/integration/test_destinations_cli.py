@@ -105,7 +105,7 @@ def test_the_listing_shows_configured_and_live_destinations(
     billing, mailer = entries["billing"], entries["mailer"]
     assert set(billing) == {
         "name", "state", "until", "reason", "configured", "policy_from", "policy",
-        "starts_available", "concurrency_used", "concurrency_limit", "pending",
+        "starts_available", "starts_held", "concurrency_used", "concurrency_limit", "pending",
         "pending_capped", "oldest_due_age_seconds", "throttled_until", "failures_in_a_row",
         "last_success_at", "last_failure_at",
     }  # fmt: skip

@@ -153,6 +153,7 @@ async def test_metrics_have_the_specified_names_types_and_labels(
             "trio_dispatch_oldest_due_seconds",
             "trio_dispatch_in_flight",
             "trio_dispatch_held_ahead",
+            "trio_dispatch_held_starts",
             "trio_dispatch_scan_errors",
             "trio_dispatch_lease_recoveries",
             "trio_dispatch_throttled",
@@ -166,6 +167,7 @@ async def test_metrics_have_the_specified_names_types_and_labels(
         "trio_dispatch_oldest_due_seconds": "gauge",
         "trio_dispatch_in_flight": "gauge",
         "trio_dispatch_held_ahead": "gauge",
+        "trio_dispatch_held_starts": "gauge",
         "trio_dispatch_scan_errors": "counter",
         "trio_dispatch_lease_recoveries": "counter",
         "trio_dispatch_throttled": "counter",
@@ -202,6 +204,7 @@ async def test_metrics_have_the_specified_names_types_and_labels(
     )
     assert samples(families["trio_dispatch_in_flight"]) == {("trio_dispatch_in_flight",): 0.0}
     assert samples(families["trio_dispatch_held_ahead"]) == {("trio_dispatch_held_ahead",): 0.0}
+    assert samples(families["trio_dispatch_held_starts"]) == {("trio_dispatch_held_starts",): 0.0}
     assert ids  # every status was made for real
 
 

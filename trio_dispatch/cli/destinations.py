@@ -278,7 +278,8 @@ async def _show(db: Store, args: argparse.Namespace, policies: dict[str, Destina
             "starts available",
             "- (no rate)"
             if entry.starts_available is None
-            else f"{entry.starts_available} of {entry.policy.burst}",
+            else f"{entry.starts_available} of {entry.policy.burst}"
+            + (f" ({entry.starts_held} claimed ahead, not yet begun)" if entry.starts_held else ""),
         ),
         (
             "concurrency",

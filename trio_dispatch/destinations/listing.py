@@ -121,16 +121,19 @@ def store_now(conn: Conn, fallback: float) -> float:
     return float(row["now"])
 
 
-def starts_available(policy: Destination, rate_tat: float | None, now: float) -> int | None:
+def starts_available(
+    policy: Destination, rate_tat: float | None, now: float, held: int = 0
+) -> int | None:
     """How many attempt starts the rate admits at ``now`` (GCRA: ``floor((burst
-    * interval - (max(tat, now) - now)) / interval)``, from 0 to ``burst``);
-    None without a rate."""
+    * interval - (max(tat, now) - now)) / interval)``, less the ``held``
+    starts claimed ahead and not yet begun, from 0 to ``burst``); None
+    without a rate."""
     rate = policy.gcra_rate
     if rate is None:
         return None
     interval = rate.interval
     tat = now if rate_tat is None else max(float(rate_tat), now)
-    room = math.floor((policy.burst * interval - (tat - now)) / interval + 1e-9)
+    room = math.floor((policy.burst * interval - (tat - now)) / interval + 1e-9) - held
     return max(0, min(policy.burst, room))
 
 
@@ -181,6 +184,9 @@ class Entry:
     throttled_until: float | None
     starts_available: int | None
     """Starts its rate admits now (None: no rate)."""
+    starts_held: int
+    """Starts claimed ahead of workers' free slots, not yet begun: the rate
+    counts them as spent until each begins (docs/destinations.md)."""
     running: int
     """``delivering`` rows whose lease has not ended, across every worker:
     what its shared ``concurrency`` counts."""
@@ -226,6 +232,7 @@ class Entry:
             "policy_from": self.policy_from,
             "policy": self.policy.to_dict(),
             "starts_available": self.starts_available,
+            "starts_held": self.starts_held,
             "concurrency_used": self.running,
             "concurrency_limit": self.policy.concurrency,
             "pending": self.pending,
@@ -303,8 +310,9 @@ def _entry(
         seen=effective(row, now),
         throttled_until=None if row is None else _float(row["throttled_until"]),
         starts_available=starts_available(
-            policy, None if row is None else _float(row["rate_tat"]), now
+            policy, None if row is None else _float(row["rate_tat"]), now, _held(row)
         ),
+        starts_held=_held(row),
         running=running,
         pending=pending,
         oldest_due_age=oldest,
@@ -312,6 +320,10 @@ def _entry(
         last_success_at=None if row is None else _float(row["last_success_at"]),
         last_failure_at=None if row is None else _float(row["last_failure_at"]),
     )
+
+
+def _held(row: Mapping[str, Any] | None) -> int:
+    return 0 if row is None else int(row["rate_held"] or 0)
 
 
 def listing(

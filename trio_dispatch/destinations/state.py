@@ -16,6 +16,10 @@ A destination without a row is ``active``. The columns (schema version 10):
 - ``rate_tat``: the rate limit's theoretical arrival time (GCRA): the rate
   admits ``n`` more starts at time ``t`` while ``max(rate_tat, t) + n *
   interval - t <= burst * interval``.
+- ``rate_held`` (version 16): starts the rate counts as spent now, claimed
+  ahead by workers and not yet begun (:mod:`trio_dispatch.outbox.claim.pins`):
+  ``n`` more are admitted while ``max(rate_tat, t) + (n + rate_held) *
+  interval - t <= burst * interval``.
 - ``failures``, ``first_failure_at``: failed attempts in a row and when the
   first of them ended (the breaker); a success sets both back.
 - ``cool_down``: the last cool-down of an opened breaker (doubles per failed
@@ -77,7 +81,7 @@ SOURCE_DELIVERY: Final = "scheduler"
 spelled as on the dispatches' own transitions."""
 
 COLUMNS: Final = (
-    "name, state, state_until, reason, throttled_until, rate_tat, failures, "
+    "name, state, state_until, reason, throttled_until, rate_tat, rate_held, failures, "
     "first_failure_at, cool_down, opened_at, probe_id, probe_until, last_success_at, "
     "last_failure_at, updated_at"
 )

@@ -219,6 +219,7 @@ def claim_batch(
     rules = _DEFAULT_RULES if rules is None else rules
     counts = dict.fromkeys(COUNTER_KEYS, 0)
     columns = _SCAN_COLUMNS.format(row_key=conn.dialect.row_key)
+    rules.sync(conn, at)
     bounds = rules.bounds(conn, at)
     if ids is None:
         # Bounded whatever the left-out destinations hold (see .claim.scan).
@@ -415,9 +416,10 @@ def finish_and_claim_ahead(
     outcomes = finish_many(conn, ends)
     first = ends[0]
     first.rules.ended([(end.claim.dispatch_id, end.claim.lease_until) for end in ends])
-    if want <= 0:
-        return outcomes, [], dict.fromkeys(COUNTER_KEYS, 0)
     assert first.clock is not None
+    if want <= 0:
+        first.rules.sync(conn, first.clock())
+        return outcomes, [], dict.fromkeys(COUNTER_KEYS, 0)
     claims, scanned = claim_batch(
         conn, first.clock(), want, first.next_lease, first.actor, rules=first.rules
     )

@@ -516,6 +516,29 @@ _V15: Final[tuple[Step, ...]] = (
     """,
 )
 
+DESTINATION_HOLDS_TABLE: Final = "dispatch_destination_holds"
+
+_V16: Final[tuple[Step, ...]] = (
+    # A rate's starts claimed ahead and not yet begun (docs/destinations.md):
+    # the rate counts each one as spent until its worker records that it
+    # began (then at that time) or that it never will. The total per
+    # destination, which every claim's admission reads under the state
+    # row's lock; and each holder's (one worker) share with its lease, so
+    # that a dead worker's share is charged in full once that lease ends.
+    f"ALTER TABLE {DESTINATIONS_TABLE} ADD COLUMN rate_held INTEGER NOT NULL DEFAULT 0",
+    f"""
+    CREATE TABLE IF NOT EXISTS {DESTINATION_HOLDS_TABLE} (
+        name        TEXT NOT NULL,
+        holder      TEXT NOT NULL,
+        held        INTEGER NOT NULL DEFAULT 0,
+        resolved    INTEGER NOT NULL DEFAULT 0,
+        started     INTEGER NOT NULL DEFAULT 0,
+        until_at    FLOAT NOT NULL,
+        PRIMARY KEY (name, holder)
+    )
+    """,
+)
+
 MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V1,
     _V2,
@@ -532,6 +555,7 @@ MIGRATIONS: Final[tuple[tuple[Step, ...], ...]] = (
     _V13,
     _V14,
     _V15,
+    _V16,
 )
 """``MIGRATIONS[n]`` takes a database from version ``n`` to ``n + 1``."""
 

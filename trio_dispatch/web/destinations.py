@@ -415,7 +415,8 @@ def detail_body(entry: Entry, now: float, forms: str, notice: str, error: bool) 
             "starts available",
             "- (no rate)"
             if entry.starts_available is None
-            else f"{entry.starts_available} of {entry.policy.burst}",
+            else f"{entry.starts_available} of {entry.policy.burst}"
+            + (f" ({entry.starts_held} claimed ahead, not yet begun)" if entry.starts_held else ""),
         ),
         ("concurrency", f"{_running(entry)} running"),
         ("pending", pages.text(entry.pending_text())),

@@ -129,6 +129,14 @@ def families(stats: dict[str, Any], worker: DispatchWorker | None, now: float) -
         )
     )
     out.append(
+        GaugeMetricFamily(
+            "trio_dispatch_held_starts",
+            "Claims of rated destinations whose starts the rate counts as spent until this "
+            "worker records that they began.",
+            value=statistics.held_starts,
+        )
+    )
+    out.append(
         CounterMetricFamily(
             "trio_dispatch_scan_errors",
             "Scans for due dispatches that failed (a held lock, a store error).",

@@ -116,8 +116,11 @@ class Finisher:
         ledger: Ledger,
         room: Callable[[], int],
         claimed: Callable[[list[Claim], dict[str, int], float], None],
+        failed: Callable[[], None] = lambda: None,
     ) -> None:
         self._writer = writer
+        self._failed = failed
+        """Told of a write that failed (its outcome may be unknown)."""
         self._ledger = ledger
         self._room = room
         self._claimed = claimed
@@ -174,6 +177,7 @@ class Finisher:
         try:
             outcomes, claims, counts = await self.write(batch, max(0, self._room()))
         except Exception:
+            self._failed()
             self._ledger.log.exception(
                 "recording %d attempts' ends failed; recording each", len(batch)
             )
@@ -200,6 +204,7 @@ class Finisher:
             try:
                 outcomes = (await self.write(ends, 0))[0]
             except Exception:
+                self._failed()
                 self._ledger.log.exception("giving back %d rows claimed ahead failed", len(ends))
                 await self._record_each(ends)
                 return

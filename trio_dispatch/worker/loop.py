@@ -56,6 +56,7 @@ from ..outbox import (
     require_store,
 )
 from ..outbox.claim import DestinationCaps, claim_rules
+from ..outbox.claim.pins import held_starts
 from ..redact import scrubbed_logger
 from ..schedules import Schedule, Scheduler
 from ..settings import ConfiguredWorker, WorkerSettings
@@ -153,10 +154,10 @@ class DispatchWorker:
         self.db = db
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
         """Each destination's policy (docs/destinations.md), checked."""
-        self._rated = any(policy.gcra_rate is not None for policy in self.destinations.values())
-        """Whether a rate bounds some destination's starts: then no row is held
-        ahead, since a rate counts a start at its claim, and rows held ahead
-        would start when slots free up, several at once beyond its burst."""
+        self._pins = held_starts(self.destinations)
+        """Where a rate bounds some destination's starts, the rows of rated
+        destinations this worker holds ahead count as held starts until
+        each begins (:mod:`trio_dispatch.outbox.claim.pins`)."""
         self._book = DestinationBook(self.destinations)
         self.settings = settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked, and the one place the worker reads them
@@ -200,6 +201,7 @@ class DispatchWorker:
             ordering=settings.ordering_on_dead_letter,
             caps=self._caps,
             destinations=self.destinations,
+            pins=self._pins,
         )
         """What the worker's claims may take (:mod:`trio_dispatch.outbox.claim`)."""
         self._ledger = Ledger(
@@ -214,7 +216,9 @@ class DispatchWorker:
             self._book,
             self.wake,
         )
-        self._finisher = Finisher(self._outcome_writer, self._ledger, self._room, self._claimed)
+        self._finisher = Finisher(
+            self._outcome_writer, self._ledger, self._room, self._claimed, self._write_failed
+        )
         self._closing = False  # shutdown began: claim nothing more
         self._interrupt: BaseException | None = None
         """A KeyboardInterrupt a transport raised: :meth:`run` re-raises it
@@ -257,6 +261,7 @@ class DispatchWorker:
             **dataclasses.asdict(self._tally),
             running=self._running,
             held_ahead=self._slots.waiting,
+            held_starts=0 if self._pins is None else len(self._pins),
         )
 
     def wake(self) -> None:
@@ -395,6 +400,7 @@ class DispatchWorker:
                     rules=self._rules,
                 )
         except Exception:
+            self._write_failed()
             self._tally.scan_errors += 1
             self.log.exception("scan failed; retrying in %ss", self.settings.tick_seconds)
             return self.settings.tick_seconds
@@ -463,6 +469,11 @@ class DispatchWorker:
         result: AttemptResult = Interrupted()
         interrupt: BaseException | None = None
         late = None if self._closing else late_claim(claim, self.clock)
+        if self._pins is not None:
+            if late is None:
+                self._pins.began(claim)
+            else:
+                self._pins.dropped([claim])
         with self._slots.scope(claim) as scope:
             shared = None if late is not None else share_deadline(self.transport, scope)
             try:
@@ -518,7 +529,7 @@ class DispatchWorker:
         if self._closing or self._pause.remaining() > 0:
             return 0
         slots = self._slots
-        ahead = 0 if self._rated else self._pace.ahead_rows(slots.capacity, slots.ahead_capacity)
+        ahead = self._pace.ahead_rows(slots.capacity, slots.ahead_capacity)
         return slots.free + ahead - slots.waiting - self._finisher.reserved
 
     def _claimed(self, claims: list[Claim], counts: dict[str, int], since: float) -> None:
@@ -528,10 +539,12 @@ class DispatchWorker:
         self._tally.scanned(self.counts, counts, sum(c.recovered for c in claims), self.clock())
         for claim in claims:
             self._slots.hold(claim, self._attempt_scope(claim))
+        if self._pins is not None:
+            self._pins.claimed(claims)
         self._cancels.claimed(claims, since)
         if self._closing:
             if claims and self._deliveries is not None:
-                self._deliveries.start_soon(self._finisher.give_back, self._slots.drop_ahead())
+                self._deliveries.start_soon(self._finisher.give_back, self._drop_ahead())
             return
         assert self._deliveries is not None
         while (started := self._slots.start_ahead()) is not None:
@@ -540,6 +553,18 @@ class DispatchWorker:
         limited = self._caps is not None or bool(self.destinations)
         if not claims and len(self._slots) < self._slots.capacity and (self._backlog or limited):
             self.wake()
+
+    def _drop_ahead(self) -> list[Claim]:
+        """Every claim held ahead, to give back unsent (their held starts
+        resolved: never begun)."""
+        dropped = self._slots.drop_ahead()
+        if self._pins is not None:
+            self._pins.dropped(dropped)
+        return dropped
+
+    def _write_failed(self) -> None:
+        if self._pins is not None:
+            self._pins.failed()
 
     def _stopped_by(self, interrupt: BaseException) -> None:
         """Stop the worker (grace for the other deliveries, then release)
@@ -578,7 +603,7 @@ class DispatchWorker:
         """Give back the rows held ahead at once; then grace, then cancel
         what is still running (the tasks release their rows themselves,
         inside their shields)."""
-        await self._finisher.give_back(self._slots.drop_ahead())
+        await self._finisher.give_back(self._drop_ahead())
         if not len(self._slots):
             return
         self.log.info(

@@ -37,6 +37,9 @@ class WorkerStatistics:
     held_ahead: int = 0
     """Rows claimed ahead of the slots, not yet started (``delivering``
     under this worker's leases; trio_dispatch.worker.finisher)."""
+    held_starts: int = 0
+    """Claims of rated destinations whose starts the store counts as spent
+    until this worker records that they began (docs/destinations.md)."""
 
     @property
     def counts(self) -> dict[str, int]:

@@ -33,6 +33,7 @@ from .destinations import DestinationAdmission
 from .fair import Turns
 from .keys import OrderingKeys
 from .order import CLAIM_ORDER, ClaimOrder
+from .pins import Pins
 from .rules import NO_BOUNDS, NO_RULES, Bounds, ClaimRule, ClaimRules
 
 
@@ -41,6 +42,7 @@ def claim_rules(
     ordering: OrderingPolicy = DEFAULT_ORDERING_POLICY,
     caps: DestinationCaps | None = None,
     destinations: Mapping[str, Destination] | None = None,
+    pins: Pins | None = None,
 ) -> ClaimRules:
     """The rules of a claim, in the order they apply: the ordering keys'
     rule under ``ordering`` (every claim has it), given, a worker's
@@ -48,12 +50,13 @@ def claim_rules(
     ``destinations`` policies (every claim has it: a paused destination is
     paused for every claimant); with a fresh fair-share rotation
     (:class:`~.fair.Turns`), so that the claims made with these rules take
-    turns between destinations."""
+    turns between destinations. ``pins``: the claimant holds rows ahead
+    of its slots, its rated rows admitted as held starts (:mod:`.pins`)."""
     return ClaimRules(
         (
             OrderingKeys(ordering),
             caps,
-            DestinationAdmission(destinations),
+            DestinationAdmission(destinations, pins),
         ),
         Turns(),
     )
@@ -70,6 +73,7 @@ __all__ = [
     "DestinationAdmission",
     "DestinationCaps",
     "OrderingKeys",
+    "Pins",
     "Turns",
     "claim_rules",
 ]

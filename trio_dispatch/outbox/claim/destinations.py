@@ -77,9 +77,11 @@ from ...destinations.state import (
 from ...lifecycle import DUE_SQL, Status
 from ...store.base import Conn, Row
 from ...store.dialect import ArrayForms, Dialect
+from ...store.schema import DESTINATION_HOLDS_TABLE as HOLDS
 from ...store.schema import DUE_INDEX
 from . import gcra, statements
 from .order import CLAIM_ORDER
+from .pins import Pins
 from .rules import Bounds, Claiming, ClaimRule
 
 PASSED_OVER: Final = 8
@@ -88,6 +90,10 @@ makes it again, in case it was removed (an ``INSERT ... ON CONFLICT DO
 NOTHING``, nothing when it is there): behind a busy rate a held row is the
 common case, and every claim would pay that statement."""
 
+HELD_LOOK_AGAIN: Final = 0.05
+"""Seconds before a claim looks again at a rate whose room is held by
+workers' claims ahead (:mod:`.pins`): each worker's next write says which
+of them began, within milliseconds while it runs."""
 UNBOUNDED: Final = sys.maxsize
 """The room of a destination nothing limits."""
 
@@ -97,7 +103,10 @@ _CLOSED_TO_CLAIMS: Final = frozenset({State.PAUSED, State.THROTTLED, State.OPEN,
 def _restricts(row: str, now: str) -> str:
     # A state row that may restrict a claim now: a stored state other than
     # active, a throttle ahead, a rate with starts spent.
-    return f"{row}state <> '{State.ACTIVE}' OR {row}throttled_until > ? OR {row}rate_tat > {now}"
+    return (
+        f"{row}state <> '{State.ACTIVE}' OR {row}throttled_until > ? OR {row}rate_tat > {now} "
+        f"OR {row}rate_held > 0"
+    )
 
 
 @functools.cache
@@ -168,6 +177,7 @@ _WAIT_SETTING: Final = (
 _RESTORE_SETTING: Final = "SELECT set_config('lock_timeout', ?, true) AS now"
 
 _ADVANCE: Final = f"UPDATE {TABLE} SET rate_tat = ?, updated_at = ? WHERE name = ?"
+_HOLD: Final = f"UPDATE {TABLE} SET rate_held = rate_held + ?, updated_at = ? WHERE name = ?"
 _PROBE: Final = (
     f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
     "probe_until = ?, updated_at = ? WHERE name = ?"
@@ -180,7 +190,7 @@ _PLAINLY_ACTIVE: Final = (
 
 
 @functools.cache
-def _advance_if_room(dialect: Dialect, count: int) -> str:
+def _advance_if_room(dialect: Dialect, count: int, held: bool = False) -> str:
     """The quick decision of rate-only destinations, in one statement where
     the lock, the read and the write take three: for each of ``count``
     destinations (``destination``, candidate starts ``n``, the rate's
@@ -195,29 +205,50 @@ def _advance_if_room(dialect: Dialect, count: int) -> str:
     admits all ``n`` or none and answers ``name``. Parameters: the
     destinations' columns (arrays, or ``count`` rows of four), then
     ``now, now, at, now`` where rows lock, else ``now, now, at, at, now,
-    now, now``."""
+    now, now`` (``at, at, now, now, now`` with ``held``). Starts held by
+    workers (``rate_held``) count as spent; with ``held`` the starts
+    admitted are held too (:mod:`.pins`): they move ``rate_held``, not
+    ``rate_tat``; where rows lock, the same statement records them on the
+    holder's rows (two more arrays, its totals resolved and begun, and the
+    holder and the lease end before the last ``at``)."""
     arrays = dialect.arrays
-    source = (
-        arrays.rows(("text", "int8", "float8", "float8"))
-        if arrays is not None
-        else "VALUES " + ", ".join(["(?, ?, ?, ?)"] * count)
-    )
-    wanted = f"WITH w(destination, n, step, burst) AS ({source})"
+    pinned = held and arrays is not None and bool(dialect.lock_clause)
+    types = ("text", "int8", "float8", "float8", *(("int8", "int8") if pinned else ()))
+    portable = "VALUES " + ", ".join(["(?, ?, ?, ?)"] * count)
+    source = arrays.rows(types) if arrays is not None else portable
+    extra = ", resolved, started" if pinned else ""
+    wanted = f"WITH w(destination, n, step, burst{extra}) AS ({source})"
+    moved = "rate_held = rate_held + admitted" if held else "rate_tat = start + admitted * step"
     if dialect.lock_clause:
+        record = (
+            f", holding AS (INSERT INTO {HOLDS} (name, holder, held, resolved, started, until_at) "
+            "SELECT held, ?, admitted, resolved, started, ? FROM room JOIN w "
+            "ON destination = held WHERE admitted >= 1 ON CONFLICT (name, holder) DO UPDATE "
+            f"SET held = {HOLDS}.held + excluded.held, "
+            f"until_at = GREATEST({HOLDS}.until_at, excluded.until_at)) "
+            if pinned
+            else ""
+        )
         return (
-            f"{wanted}, held AS (SELECT name AS held, {_START} AS start FROM {TABLE} "
-            f"WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
+            f"{wanted}, held AS (SELECT name AS held, {_START} AS start, rate_held AS pins "
+            f"FROM {TABLE} WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
             f"ORDER BY name{dialect.lock_clause}), "
             "room AS (SELECT held, start, step, LEAST(n, FLOOR(burst - (start - ?) / step "
-            f"+ {gcra.SLACK})) AS admitted FROM held JOIN w ON destination = held) "
-            f"UPDATE {TABLE} SET rate_tat = start + admitted * step, updated_at = ? FROM room "
+            f"+ {gcra.SLACK}) - pins) AS admitted FROM held JOIN w ON destination = held)"
+            f"{record or ' '}"
+            f"UPDATE {TABLE} SET {moved}, updated_at = ? FROM room "
             "WHERE name = held AND admitted >= 1 RETURNING name, admitted"
         )
     per = "(SELECT {} FROM w WHERE destination = name)"
+    advance = (
+        f"rate_held = rate_held + {per.format('n')}"
+        if held
+        else f"rate_tat = {_START} + {per.format('n * step')}"
+    )
     return (
-        f"{wanted} UPDATE {TABLE} SET rate_tat = {_START} + {per.format('n * step')}, "
+        f"{wanted} UPDATE {TABLE} SET {advance}, "
         f"updated_at = ? WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
-        f"AND {_START} - ? + {per.format('n * step')} "
+        f"AND {_START} - ? + {per.format('(n + rate_held) * step')} "
         f"<= {per.format(f'(burst + {gcra.SLACK}) * step')} RETURNING name"
     )
 
@@ -245,11 +276,16 @@ class DestinationAdmission(ClaimRule):
     Every claim has it: without policies it still keeps paused, throttled,
     open and disabled destinations out. Equal when the policies are."""
 
-    def __init__(self, policies: Mapping[str, Destination] | None = None) -> None:
+    def __init__(
+        self, policies: Mapping[str, Destination] | None = None, pins: Pins | None = None
+    ) -> None:
         self.policies: dict[str, Destination] = dict(policies or {})
+        self.pins = pins
+        """Where the claimant holds rows ahead of its slots: its rated rows
+        are admitted as held starts (:mod:`.pins`)."""
         self._concurrency = any(p.concurrency is not None for p in self.policies.values())
         self._rated = any(p.gcra_rate is not None for p in self.policies.values())
-        self._key = tuple(sorted(self.policies.items()))
+        self._key = (tuple(sorted(self.policies.items())), id(pins))
         self._rows: set[str] = set()
         """Destinations this process saw with a state row: no row is ever
         removed, so the claim need not create theirs again (a lost update
@@ -270,6 +306,11 @@ class DestinationAdmission(ClaimRule):
     def policy(self, name: str) -> Destination:
         """The policy of ``name``."""
         return policy_for(self.policies, name)
+
+    def sync(self, conn: Conn, at: float) -> None:
+        """The starts this claimant held and began, or gave back (:mod:`.pins`)."""
+        if self.pins is not None:
+            self.pins.sync(conn, at)
 
     def _limited(self, name: str) -> bool:
         policy = self.policy(name)
@@ -317,10 +358,13 @@ class DestinationAdmission(ClaimRule):
             rate = self.policy(name).gcra_rate
             if rate is not None:
                 burst = self.policy(name).burst
-                left = gcra.room(rate, burst, row["rate_tat"], now)
+                left = gcra.room(rate, burst, row["rate_tat"], now, _held(row))
                 if left <= 0:
                     skip.add(name)
-                    lifts[name] = at + gcra.next_start(rate, burst, row["rate_tat"], now) - now
+                    wait = gcra.next_start(rate, burst, row["rate_tat"], now) - now
+                    if _held(row):  # until a worker's next write begins them
+                        wait = max(wait, HELD_LOOK_AGAIN)
+                    lifts[name] = at + wait
                     continue
                 fixed[name] = min(left, fixed.get(name, UNBOUNDED))
         running = self.running(conn, at) if self._concurrency else {}
@@ -376,7 +420,14 @@ class DestinationAdmission(ClaimRule):
             for name in guarded
             if name not in probes and name not in settled and self._rate_only(name)
         ]
-        allowed = self._advance_if_room(conn, quick, candidates, now, at) if quick else {}
+        allowed = (
+            self._advance_if_room(conn, quick, candidates, now, at, claiming.lease_until)
+            if quick
+            else {}
+        )
+        # Held starts the quick statement recorded on the holder's rows already.
+        dialect = conn.dialect
+        recorded = set(allowed) if dialect.arrays is not None and dialect.lock_clause else set()
         for name in allowed:
             self._passed.pop(name, None)
         slow = [name for name in guarded if name not in allowed]
@@ -418,6 +469,13 @@ class DestinationAdmission(ClaimRule):
         self._started(
             conn, locked, {n: k for n, k in taken.items() if n in locked}, first, claiming, now
         )
+        if self.pins is not None:
+            rated = {
+                n: k
+                for n, k in taken.items()
+                if self.policy(n).gcra_rate is not None and n not in recorded
+            }
+            self.pins.admitted(conn, rated, claiming.lease_until)
         return admitted
 
     def _probe_row(
@@ -462,7 +520,13 @@ class DestinationAdmission(ClaimRule):
         return policy.gcra_rate is not None and policy.concurrency is None
 
     def _advance_if_room(
-        self, conn: Conn, names: list[str], candidates: Mapping[str, int], now: float, at: float
+        self,
+        conn: Conn,
+        names: list[str],
+        candidates: Mapping[str, int],
+        now: float,
+        at: float,
+        until: float,
     ) -> dict[str, int]:
         """The starts admitted of the rate-only ``names`` (sorted) that
         :func:`_advance_if_room`'s one statement decided, their rates
@@ -480,11 +544,19 @@ class DestinationAdmission(ClaimRule):
             head: tuple[Any, ...] = tuple(list(column) for column in zip(*columns, strict=True))
         else:
             head = tuple(value for column in columns for value in column)
-        statement = _advance_if_room(dialect, len(names))
+        held = self.pins is not None
+        statement = _advance_if_room(dialect, len(names), held)
         if dialect.lock_clause:
-            found = conn.query(statement, (*head, now, now, at, now, at))
+            record: tuple[Any, ...] = ()
+            if held and dialect.arrays is not None:
+                assert self.pins is not None
+                record = (self.pins.holder, until)
+                totals = [self.pins.totals(name) for name in names]
+                head = (*head, [t[0] for t in totals], [t[1] for t in totals])
+            found = conn.query(statement, (*head, now, now, at, now, *record, at))
             return {str(row["name"]): int(row["admitted"]) for row in found}
-        found = conn.query(statement, (*head, now, now, at, at, now, now, now))
+        tail = (at, at, now, now, now) if held else (now, now, at, at, now, now, now)
+        found = conn.query(statement, (*head, *tail))
         return {str(row["name"]): candidates[str(row["name"])] for row in found}
 
     def _ensure_rows(self, conn: Conn, names: list[str]) -> None:
@@ -540,7 +612,7 @@ class DestinationAdmission(ClaimRule):
             left = 1
         rate = policy.gcra_rate
         if rate is not None:
-            left = min(left, gcra.room(rate, policy.burst, state["rate_tat"], now))
+            left = min(left, gcra.room(rate, policy.burst, state["rate_tat"], now, _held(state)))
         if policy.concurrency is not None:
             left = min(left, policy.concurrency - running)
         return max(0, left)
@@ -558,10 +630,13 @@ class DestinationAdmission(ClaimRule):
         and each probe."""
         at = claiming.at
         advances = []
+        holds: list[tuple[int, float, str]] = []
         for name, starts in taken.items():
             state = locked[name]
             rate = self.policy(name).gcra_rate
-            if rate is not None and starts:
+            if rate is not None and starts and self.pins is not None:
+                holds.append((starts, at, name))
+            elif rate is not None and starts:
                 advances.append((gcra.advanced(rate, state["rate_tat"], now, starts), at, name))
             if starts and effective(state, at).state is State.HALF_OPEN:
                 probe = str(first[name]["id"])
@@ -579,6 +654,8 @@ class DestinationAdmission(ClaimRule):
                 )
         if advances:
             conn.executemany(_ADVANCE, advances)
+        if holds:
+            conn.executemany(_HOLD, holds)
 
 
 def _oldest(conn: Conn, name: str, claiming: Claiming) -> str | None:
@@ -587,6 +664,11 @@ def _oldest(conn: Conn, name: str, claiming: Claiming) -> str | None:
     statement = statements.oldest_of_destination(conn.dialect.index_hint, claiming.term)
     found = conn.query_one(statement, CLAIM_ORDER.bound(claiming.at, head=(name,)))
     return None if found is None else str(found["id"])
+
+
+def _held(state: Row) -> int:
+    """Starts held by workers (:mod:`.pins`), counted as spent."""
+    return int(state["rate_held"] or 0)
 
 
 def _probing(state: Row, at: float) -> bool:

@@ -5,7 +5,8 @@ claim and its reads run.
 A claim (:func:`~trio_dispatch.outbox.machine.claim_batch`) asks its rules
 at five points, all inside its one write transaction (a rule reads and
 writes only there: a check made before the claim and trusted after it is a
-race):
+race), after :meth:`~ClaimRule.sync` (what the claimant owes the store,
+written first: the starts it held and began, :mod:`.pins`):
 
 1. :attr:`~ClaimRule.term` -- an SQL term on the candidate row, part of
    every read of the claim (the ordering keys' rule). Each of its probes
@@ -127,6 +128,10 @@ class ClaimRule:
     """An SQL term on an unaliased ``dispatch_outbox`` row: rows for which
     it is false are never read (empty: every row)."""
 
+    def sync(self, conn: Conn, at: float) -> None:
+        """Write what this claimant owes the store, before the claim reads
+        (idempotent: a transaction that rolls back is sent again)."""
+
     def bounds(self, conn: Conn, at: float) -> Bounds:
         """Destinations left out and each one's room, at ``at``."""
         return NO_BOUNDS
@@ -170,6 +175,7 @@ class ClaimRules:
         "_bounding",
         "_claiming",
         "_ending",
+        "_syncing",
         "_taking",
         "rules",
         "term",
@@ -183,6 +189,7 @@ class ClaimRules:
         """Every rule's term, joined (empty: no term)."""
         # Only the rules that do something at a point are asked there: the
         # common claim pays for no hook it does not use.
+        self._syncing = [rule for rule in self.rules if _overrides(rule, "sync")]
         self._bounding = [rule for rule in self.rules if _overrides(rule, "bounds")]
         self._taking = [rule for rule in self.rules if _overrides(rule, "take")]
         self._admitting = [rule for rule in self.rules if _overrides(rule, "admit")]
@@ -197,6 +204,11 @@ class ClaimRules:
 
     def __repr__(self) -> str:
         return f"ClaimRules({list(self.rules)!r})"
+
+    def sync(self, conn: Conn, at: float) -> None:
+        """What every rule's claimant owes the store, written."""
+        for rule in self._syncing:
+            rule.sync(conn, at)
 
     def bounds(self, conn: Conn, at: float) -> Bounds:
         """Every rule's bounds at ``at``, combined (each kept in

@@ -1,0 +1,319 @@
+"""A rate's starts claimed ahead of a worker's free slots (docs/destinations.md).
+
+A worker holds rows claimed ahead of its slots so that no slot waits on a
+commit (:mod:`trio_dispatch.worker.finisher`). A rate counts a start when
+the attempt begins, though, and a row held ahead begins later than its
+claim: counted at the claim, rows held by several workers could begin
+together as slots free up, beyond the burst. So a worker that holds rows
+ahead (one with a :class:`Pins`) has the claim admit its rated rows as
+*held*: the destination's ``rate_held`` (read by every claim's admission
+under the state row's lock) counts each as spent, without draining, until
+the worker records that it began -- then it moves into ``rate_tat`` at the
+time it began -- or that it never will (given back unsent). The bucket's
+level plus the held starts never exceeds the burst, and the level alone is
+the one of the starts as they began, so the rate is kept in every window.
+
+What the worker owes the store is written by the next claim's transaction
+(:meth:`Pins.sync`), before its read: per destination, its running totals
+of held starts *resolved* (begun or given back) and *begun*, against the
+totals its row in ``dispatch_destination_holds`` recorded. The write is
+absolute, so a transaction that rolls back loses nothing (the next one
+sends the same totals), and a state row another claim holds is passed
+over, not waited for (the totals go with the next write). Each holder's
+row keeps its held starts and the lease end of its latest claim: a worker
+that dies leaves its row, and once that lease is well past
+(:data:`REAP_MARGIN`), any worker charges its held starts in full (as
+begun then) and removes it (:meth:`Pins.reap`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Final
+
+from ...destinations.policy import Destination, policy_for
+from ...store.base import Conn
+from ...store.dialect import ArrayForms
+from ...store.schema import DESTINATION_HOLDS_TABLE, DESTINATIONS_TABLE
+
+if TYPE_CHECKING:
+    from ..transitions import Claim
+
+HOLDS: Final = DESTINATION_HOLDS_TABLE
+REAP_EVERY: Final = 5.0
+"""Seconds between a worker's looks for the rows of dead holders."""
+REAP_MARGIN: Final = 1.0
+"""Seconds past a holder's last lease end before its row is reaped: a host
+whose clock runs ahead by less than this never charges a live holder's
+starts early."""
+
+_UPSERT_HOLD: Final = (
+    f"INSERT INTO {HOLDS} (name, holder, held, resolved, started, until_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name, holder) DO UPDATE SET "
+    f"held = {HOLDS}.held + excluded.held, until_at = CASE WHEN excluded.until_at > "
+    f"{HOLDS}.until_at THEN excluded.until_at ELSE {HOLDS}.until_at END"
+)
+_HOLDS_OF: Final = (
+    f"SELECT name, held, resolved, started FROM {HOLDS} WHERE holder = ? AND name IN ({{}})"
+)
+_SET_HOLD: Final = (
+    f"UPDATE {HOLDS} SET held = ?, resolved = ?, started = ? WHERE name = ? AND holder = ?"
+)
+_EXPIRED: Final = f"SELECT name, holder, held FROM {HOLDS} WHERE until_at <= ? ORDER BY name"
+_DROP_HOLD: Final = f"DELETE FROM {HOLDS} WHERE name = ? AND holder = ? AND held = ?"
+
+
+def _charge(now: str) -> str:
+    # Held starts resolved (parameters: dr twice), begun ones charged at
+    # their time (ds, when, when, when, ds, step; ``when`` is ``now - ago``).
+    return (
+        f"UPDATE {DESTINATIONS_TABLE} SET "
+        "rate_held = CASE WHEN rate_held > ? THEN rate_held - ? ELSE 0 END, "
+        "rate_tat = CASE WHEN ? > 0 THEN (CASE WHEN rate_tat IS NULL OR rate_tat < "
+        f"{now} - ? THEN {now} - ? ELSE rate_tat END) + ? * ? ELSE rate_tat END "
+        "WHERE name = ?"
+    )
+
+
+@functools.cache
+def _sync_at_once(arrays: ArrayForms, clock: str, lock: str) -> str:
+    """The sync of one holder in one statement, where ``WITH`` may write
+    (PostgreSQL): the state rows of the destinations sent (arrays of name,
+    resolved, started, ago, step) locked in name order, passing over those
+    another claim holds; the holder's rows and the state rows moved as
+    :meth:`Pins.sync` does (``lock``: the dialect's skipping lock clause).
+    Answers the names it locked. Parameters: the
+    five arrays, then the holder twice."""
+    sent = arrays.rows(("text", "int8", "int8", "float8", "float8"))
+    return (
+        f"WITH s(name, resolved, started, ago, step) AS ({sent}), "
+        f"d AS MATERIALIZED (SELECT name FROM {DESTINATIONS_TABLE} "
+        f"WHERE name IN (SELECT name FROM s) ORDER BY name{lock}), "
+        "h AS (SELECT h.name, LEAST(h.held, GREATEST(0, s.resolved - h.resolved)) AS dr, "
+        "GREATEST(0, s.started - h.started) AS ds, s.resolved, s.started, s.ago, s.step "
+        f"FROM {HOLDS} h JOIN s ON s.name = h.name "
+        "WHERE h.holder = ? AND h.name IN (SELECT name FROM d)), "
+        f"u AS (UPDATE {HOLDS} t SET held = t.held - h.dr, resolved = h.resolved, "
+        "started = h.started FROM h WHERE t.name = h.name AND t.holder = ?), "
+        f"v AS (UPDATE {DESTINATIONS_TABLE} t SET rate_held = GREATEST(0, t.rate_held - h.dr), "
+        "rate_tat = CASE WHEN h.ds > 0 THEN GREATEST(COALESCE(t.rate_tat, 0), "
+        f"{clock} - h.ago) + h.ds * h.step ELSE t.rate_tat END FROM h WHERE t.name = h.name) "
+        "SELECT name FROM d"
+    )
+
+
+def _lock(dialect_lock: str, count: int) -> str:
+    return (
+        f"SELECT name FROM {DESTINATIONS_TABLE} WHERE name IN ({', '.join('?' * count)}) "
+        f"ORDER BY name{dialect_lock}"
+    )
+
+
+@dataclasses.dataclass
+class _Totals:
+    """One destination's held starts, as one holder resolved them."""
+
+    resolved: int = 0
+    started: int = 0
+    began_at: float = 0.0
+    """When the latest of them began (``time.monotonic``)."""
+
+
+def held_starts(policies: Mapping[str, Destination]) -> Pins | None:
+    """The :class:`Pins` of a worker that holds rows ahead under
+    ``policies``; None where no destination has a rate."""
+    if not any(policy.gcra_rate is not None for policy in policies.values()):
+        return None
+
+    def step(name: str) -> float | None:
+        rate = policy_for(policies, name).gcra_rate
+        return None if rate is None else rate.interval
+
+    return Pins(step)
+
+
+class Pins:
+    """The held starts of one worker (one holder): which of its claims are
+    held, and what it owes the store. ``step(name)`` is the rate's interval
+    of destination ``name`` (None: no rate, nothing held)."""
+
+    def __init__(self, step: Callable[[str], float | None]) -> None:
+        self.step = step
+        self.holder = uuid.uuid4().hex
+        self._held: dict[str, tuple[str, str]] = {}
+        """Held claims of this worker: dispatch id -> (holder, destination)."""
+        self._totals: dict[tuple[str, str], _Totals] = {}
+        self._dirty: set[tuple[str, str]] = set()
+        """(holder, destination) whose totals the store may not have yet."""
+        self._rotate = False
+        self._reaped_at = float("-inf")
+
+    def __len__(self) -> int:
+        """Held claims not yet resolved."""
+        return len(self._held)
+
+    # -- the worker's side (event loop) ------------------------------------
+
+    def claimed(self, claims: Iterable[Claim]) -> None:
+        """Claims the worker received: those of rated destinations are held
+        (the claim admitted them so)."""
+        for claim in claims:
+            if self.step(claim.deliver_to) is not None:
+                self._held[claim.dispatch_id] = (self.holder, claim.deliver_to)
+
+    def began(self, claim: Claim) -> None:
+        """``claim``'s attempt begins now."""
+        self._resolve(claim, began=True)
+
+    def dropped(self, claims: Iterable[Claim]) -> None:
+        """``claims`` are given back, never begun."""
+        for claim in claims:
+            self._resolve(claim, began=False)
+
+    def failed(self) -> None:
+        """A write failed: its outcome may be unknown (a claim committed
+        whose claims never came back would hold starts no one resolves).
+        Every total is sent again, and the holder is replaced once none of
+        its held claims is left, so its row ends with its lease."""
+        self._dirty.update(self._totals)
+        self._rotate = True
+
+    def _resolve(self, claim: Claim, *, began: bool) -> None:
+        found = self._held.pop(claim.dispatch_id, None)
+        if found is None:
+            return
+        totals = self._totals.setdefault(found, _Totals())
+        totals.resolved += 1
+        if began:
+            totals.started += 1
+            totals.began_at = time.monotonic()
+        self._dirty.add(found)
+
+    # -- the store's side (inside a claim's write transaction) -------------
+
+    def totals(self, name: str) -> tuple[int, int]:
+        """This holder's held starts of ``name`` resolved and begun so far:
+        where a claim makes its row, what it starts from."""
+        found = self._totals.get((self.holder, name))
+        return (0, 0) if found is None else (found.resolved, found.started)
+
+    def admitted(self, conn: Conn, taken: dict[str, int], until: float) -> None:
+        """Record ``taken`` held starts per destination, admitted by this
+        transaction's claim (the state rows' ``rate_held`` moved already),
+        on this holder's rows, with the claim's lease end ``until``."""
+        rows = []
+        for name in sorted(taken):
+            if taken[name]:
+                rows.append((name, self.holder, taken[name], *self.totals(name), until))
+        if rows:
+            conn.executemany(_UPSERT_HOLD, rows)
+
+    def sync(self, conn: Conn, at: float) -> None:
+        """Write what this worker owes the store (see the module docstring),
+        and every :data:`REAP_EVERY` seconds reap dead holders' rows; ``at``
+        is the claim's time (the worker's clock)."""
+        if self._rotate and not self._held:
+            self.holder = uuid.uuid4().hex
+            self._rotate = False
+        if self._dirty:
+            for holder in sorted({holder for holder, _ in self._dirty}):
+                self._sync_holder(conn, holder, at)
+        if at - self._reaped_at >= REAP_EVERY:
+            self._reaped_at = at
+            self.reap(conn, at)
+
+    def _sync_holder(self, conn: Conn, holder: str, at: float) -> None:
+        names = sorted(name for owner, name in self._dirty if owner == holder)
+        dialect = conn.dialect
+        if dialect.arrays is not None and dialect.clock:
+            moment = time.monotonic()
+            columns: list[list[object]] = [[], [], [], [], []]
+            for name in names:
+                totals = self._totals[(holder, name)]
+                sent = (
+                    name,
+                    totals.resolved,
+                    totals.started,
+                    max(0.0, moment - totals.began_at),
+                    self.step(name) or 0.0,
+                )
+                for column, value in zip(columns, sent, strict=True):
+                    column.append(value)
+            statement = _sync_at_once(dialect.arrays, dialect.clock, dialect.lock_clause)
+            locked = conn.query(statement, (*columns, holder, holder))
+            self._sent(holder, [str(row["name"]) for row in locked])
+            return
+        if dialect.lock_clause:
+            # Passed over where another claim holds the state row: sent again.
+            locking = _lock(dialect.lock_clause, len(names))
+            names = [str(row["name"]) for row in conn.query(locking, names)]
+            if not names:
+                return
+        found = conn.query(_HOLDS_OF.format(", ".join("?" * len(names))), (holder, *names))
+        now = dialect.clock or "?"
+        holds: list[tuple[object, ...]] = []
+        charges: list[tuple[object, ...]] = []
+        moment = time.monotonic()
+        for row in found:
+            name = str(row["name"])
+            totals = self._totals[(holder, name)]
+            held = int(row["held"])
+            resolved = min(held, max(0, totals.resolved - int(row["resolved"])))
+            started = max(0, totals.started - int(row["started"]))
+            holds.append((held - resolved, totals.resolved, totals.started, name, holder))
+            step = self.step(name) or 0.0
+            ago = max(0.0, moment - totals.began_at)
+            times = (ago, ago) if dialect.clock else (at, ago, at, ago)
+            charges.append((resolved, resolved, started, *times, started, step, name))
+        if holds:
+            conn.executemany(_SET_HOLD, holds)
+            conn.executemany(_charge(now), charges)
+        self._sent(holder, names)
+
+    def _sent(self, holder: str, names: Iterable[str]) -> None:
+        # Sent (a rollback re-marks them through failed()); a row that is
+        # gone was reaped: its starts were charged in full already.
+        self._dirty.difference_update((holder, name) for name in names)
+        if holder != self.holder:
+            self._forget(holder)
+
+    def _forget(self, holder: str) -> None:
+        """Drop a replaced holder's totals once none of its claims is held."""
+        if not any(owner == holder for owner, _ in self._held.values()) and not any(
+            owner == holder for owner, _ in self._dirty
+        ):
+            for key in [key for key in self._totals if key[0] == holder]:
+                del self._totals[key]
+
+    def reap(self, conn: Conn, at: float) -> int:
+        """Charge and remove the rows of holders whose last lease ended more
+        than :data:`REAP_MARGIN` ago (a dead worker's): their held starts
+        count as begun now. Returns the rows reaped."""
+        expired = conn.query(_EXPIRED, (at - REAP_MARGIN,))
+        if not expired:
+            return 0
+        dialect = conn.dialect
+        names = sorted({str(row["name"]) for row in expired})
+        if dialect.lock_clause:
+            locking = _lock(dialect.lock_clause, len(names))
+            locked = {str(row["name"]) for row in conn.query(locking, names)}
+        else:
+            locked = set(names)
+        now = dialect.clock or "?"
+        reaped = 0
+        for row in expired:
+            name, holder, held = str(row["name"]), str(row["holder"]), int(row["held"])
+            if name not in locked:
+                continue
+            if conn.execute(_DROP_HOLD, (name, holder, held)) != 1:
+                continue  # its holder wrote meanwhile: alive after all
+            reaped += 1
+            step = self.step(name) or 0.0
+            times = (0.0, 0.0) if dialect.clock else (at, 0.0, at, 0.0)
+            charge = (held, held, held, *times, held, step, name)
+            conn.execute(_charge(now), charge)
+        return reaped
