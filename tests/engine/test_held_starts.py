@@ -15,7 +15,7 @@ import pytest
 from trio_dispatch import Destination
 from trio_dispatch.outbox import Claim, claim_due
 from trio_dispatch.outbox.claim import claim_rules
-from trio_dispatch.outbox.claim.pins import REAP_MARGIN, Pins, held_starts
+from trio_dispatch.outbox.claim.pins import REAP_MARGIN, SEND_EVERY, Pins, held_starts
 from trio_dispatch.store import SQLiteStore
 
 from ..conftest import RawDB
@@ -48,14 +48,19 @@ def clock_now(raw: RawDB) -> float:
     return NOW
 
 
-def new_pins() -> Pins:
-    pins = held_starts(POLICIES)
+def new_pins(policies: dict[str, Destination] = POLICIES) -> Pins:
+    pins = held_starts(policies)
     assert pins is not None
     return pins
 
 
-async def claim(store: SQLiteStore, pins: Pins | None, limit: int) -> list[Claim]:
-    rules = claim_rules(destinations=POLICIES, pins=pins)
+async def claim(
+    store: SQLiteStore,
+    pins: Pins | None,
+    limit: int,
+    policies: dict[str, Destination] = POLICIES,
+) -> list[Claim]:
+    rules = claim_rules(destinations=policies, pins=pins)
     claims, _ = await claim_due(store, now=NOW, limit=limit, lease_seconds=LEASE, rules=rules)
     if pins is not None:
         pins.claimed(claims)
@@ -179,3 +184,32 @@ async def test_a_record_passes_over_a_state_row_another_claim_holds_and_comes_ag
     await record(store, pins)
     assert state(raw)[0] == 1
     assert holds(raw) == [(pins.holder, 1, 1, 1)]
+
+
+async def test_resolved_held_starts_are_sent_a_quarter_of_the_burst_at_a_time_or_soon(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    """Sending each resolution at once would cost every write a statement: a
+    destination's are sent once a quarter of its burst is resolved, or
+    SEND_EVERY seconds after its last send. Until then they stay counted as
+    held: less room for a moment, never more."""
+    policies = {"api": Destination(rate="1/h", burst=8)}
+    fill(raw, "api", 6, T0, step=1.0)
+    pins = new_pins(policies)
+    claims = await claim(store, pins, 4, policies)
+    pins.began(claims[0])
+    await record(store, pins)  # the first is sent at once
+    assert state(raw)[0] == 3
+    pins.began(claims[1])
+    await record(store, pins)  # 1 of the 2 it waits for
+    assert state(raw)[0] == 3
+    pins.began(claims[2])
+    await record(store, pins)  # a quarter of the burst: sent
+    assert state(raw)[0] == 1
+    pins.began(claims[3])
+    await record(store, pins)
+    assert state(raw)[0] == 1
+    await anyio.sleep(SEND_EVERY)
+    await record(store, pins)  # sent once SEND_EVERY went by
+    assert state(raw)[0] == 0
+    assert holds(raw) == [(pins.holder, 0, 4, 4)]

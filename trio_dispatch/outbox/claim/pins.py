@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from ..transitions import Claim
 
 HOLDS: Final = DESTINATION_HOLDS_TABLE
+SEND_EVERY: Final = 0.05
+"""Seconds at most between the sends of a destination's resolved held
+starts, while fewer than a quarter of its burst wait to be sent."""
 REAP_EVERY: Final = 5.0
 """Seconds between a worker's looks for the rows of dead holders."""
 REAP_MARGIN: Final = 1.0
@@ -129,26 +132,31 @@ def held_starts(policies: Mapping[str, Destination]) -> Pins | None:
     if not any(policy.gcra_rate is not None for policy in policies.values()):
         return None
 
-    def step(name: str) -> float | None:
-        rate = policy_for(policies, name).gcra_rate
-        return None if rate is None else rate.interval
+    def rate(name: str) -> tuple[float, int] | None:
+        policy = policy_for(policies, name)
+        rate = policy.gcra_rate
+        return None if rate is None else (rate.interval, policy.burst)
 
-    return Pins(step)
+    return Pins(rate)
 
 
 class Pins:
     """The held starts of one worker (one holder): which of its claims are
-    held, and what it owes the store. ``step(name)`` is the rate's interval
-    of destination ``name`` (None: no rate, nothing held)."""
+    held, and what it owes the store. ``rate(name)`` is the interval and
+    the burst of destination ``name``'s rate (None: no rate, nothing held)."""
 
-    def __init__(self, step: Callable[[str], float | None]) -> None:
-        self.step = step
+    def __init__(self, rate: Callable[[str], tuple[float, int] | None]) -> None:
+        self.rate = rate
         self.holder = uuid.uuid4().hex
         self._held: dict[str, tuple[str, str]] = {}
         """Held claims of this worker: dispatch id -> (holder, destination)."""
         self._totals: dict[tuple[str, str], _Totals] = {}
-        self._dirty: set[tuple[str, str]] = set()
-        """(holder, destination) whose totals the store may not have yet."""
+        self._dirty: dict[tuple[str, str], int] = {}
+        """(holder, destination) whose totals the store may not have yet ->
+        how many held starts were resolved since they were last sent."""
+        self._urgent = False
+        """Send every total at the next sync (a failed write, a give-back)."""
+        self._sent_at: dict[tuple[str, str], float] = {}
         self._rotate = False
         self._reaped_at = float("-inf")
 
@@ -162,7 +170,7 @@ class Pins:
         """Claims the worker received: those of rated destinations are held
         (the claim admitted them so)."""
         for claim in claims:
-            if self.step(claim.deliver_to) is not None:
+            if self.rate(claim.deliver_to) is not None:
                 self._held[claim.dispatch_id] = (self.holder, claim.deliver_to)
 
     def began(self, claim: Claim) -> None:
@@ -173,13 +181,16 @@ class Pins:
         """``claims`` are given back, never begun."""
         for claim in claims:
             self._resolve(claim, began=False)
+        self._urgent = True
 
     def failed(self) -> None:
         """A write failed: its outcome may be unknown (a claim committed
         whose claims never came back would hold starts no one resolves).
         Every total is sent again, and the holder is replaced once none of
         its held claims is left, so its row ends with its lease."""
-        self._dirty.update(self._totals)
+        for key in self._totals:
+            self._dirty.setdefault(key, 0)
+        self._urgent = True
         self._rotate = True
 
     def _resolve(self, claim: Claim, *, began: bool) -> None:
@@ -191,7 +202,7 @@ class Pins:
         if began:
             totals.started += 1
             totals.began_at = time.monotonic()
-        self._dirty.add(found)
+        self._dirty[found] = self._dirty.get(found, 0) + 1
 
     # -- the store's side (inside a claim's write transaction) -------------
 
@@ -219,15 +230,34 @@ class Pins:
         if self._rotate and not self._held:
             self.holder = uuid.uuid4().hex
             self._rotate = False
-        if self._dirty:
-            for holder in sorted({holder for holder, _ in self._dirty}):
-                self._sync_holder(conn, holder, at)
+        due = self._due()
+        for holder in sorted({holder for holder, _ in due}):
+            self._sync_holder(
+                conn, holder, sorted(name for owner, name in due if owner == holder), at
+            )
         if at - self._reaped_at >= REAP_EVERY:
             self._reaped_at = at
             self.reap(conn, at)
 
-    def _sync_holder(self, conn: Conn, holder: str, at: float) -> None:
-        names = sorted(name for owner, name in self._dirty if owner == holder)
+    def _due(self) -> list[tuple[str, str]]:
+        """The totals to send now: all after a failed write or a give-back;
+        else each destination's once a quarter of its burst (at least one)
+        was resolved since it was last sent, or :data:`SEND_EVERY` seconds
+        after that. Until sent, the resolved starts stay counted as held:
+        other claims see at most that much less room, never more."""
+        if self._urgent:
+            self._urgent = False
+            return list(self._dirty)
+        moment = time.monotonic()
+        due = []
+        for key, resolved in self._dirty.items():
+            rate = self.rate(key[1])
+            enough = max(1, (rate[1] if rate is not None else 1) // 4)
+            if resolved >= enough or moment - self._sent_at.get(key, -SEND_EVERY) >= SEND_EVERY:
+                due.append(key)
+        return due
+
+    def _sync_holder(self, conn: Conn, holder: str, names: list[str], at: float) -> None:
         dialect = conn.dialect
         if dialect.arrays is not None and dialect.clock:
             moment = time.monotonic()
@@ -239,7 +269,7 @@ class Pins:
                     totals.resolved,
                     totals.started,
                     max(0.0, moment - totals.began_at),
-                    self.step(name) or 0.0,
+                    self._interval(name),
                 )
                 for column, value in zip(columns, sent, strict=True):
                     column.append(value)
@@ -265,7 +295,7 @@ class Pins:
             resolved = min(held, max(0, totals.resolved - int(row["resolved"])))
             started = max(0, totals.started - int(row["started"]))
             holds.append((held - resolved, totals.resolved, totals.started, name, holder))
-            step = self.step(name) or 0.0
+            step = self._interval(name)
             ago = max(0.0, moment - totals.began_at)
             times = (ago, ago) if dialect.clock else (at, ago, at, ago)
             charges.append((resolved, resolved, started, *times, started, step, name))
@@ -274,10 +304,17 @@ class Pins:
             conn.executemany(_charge(now), charges)
         self._sent(holder, names)
 
+    def _interval(self, name: str) -> float:
+        rate = self.rate(name)
+        return 0.0 if rate is None else rate[0]
+
     def _sent(self, holder: str, names: Iterable[str]) -> None:
         # Sent (a rollback re-marks them through failed()); a row that is
         # gone was reaped: its starts were charged in full already.
-        self._dirty.difference_update((holder, name) for name in names)
+        moment = time.monotonic()
+        for name in names:
+            self._dirty.pop((holder, name), None)
+            self._sent_at[(holder, name)] = moment
         if holder != self.holder:
             self._forget(holder)
 
@@ -288,6 +325,7 @@ class Pins:
         ):
             for key in [key for key in self._totals if key[0] == holder]:
                 del self._totals[key]
+                self._sent_at.pop(key, None)
 
     def reap(self, conn: Conn, at: float) -> int:
         """Charge and remove the rows of holders whose last lease ended more
@@ -312,7 +350,7 @@ class Pins:
             if conn.execute(_DROP_HOLD, (name, holder, held)) != 1:
                 continue  # its holder wrote meanwhile: alive after all
             reaped += 1
-            step = self.step(name) or 0.0
+            step = self._interval(name)
             times = (0.0, 0.0) if dialect.clock else (at, 0.0, at, 0.0)
             charge = (held, held, held, *times, held, step, name)
             conn.execute(_charge(now), charge)
