@@ -165,6 +165,12 @@ def test_pause_for_a_duration_then_resume_round_trip(
         "partner back",
         actor("resume"),
     )
+    # Starts claimed ahead by workers and not yet begun count as spent.
+    raw.execute("UPDATE dispatch_destinations SET rate_held = 3 WHERE name = 'billing'")
+    shown = cli(config, "show", "billing").stdout
+    assert "7 of 10 (3 claimed ahead, not yet begun)" in shown, shown
+    assert listed(config)["billing"]["starts_held"] == 3
+    raw.execute("UPDATE dispatch_destinations SET rate_held = 0 WHERE name = 'billing'")
     # Not paused: nothing to do, said plainly, exit 0 (as schedules resume does).
     again = cli(config, "resume", "billing")
     assert again.returncode == 0
