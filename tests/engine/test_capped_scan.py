@@ -127,21 +127,22 @@ class Reads:
         return result, after - before
 
 
-def all_visible(raw: RawDB) -> None:
-    """Vacuum and analyze the outbox table, again for up to 2 s while its
+def all_visible(raw: RawDB) -> bool:
+    """Vacuum and analyze the outbox table, again for up to 10 s while its
     visibility map covers less than 99% of its pages: a vacuum leaves a page
     out while a transaction that may see its rows as new is open, and the
     index-only reads then fetch each heap tuple (512 tuples against 246).
-    Past 2 s the test goes on with what the vacuums marked (an open
-    transaction elsewhere may hold them back for longer)."""
-    for _ in range(20):
+    False if it still does not (a transaction elsewhere on a busy server,
+    a CI run's other tests, held the vacuums back all that time)."""
+    for _ in range(100):
         raw.execute("VACUUM ANALYZE dispatch_outbox")
         if raw.scalar(
             "SELECT relallvisible >= 0.99 * relpages FROM pg_class "
             "WHERE oid = 'dispatch_outbox'::regclass"
         ):
-            return
+            return True
         time.sleep(0.1)
+    return False
 
 
 def _scan(caps: DestinationCaps, limit: int) -> Any:
@@ -172,7 +173,8 @@ async def test_a_capped_destinations_backlog_adds_nothing_to_what_a_scan_reads(
         # visibility map set, as its vacuum sets it, so that the count does
         # not depend on whether autovacuum got there first (index-only
         # reads of fresh rows fetch each one's heap tuple: 522 against 306).
-        all_visible(raw)
+        if not all_visible(raw):
+            pytest.skip("the server's vacuums could not mark the table visible in 10 s")
     (claimed_behind, due_behind), behind = reads.counted(_scan(capped("hung"), 8))
     assert (claimed_behind, due_behind) == (claimed, due)
     # Walking the backlog reads every row of it (SQLite: 2,520 hundreds of

@@ -157,6 +157,7 @@ class Pins:
         self._urgent = False
         """Send every total at the next sync (a failed write, a give-back)."""
         self._sent_at: dict[tuple[str, str], float] = {}
+        self.send_every = SEND_EVERY
         self._rotate = False
         self._reaped_at = float("-inf")
 
@@ -253,7 +254,8 @@ class Pins:
         for key, resolved in self._dirty.items():
             rate = self.rate(key[1])
             enough = max(1, (rate[1] if rate is not None else 1) // 4)
-            if resolved >= enough or moment - self._sent_at.get(key, -SEND_EVERY) >= SEND_EVERY:
+            last = self._sent_at.get(key)
+            if resolved >= enough or last is None or moment - last >= self.send_every:
                 due.append(key)
         return due
 
