@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import random
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,8 +76,12 @@ class Reads:
     store's units of work see it, and a count of what the engine does for
     the statements of one transaction (rolled back after)."""
 
-    counters = "pg_stat_get_xact_tuples_returned(oid) + pg_stat_get_xact_tuples_fetched(oid)"
-    """What PostgreSQL counts, per relation (the outbox table and its indexes)."""
+    counters = "pg_stat_get_xact_tuples_returned(oid)"
+    """What PostgreSQL counts, per relation (the outbox table and its indexes):
+    the entries its scans return -- an index's entries read, a sequential
+    scan's rows -- not the heap tuples fetched for them, which an
+    index-only read fetches or not as the visibility map stands (on a busy
+    server, vacuums held back by others' transactions leave it unset)."""
 
     def __init__(self, raw: RawDB) -> None:
         self.target = str(raw.target)
@@ -127,22 +130,11 @@ class Reads:
         return result, after - before
 
 
-def all_visible(raw: RawDB) -> bool:
-    """Vacuum and analyze the outbox table, again for up to 10 s while its
-    visibility map covers less than 99% of its pages: a vacuum leaves a page
-    out while a transaction that may see its rows as new is open, and the
-    index-only reads then fetch each heap tuple (512 tuples against 246).
-    False if it still does not (a transaction elsewhere on a busy server,
-    a CI run's other tests, held the vacuums back all that time)."""
-    for _ in range(100):
-        raw.execute("VACUUM ANALYZE dispatch_outbox")
-        if raw.scalar(
-            "SELECT relallvisible >= 0.99 * relpages FROM pg_class "
-            "WHERE oid = 'dispatch_outbox'::regclass"
-        ):
-            return True
-        time.sleep(0.1)
-    return False
+def analyzed(raw: RawDB) -> None:
+    """Vacuum and analyze the outbox table, as autovacuum does after a burst
+    of inserts: statistics of the nearly empty table would plan every
+    statement (the claim's UPDATE by id too) as a sequential scan."""
+    raw.execute("VACUUM ANALYZE dispatch_outbox")
 
 
 def _scan(caps: DestinationCaps, limit: int) -> Any:
@@ -167,21 +159,19 @@ async def test_a_capped_destinations_backlog_adds_nothing_to_what_a_scan_reads(
     assert sorted(claimed) == ["ok-0"] * 2 + ["ok-1"] * 2 + ["ok-2"] * 2
     fill(raw, "hung", 50_000, T0)
     if reads.postgres:
-        # What autovacuum does after such a burst: statistics of the nearly
-        # empty table would plan every statement (the claim's UPDATE by id
-        # too) as a sequential scan, whichever scan chose the rows; and the
-        # visibility map set, as its vacuum sets it, so that the count does
-        # not depend on whether autovacuum got there first (index-only
-        # reads of fresh rows fetch each one's heap tuple: 522 against 306).
-        if not all_visible(raw):
-            pytest.skip("the server's vacuums could not mark the table visible in 10 s")
+        analyzed(raw)
     (claimed_behind, due_behind), behind = reads.counted(_scan(capped("hung"), 8))
     assert (claimed_behind, due_behind) == (claimed, due)
     # Walking the backlog reads every row of it (SQLite: 2,520 hundreds of
     # steps, 148 times the scan without it; PostgreSQL: 100,154 tuples); the
     # bounded scan reads a window of the due index and the head of each
-    # destination (33 against 21; 306 tuples against 246).
-    assert behind <= 2 * without, (behind, without)
+    # destination (33 against 21; 141 entries against 126). On a busy
+    # PostgreSQL server the vacuum cannot remove the index entries the
+    # first count's rolled-back claim left while others' snapshots may see
+    # them, and the second count reads them too (299 against 126 at load
+    # 4): a few hundred, where walking the backlog reads 100,000.
+    bound = without + 1_000 if reads.postgres else 2 * without
+    assert behind <= bound, (behind, without)
 
 
 @pytest.mark.anyio
