@@ -16,7 +16,7 @@ from trio_dispatch.outbox import claim_due
 from trio_dispatch.outbox.claim import ClaimRules, claim_rules
 from trio_dispatch.outbox.claim.fair import RELOOK_TURNS
 from trio_dispatch.store import SQLiteStore
-from trio_dispatch.worker.finisher import MOST_AHEAD
+from trio_dispatch.worker.finisher import MOST_AHEAD, MOST_AHEAD_ONE_WRITER
 
 from ..conftest import RawDB
 from .test_capped_scan import fill
@@ -193,3 +193,31 @@ async def test_an_enqueue_is_heard_before_its_write_and_a_transactions_only_at_i
         remove()
     await enqueue_dispatch(store, kind="k", deliver_to="b")
     assert seen == [0, 1, 3]
+
+
+async def test_a_worker_holds_128_rows_ahead_where_writers_run_side_by_side_64_on_one_writer(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    """PostgreSQL's writers run side by side, and a deeper write costs a
+    newcomer nothing there; SQLite's take turns on one writer, where a
+    newcomer's enqueue waits for the write under way (docs/performance.md)."""
+    await enqueue_many(store, [{"kind": "k", "deliver_to": "a"} for _ in range(300)])
+    gate = anyio.Event()
+
+    async def send(delivery: Delivery) -> None:
+        await gate.wait()
+
+    worker = DispatchWorker(store, transport=send, concurrency=1, tick_seconds=0.05)
+    expected = MOST_AHEAD if str(raw.target).startswith("postgres") else MOST_AHEAD_ONE_WRITER
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        with anyio.fail_after(30):
+            while worker.statistics().held_ahead < expected:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.2)  # no more than that, however long it waits
+        assert worker.statistics().held_ahead == expected
+        assert raw.scalar("SELECT COUNT(*) FROM dispatch_outbox WHERE status = 'delivering'") == (
+            expected + 1
+        )
+        gate.set()
+        tg.cancel_scope.cancel()

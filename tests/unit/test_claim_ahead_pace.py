@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from trio_dispatch.worker.finisher import MOST_AHEAD, Pace, most_ahead
+from trio_dispatch.worker.finisher import MOST_AHEAD, MOST_AHEAD_ONE_WRITER, Pace, most_ahead
 
 
-def test_the_most_held_ahead_is_64_or_twice_the_concurrency() -> None:
-    assert most_ahead(1) == most_ahead(16) == MOST_AHEAD == 64
-    assert most_ahead(64) == 128
+def test_the_most_held_ahead_is_128_or_64_on_one_writer_or_twice_the_concurrency() -> None:
+    assert most_ahead(1) == most_ahead(16) == MOST_AHEAD == 128
+    assert most_ahead(64) == 128 and most_ahead(100) == 200
+    assert most_ahead(1, True) == most_ahead(16, True) == MOST_AHEAD_ONE_WRITER == 64
+    assert most_ahead(64, True) == 128
 
 
 def test_short_attempts_hold_the_most_ahead() -> None:

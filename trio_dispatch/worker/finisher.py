@@ -51,12 +51,19 @@ AHEAD_SHARE_OF_MARGIN: Final = 0.25
 """The wait a row held ahead may expect for its slot, as a share of the
 lease's margin (the lease less the transport's timeout): at most this
 wait's worth of attempts is held ahead (:meth:`Pace.ahead_rows`)."""
-MOST_AHEAD: Final = 64
-"""Rows held ahead at most: the larger of this and twice ``concurrency``.
-Measured on PostgreSQL at concurrency 16 (no-op drains, 3 pairs at load
-3): 64 held ahead gave 2,114-3,038 deliveries/s and 163-177 us of client
-CPU a delivery, against 1,192-2,485/s and 183-267 us with 16 (more ends and
-claims a transaction)."""
+MOST_AHEAD: Final = 128
+"""Rows held ahead at most where writers run side by side (PostgreSQL):
+the larger of this and twice ``concurrency``. Measured at concurrency 16
+(no-op drains, 3 pairs at load 3): 64 held ahead gave 2,114-3,038
+deliveries/s and 163-177 us of client CPU a delivery, against
+1,192-2,485/s and 183-267 us with 16 (more ends and claims a
+transaction); the postgres section, 3 rounds at load 0.8-1.3: 128 gave
+1.23x pgqueuer's defaults (1.20-1.30) where 64 gave 1.06x (1.01-1.07),
+a newcomer's start beside a backlog unchanged (1.14x of alone)."""
+MOST_AHEAD_ONE_WRITER: Final = 64
+"""The same where every write takes its turn on one writer (SQLite): a
+newcomer's enqueue waits for the write under way, whose length grows with
+the rows held ahead (128 made its start 10.1x of alone, 64 6.5x)."""
 PACE_WEIGHT: Final = 0.2
 """The weight of the latest attempt in the mean duration (an exponential mean)."""
 
@@ -75,9 +82,10 @@ class End:
     effects: Effects = dataclasses.field(default_factory=Effects)
 
 
-def most_ahead(concurrency: int) -> int:
-    """How many rows a worker of ``concurrency`` slots may hold ahead."""
-    return max(MOST_AHEAD, 2 * concurrency)
+def most_ahead(concurrency: int, one_writer: bool = False) -> int:
+    """How many rows a worker of ``concurrency`` slots may hold ahead, on a
+    store whose writes take turns on ``one_writer`` or not."""
+    return max(MOST_AHEAD_ONE_WRITER if one_writer else MOST_AHEAD, 2 * concurrency)
 
 
 class Pace:

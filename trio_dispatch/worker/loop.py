@@ -322,7 +322,8 @@ class DispatchWorker:
         """The run itself: the transport opened, the listener and the claim
         loop started, and on the way out the deliveries stopped."""
         tracing.warm()
-        await prepare_store(self.db, self.settings, self.log)
+        one_writer = await prepare_store(self.db, self.settings, self.log)
+        self._slots.ahead_capacity = most_ahead(self.settings.concurrency, one_writer)
         async with AsyncExitStack() as stack:
             if needs_asyncio_loop(self.transport) and sniffio.current_async_library() == "trio":
                 import trio_asyncio  # imported only when needed (~0.1 s)
