@@ -132,9 +132,9 @@ async def test_a_rolled_back_record_is_sent_again_and_applied_once(
     assert held == 0
     assert tat is not None and tat <= clock_now(raw) + 2 * HOUR
     assert holds(raw) == [(holder, 0, 2, 2)]
-    # With none of its claims held, the worker took a fresh holder: a claim
-    # whose outcome the failure hid would leave starts on the old row only,
-    # which ends with its lease.
+    # After the failure the worker took a fresh holder: a claim whose
+    # outcome the failure hid would leave starts on the old row only, which
+    # ends with its lease.
     assert pins.holder != holder
 
 
@@ -180,6 +180,9 @@ async def test_a_record_passes_over_a_state_row_another_claim_holds_and_comes_ag
         assert time.monotonic() - started < 2
         assert state(raw)[0] == 2
     finally:
+        # A rollback answered by the server has released the lock (a close
+        # alone may leave the backend holding it a moment longer).
+        await anyio.to_thread.run_sync(other.rollback)
         await anyio.to_thread.run_sync(other.close)
     await record(store, pins)
     assert state(raw)[0] == 1
@@ -215,3 +218,41 @@ async def test_resolved_held_starts_are_sent_a_quarter_of_the_burst_at_a_time_or
     await record(store, pins)  # sent once its time went by
     assert state(raw)[0] == 0
     assert holds(raw) == [(pins.holder, 0, 4, 4)]
+
+
+async def test_held_starts_a_claim_admitted_but_did_not_claim_are_uncounted_at_once(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    """A row admitted as a held start whose claim did not apply (another
+    claimant's, an unreadable row dead-lettered instead) never reaches the
+    worker: its count goes in the claim's own transaction."""
+    fill(raw, "api", 3, T0, step=1.0)
+    pins = new_pins()
+    claims = await claim(store, pins, 3)
+    assert state(raw) == (3, None)
+
+    def one_of_three_not_claimed(conn: Any) -> None:
+        conn.execute("UPDATE dispatch_destinations SET rate_held = rate_held + 1")
+        conn.execute("UPDATE dispatch_destination_holds SET held = held + 1")
+        pins.made(conn, claims[:1], {"api": 2})
+
+    await store.write(one_of_three_not_claimed)
+    assert state(raw) == (3, None)
+    assert holds(raw) == [(pins.holder, 3, 0, 0)]
+
+
+async def test_claims_admitted_before_a_failed_write_resolve_on_their_own_holder(
+    store: SQLiteStore, raw: RawDB
+) -> None:
+    fill(raw, "api", 4, T0, step=1.0)
+    pins = new_pins()
+    first = pins.holder
+    claims = await claim(store, pins, 2)
+    pins.failed()  # another write failed before these claims reached the worker
+    assert pins.holder != first
+    later = await claim(store, pins, 1)
+    for each in [*claims, *later]:
+        pins.began(each)
+    await record(store, pins)
+    assert state(raw)[0] == 0
+    assert sorted(holds(raw)) == sorted([(first, 0, 2, 2), (pins.holder, 0, 1, 1)])

@@ -62,7 +62,7 @@ import functools
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ...destinations.policy import Destination, policy_for
 from ...destinations.state import (
@@ -83,6 +83,9 @@ from . import gcra, statements
 from .order import CLAIM_ORDER
 from .pins import Pins
 from .rules import Bounds, Claiming, ClaimRule
+
+if TYPE_CHECKING:
+    from ..transitions import Claim
 
 PASSED_OVER: Final = 8
 """Claims in a row that find a destination's state row held before one
@@ -283,6 +286,9 @@ class DestinationAdmission(ClaimRule):
         self.pins = pins
         """Where the claimant holds rows ahead of its slots: its rated rows
         are admitted as held starts (:mod:`.pins`)."""
+        self._holding: dict[str, int] = {}
+        """Held starts the claim under way admitted, by destination (the
+        store's writer thread makes one claim at a time)."""
         self._concurrency = any(p.concurrency is not None for p in self.policies.values())
         self._rated = any(p.gcra_rate is not None for p in self.policies.values())
         self._key = (tuple(sorted(self.policies.items())), id(pins))
@@ -310,6 +316,7 @@ class DestinationAdmission(ClaimRule):
     def sync(self, conn: Conn, at: float) -> None:
         """The starts this claimant held and began, or gave back (:mod:`.pins`)."""
         if self.pins is not None:
+            self._holding = {}
             self.pins.sync(conn, at)
 
     def _limited(self, name: str) -> bool:
@@ -470,13 +477,19 @@ class DestinationAdmission(ClaimRule):
             conn, locked, {n: k for n, k in taken.items() if n in locked}, first, claiming, now
         )
         if self.pins is not None:
-            rated = {
-                n: k
-                for n, k in taken.items()
-                if self.policy(n).gcra_rate is not None and n not in recorded
-            }
-            self.pins.admitted(conn, rated, claiming.lease_until)
+            rated = {n: k for n, k in taken.items() if self.policy(n).gcra_rate is not None}
+            self._holding = rated
+            self.pins.admitted(
+                conn, {n: k for n, k in rated.items() if n not in recorded}, claiming.lease_until
+            )
         return admitted
+
+    def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
+        """The held starts this claim admitted: those claimed noted for the
+        worker, the others (rows dead-lettered instead) uncounted (:mod:`.pins`)."""
+        if self.pins is not None and self._holding:
+            self.pins.made(conn, claims, self._holding)
+            self._holding = {}
 
     def _probe_row(
         self, conn: Conn, name: str, rows: Sequence[Row], claiming: Claiming
@@ -550,7 +563,7 @@ class DestinationAdmission(ClaimRule):
             record: tuple[Any, ...] = ()
             if held and dialect.arrays is not None:
                 assert self.pins is not None
-                record = (self.pins.holder, until)
+                record = (self.pins.current, until)
                 totals = [self.pins.totals(name) for name in names]
                 head = (*head, [t[0] for t in totals], [t[1] for t in totals])
             found = conn.query(statement, (*head, now, now, at, now, *record, at))

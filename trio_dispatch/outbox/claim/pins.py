@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -66,8 +67,20 @@ _HOLDS_OF: Final = (
 _SET_HOLD: Final = (
     f"UPDATE {HOLDS} SET held = ?, resolved = ?, started = ? WHERE name = ? AND holder = ?"
 )
-_EXPIRED: Final = f"SELECT name, holder, held FROM {HOLDS} WHERE until_at <= ? ORDER BY name"
-_DROP_HOLD: Final = f"DELETE FROM {HOLDS} WHERE name = ? AND holder = ? AND held = ?"
+_EXPIRED: Final = (
+    f"SELECT name, holder, held, until_at FROM {HOLDS} WHERE until_at <= ? ORDER BY name"
+)
+_DROP_HOLD: Final = (
+    f"DELETE FROM {HOLDS} WHERE name = ? AND holder = ? AND held = ? AND until_at = ?"
+)
+_UNHOLD_STATE: Final = (
+    f"UPDATE {DESTINATIONS_TABLE} SET rate_held = CASE WHEN rate_held > ? THEN rate_held - ? "
+    "ELSE 0 END WHERE name = ?"
+)
+_UNHOLD: Final = (
+    f"UPDATE {HOLDS} SET held = CASE WHEN held > ? THEN held - ? ELSE 0 END "
+    "WHERE name = ? AND holder = ?"
+)
 
 
 def _charge(now: str) -> str:
@@ -89,22 +102,25 @@ def _sync_at_once(arrays: ArrayForms, clock: str, lock: str) -> str:
     resolved, started, ago, step) locked in name order, passing over those
     another claim holds; the holder's rows and the state rows moved as
     :meth:`Pins.sync` does (``lock``: the dialect's skipping lock clause).
-    Answers the names it locked. Parameters: the
-    five arrays, then the holder twice."""
+    The state rows move by what the holder's rows did (a row a reaper
+    removed meanwhile moves nothing). Answers the names it locked.
+    Parameters: the five arrays, then the holder."""
     sent = arrays.rows(("text", "int8", "int8", "float8", "float8"))
     return (
         f"WITH s(name, resolved, started, ago, step) AS ({sent}), "
         f"d AS MATERIALIZED (SELECT name FROM {DESTINATIONS_TABLE} "
         f"WHERE name IN (SELECT name FROM s) ORDER BY name{lock}), "
         "h AS (SELECT h.name, LEAST(h.held, GREATEST(0, s.resolved - h.resolved)) AS dr, "
-        "GREATEST(0, s.started - h.started) AS ds, s.resolved, s.started, s.ago, s.step "
+        "GREATEST(0, s.started - h.started) AS ds, s.resolved, s.started, s.ago, s.step, "
+        "h.holder "
         f"FROM {HOLDS} h JOIN s ON s.name = h.name "
         "WHERE h.holder = ? AND h.name IN (SELECT name FROM d)), "
         f"u AS (UPDATE {HOLDS} t SET held = t.held - h.dr, resolved = h.resolved, "
-        "started = h.started FROM h WHERE t.name = h.name AND t.holder = ?), "
-        f"v AS (UPDATE {DESTINATIONS_TABLE} t SET rate_held = GREATEST(0, t.rate_held - h.dr), "
-        "rate_tat = CASE WHEN h.ds > 0 THEN GREATEST(COALESCE(t.rate_tat, 0), "
-        f"{clock} - h.ago) + h.ds * h.step ELSE t.rate_tat END FROM h WHERE t.name = h.name) "
+        "started = h.started FROM h WHERE t.name = h.name AND t.holder = h.holder "
+        "RETURNING h.name, h.dr, h.ds, h.ago, h.step), "
+        f"v AS (UPDATE {DESTINATIONS_TABLE} t SET rate_held = GREATEST(0, t.rate_held - u.dr), "
+        "rate_tat = CASE WHEN u.ds > 0 THEN GREATEST(COALESCE(t.rate_tat, 0), "
+        f"{clock} - u.ago) + u.ds * u.step ELSE t.rate_tat END FROM u WHERE t.name = u.name) "
         "SELECT name FROM d"
     )
 
@@ -143,13 +159,28 @@ def held_starts(policies: Mapping[str, Destination]) -> Pins | None:
 class Pins:
     """The held starts of one worker (one holder): which of its claims are
     held, and what it owes the store. ``rate(name)`` is the interval and
-    the burst of destination ``name``'s rate (None: no rate, nothing held)."""
+    the burst of destination ``name``'s rate (None: no rate, nothing held).
+
+    The event loop (claims received, attempts begun, give-backs) and the
+    store's writer thread (the claim's transaction) both use it: every
+    change of its state holds :attr:`_lock`, never across a statement."""
 
     def __init__(self, rate: Callable[[str], tuple[float, int] | None]) -> None:
         self.rate = rate
         self.holder = uuid.uuid4().hex
-        self._held: dict[str, tuple[str, str]] = {}
-        """Held claims of this worker: dispatch id -> (holder, destination)."""
+        """The holder new claims are admitted for (replaced after a failed
+        write: a claim whose outcome it hid holds starts on the old row
+        only, which its lease ends)."""
+        self.current = self.holder
+        """The holder of the claim being made (read as its transaction
+        began: writes run one at a time on the store's writer thread)."""
+        self._lock = threading.Lock()
+        self._made: dict[tuple[str, int], tuple[str, str]] = {}
+        """Claims a transaction made as held starts, until the worker
+        receives them: (dispatch id, attempt) -> (holder, destination)."""
+        self._held: dict[tuple[str, int], tuple[str, str]] = {}
+        """Held claims the worker holds: (dispatch id, attempt) -> (holder,
+        destination)."""
         self._totals: dict[tuple[str, str], _Totals] = {}
         self._dirty: dict[tuple[str, str], int] = {}
         """(holder, destination) whose totals the store may not have yet ->
@@ -158,44 +189,53 @@ class Pins:
         """Send every total at the next sync (a failed write, a give-back)."""
         self._sent_at: dict[tuple[str, str], float] = {}
         self.send_every = SEND_EVERY
-        self._rotate = False
         self._reaped_at = float("-inf")
 
     def __len__(self) -> int:
         """Held claims not yet resolved."""
-        return len(self._held)
+        with self._lock:
+            return len(self._held)
 
     # -- the worker's side (event loop) ------------------------------------
 
     def claimed(self, claims: Iterable[Claim]) -> None:
-        """Claims the worker received: those of rated destinations are held
-        (the claim admitted them so)."""
-        for claim in claims:
-            if self.rate(claim.deliver_to) is not None:
-                self._held[claim.dispatch_id] = (self.holder, claim.deliver_to)
+        """Claims the worker received: those the claim made as held starts
+        are held (for the holder they were admitted for)."""
+        with self._lock:
+            for claim in claims:
+                key = (claim.dispatch_id, claim.attempt)
+                found = self._made.pop(key, None)
+                if found is not None:
+                    self._held[key] = found
 
     def began(self, claim: Claim) -> None:
         """``claim``'s attempt begins now."""
-        self._resolve(claim, began=True)
+        with self._lock:
+            self._resolve(claim, began=True)
 
     def dropped(self, claims: Iterable[Claim]) -> None:
         """``claims`` are given back, never begun."""
-        for claim in claims:
-            self._resolve(claim, began=False)
-        self._urgent = True
+        with self._lock:
+            for claim in claims:
+                self._resolve(claim, began=False)
+            self._urgent = True
 
     def failed(self) -> None:
         """A write failed: its outcome may be unknown (a claim committed
         whose claims never came back would hold starts no one resolves).
-        Every total is sent again, and the holder is replaced once none of
-        its held claims is left, so its row ends with its lease."""
-        for key in self._totals:
-            self._dirty.setdefault(key, 0)
-        self._urgent = True
-        self._rotate = True
+        Every total is sent again, and new claims go to a new holder, so
+        the old row ends with its lease (then it is reaped, charged in
+        full)."""
+        with self._lock:
+            for key in self._totals:
+                self._dirty.setdefault(key, 0)
+            self._urgent = True
+            self.holder = uuid.uuid4().hex
+            if len(self._made) > 100_000:  # claims that never came back
+                self._made.clear()
 
     def _resolve(self, claim: Claim, *, began: bool) -> None:
-        found = self._held.pop(claim.dispatch_id, None)
+        found = self._held.pop((claim.dispatch_id, claim.attempt), None)
         if found is None:
             return
         totals = self._totals.setdefault(found, _Totals())
@@ -208,34 +248,56 @@ class Pins:
     # -- the store's side (inside a claim's write transaction) -------------
 
     def totals(self, name: str) -> tuple[int, int]:
-        """This holder's held starts of ``name`` resolved and begun so far:
-        where a claim makes its row, what it starts from."""
-        found = self._totals.get((self.holder, name))
-        return (0, 0) if found is None else (found.resolved, found.started)
+        """The current holder's held starts of ``name`` resolved and begun
+        so far: where a claim makes its row, what it starts from."""
+        with self._lock:
+            found = self._totals.get((self.current, name))
+            return (0, 0) if found is None else (found.resolved, found.started)
 
     def admitted(self, conn: Conn, taken: dict[str, int], until: float) -> None:
         """Record ``taken`` held starts per destination, admitted by this
         transaction's claim (the state rows' ``rate_held`` moved already),
-        on this holder's rows, with the claim's lease end ``until``."""
+        on the current holder's rows, with the claim's lease end ``until``."""
         rows = []
         for name in sorted(taken):
             if taken[name]:
-                rows.append((name, self.holder, taken[name], *self.totals(name), until))
+                rows.append((name, self.current, taken[name], *self.totals(name), until))
         if rows:
             conn.executemany(_UPSERT_HOLD, rows)
+
+    def made(self, conn: Conn, claims: Iterable[Claim], taken: Mapping[str, int]) -> None:
+        """The claims this transaction made of the ``taken`` held starts
+        per destination it admitted: each noted for the worker, and the
+        held starts admitted but not claimed (a row the claim
+        dead-lettered instead) taken out of the counts at once."""
+        made: dict[str, int] = {}
+        with self._lock:
+            for claim in claims:
+                if claim.deliver_to in taken:
+                    made[claim.deliver_to] = made.get(claim.deliver_to, 0) + 1
+                    key = (claim.dispatch_id, claim.attempt)
+                    self._made[key] = (self.current, claim.deliver_to)
+        for name in sorted(taken):
+            unclaimed = taken[name] - made.get(name, 0)
+            if unclaimed > 0:
+                conn.execute(_UNHOLD_STATE, (unclaimed, unclaimed, name))
+                conn.execute(_UNHOLD, (unclaimed, unclaimed, name, self.current))
 
     def sync(self, conn: Conn, at: float) -> None:
         """Write what this worker owes the store (see the module docstring),
         and every :data:`REAP_EVERY` seconds reap dead holders' rows; ``at``
         is the claim's time (the worker's clock)."""
-        if self._rotate and not self._held:
-            self.holder = uuid.uuid4().hex
-            self._rotate = False
-        due = self._due()
+        with self._lock:
+            self.current = self.holder
+            due = self._due()
+            sent = {
+                key: (totals.resolved, totals.started, totals.began_at)
+                for key in due
+                for totals in (self._totals[key],)
+            }
         for holder in sorted({holder for holder, _ in due}):
-            self._sync_holder(
-                conn, holder, sorted(name for owner, name in due if owner == holder), at
-            )
+            names = sorted(name for owner, name in due if owner == holder)
+            self._sync_holder(conn, holder, names, at, sent)
         if at - self._reaped_at >= REAP_EVERY:
             self._reaped_at = at
             self.reap(conn, at)
@@ -248,10 +310,12 @@ class Pins:
         other claims see at most that much less room, never more."""
         if self._urgent:
             self._urgent = False
-            return list(self._dirty)
+            return [key for key in self._dirty if key in self._totals]
         moment = time.monotonic()
         due = []
         for key, resolved in self._dirty.items():
+            if key not in self._totals:
+                continue
             rate = self.rate(key[1])
             enough = max(1, (rate[1] if rate is not None else 1) // 4)
             last = self._sent_at.get(key)
@@ -259,25 +323,32 @@ class Pins:
                 due.append(key)
         return due
 
-    def _sync_holder(self, conn: Conn, holder: str, names: list[str], at: float) -> None:
+    def _sync_holder(
+        self,
+        conn: Conn,
+        holder: str,
+        names: list[str],
+        at: float,
+        sent: Mapping[tuple[str, str], tuple[int, int, float]],
+    ) -> None:
         dialect = conn.dialect
+        moment = time.monotonic()
         if dialect.arrays is not None and dialect.clock:
-            moment = time.monotonic()
             columns: list[list[object]] = [[], [], [], [], []]
             for name in names:
-                totals = self._totals[(holder, name)]
-                sent = (
+                resolved, started, began_at = sent[(holder, name)]
+                values = (
                     name,
-                    totals.resolved,
-                    totals.started,
-                    max(0.0, moment - totals.began_at),
+                    resolved,
+                    started,
+                    max(0.0, moment - began_at),
                     self._interval(name),
                 )
-                for column, value in zip(columns, sent, strict=True):
+                for column, value in zip(columns, values, strict=True):
                     column.append(value)
             statement = _sync_at_once(dialect.arrays, dialect.clock, dialect.lock_clause)
-            locked = conn.query(statement, (*columns, holder, holder))
-            self._sent(holder, [str(row["name"]) for row in locked])
+            locked = conn.query(statement, (*columns, holder))
+            self._sent(holder, [str(row["name"]) for row in locked], sent)
             return
         if dialect.lock_clause:
             # Passed over where another claim holds the state row: sent again.
@@ -289,42 +360,52 @@ class Pins:
         now = dialect.clock or "?"
         holds: list[tuple[object, ...]] = []
         charges: list[tuple[object, ...]] = []
-        moment = time.monotonic()
         for row in found:
             name = str(row["name"])
-            totals = self._totals[(holder, name)]
+            total_resolved, total_started, began_at = sent[(holder, name)]
             held = int(row["held"])
-            resolved = min(held, max(0, totals.resolved - int(row["resolved"])))
-            started = max(0, totals.started - int(row["started"]))
-            holds.append((held - resolved, totals.resolved, totals.started, name, holder))
+            resolved = min(held, max(0, total_resolved - int(row["resolved"])))
+            started = max(0, total_started - int(row["started"]))
+            holds.append((held - resolved, total_resolved, total_started, name, holder))
             step = self._interval(name)
-            ago = max(0.0, moment - totals.began_at)
+            ago = max(0.0, moment - began_at)
             times = (ago, ago) if dialect.clock else (at, ago, at, ago)
             charges.append((resolved, resolved, started, *times, started, step, name))
         if holds:
             conn.executemany(_SET_HOLD, holds)
             conn.executemany(_charge(now), charges)
-        self._sent(holder, names)
+        self._sent(holder, names, sent)
 
     def _interval(self, name: str) -> float:
         rate = self.rate(name)
         return 0.0 if rate is None else rate[0]
 
-    def _sent(self, holder: str, names: Iterable[str]) -> None:
+    def _sent(
+        self,
+        holder: str,
+        names: Iterable[str],
+        sent: Mapping[tuple[str, str], tuple[int, int, float]],
+    ) -> None:
         # Sent (a rollback re-marks them through failed()); a row that is
-        # gone was reaped: its starts were charged in full already.
+        # gone was reaped: its starts were charged in full already. What
+        # was resolved while the statement ran is sent next time.
         moment = time.monotonic()
-        for name in names:
-            self._dirty.pop((holder, name), None)
-            self._sent_at[(holder, name)] = moment
-        if holder != self.holder:
-            self._forget(holder)
+        with self._lock:
+            for name in names:
+                key = (holder, name)
+                later = self._totals[key].resolved - sent[key][0]
+                if later > 0:
+                    self._dirty[key] = later
+                else:
+                    self._dirty.pop(key, None)
+                self._sent_at[key] = moment
+            if holder != self.holder:
+                self._forget(holder)
 
     def _forget(self, holder: str) -> None:
         """Drop a replaced holder's totals once none of its claims is held."""
-        if not any(owner == holder for owner, _ in self._held.values()) and not any(
-            owner == holder for owner, _ in self._dirty
-        ):
+        owners = [owner for owner, _ in (*self._held.values(), *self._made.values())]
+        if holder not in owners and not any(owner == holder for owner, _ in self._dirty):
             for key in [key for key in self._totals if key[0] == holder]:
                 del self._totals[key]
                 self._sent_at.pop(key, None)
@@ -332,8 +413,13 @@ class Pins:
     def reap(self, conn: Conn, at: float) -> int:
         """Charge and remove the rows of holders whose last lease ended more
         than :data:`REAP_MARGIN` ago (a dead worker's): their held starts
-        count as begun now. Returns the rows reaped."""
-        expired = conn.query(_EXPIRED, (at - REAP_MARGIN,))
+        count as begun now. A destination without a rate here is left to a
+        worker that knows its rate. Returns the rows reaped."""
+        expired = [
+            row
+            for row in conn.query(_EXPIRED, (at - REAP_MARGIN,))
+            if self.rate(str(row["name"])) is not None
+        ]
         if not expired:
             return 0
         dialect = conn.dialect
@@ -349,7 +435,7 @@ class Pins:
             name, holder, held = str(row["name"]), str(row["holder"]), int(row["held"])
             if name not in locked:
                 continue
-            if conn.execute(_DROP_HOLD, (name, holder, held)) != 1:
+            if conn.execute(_DROP_HOLD, (name, holder, held, row["until_at"])) != 1:
                 continue  # its holder wrote meanwhile: alive after all
             reaped += 1
             step = self._interval(name)

@@ -251,13 +251,12 @@ class ClaimRules:
         return rows
 
     def claimed(self, conn: Conn, claims: Sequence[Claim], claiming: Claiming) -> None:
-        """Tell every rule of the claims made (and the turns: each claim is
-        one)."""
-        if claims:
-            if self.turns is not None:
-                self.turns.served(claim.deliver_to for claim in claims)
-            for rule in self._claiming:
-                rule.claimed(conn, claims, claiming)
+        """Tell every rule of the claims made, none too (and the turns:
+        each claim is one)."""
+        if claims and self.turns is not None:
+            self.turns.served(claim.deliver_to for claim in claims)
+        for rule in self._claiming:
+            rule.claimed(conn, claims, claiming)
 
     def ended(self, attempts: Iterable[tuple[str, float]]) -> None:
         """Tell every rule of attempts that ended."""
