@@ -67,6 +67,16 @@ async def claim(
     return claims
 
 
+async def held_claims(
+    store: SQLiteStore, raw: RawDB, rows: int, take: int
+) -> tuple[Pins, list[Claim]]:
+    """``rows`` due rows of ``api``, and ``take`` of them claimed as held
+    starts by a fresh worker's pins."""
+    fill(raw, "api", rows, T0, step=1.0)
+    pins = new_pins()
+    return pins, await claim(store, pins, take)
+
+
 async def record(store: SQLiteStore, pins: Pins) -> None:
     """What the next claim's transaction writes first, alone."""
     await store.write(lambda conn: pins.sync(conn, NOW))
@@ -75,9 +85,7 @@ async def record(store: SQLiteStore, pins: Pins) -> None:
 async def test_held_starts_count_as_spent_until_begun_then_at_the_time_they_began(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    fill(raw, "api", 12, T0, step=1.0)
-    pins = new_pins()
-    first = await claim(store, pins, 3)
+    pins, first = await held_claims(store, raw, 12, 3)
     assert [c.deliver_to for c in first] == ["api"] * 3
     # Held: spent for every claimant, and the rate's time untouched.
     assert state(raw) == (3, None)
@@ -111,9 +119,7 @@ async def test_held_starts_count_as_spent_until_begun_then_at_the_time_they_bega
 async def test_a_rolled_back_record_is_sent_again_and_applied_once(
     store: SQLiteStore, raw: RawDB
 ) -> None:
-    fill(raw, "api", 5, T0, step=1.0)
-    pins = new_pins()
-    claims = await claim(store, pins, 2)
+    pins, claims = await held_claims(store, raw, 5, 2)
     holder = pins.holder
     pins.began(claims[0])
     pins.began(claims[1])
@@ -166,9 +172,7 @@ async def test_a_record_passes_over_a_state_row_another_claim_holds_and_comes_ag
 ) -> None:
     import psycopg
 
-    fill(raw, "api", 5, T0, step=1.0)
-    pins = new_pins()
-    claims = await claim(store, pins, 2)
+    pins, claims = await held_claims(store, raw, 5, 2)
     pins.began(claims[0])
     other = await anyio.to_thread.run_sync(lambda: psycopg.connect(str(raw.target)))
     try:
@@ -226,9 +230,7 @@ async def test_held_starts_a_claim_admitted_but_did_not_claim_are_uncounted_at_o
     """A row admitted as a held start whose claim did not apply (another
     claimant's, an unreadable row dead-lettered instead) never reaches the
     worker: its count goes in the claim's own transaction."""
-    fill(raw, "api", 3, T0, step=1.0)
-    pins = new_pins()
-    claims = await claim(store, pins, 3)
+    pins, claims = await held_claims(store, raw, 3, 3)
     assert state(raw) == (3, None)
 
     def one_of_three_not_claimed(conn: Any) -> None:
@@ -247,9 +249,13 @@ async def test_claims_admitted_before_a_failed_write_resolve_on_their_own_holder
     fill(raw, "api", 4, T0, step=1.0)
     pins = new_pins()
     first = pins.holder
-    claims = await claim(store, pins, 2)
-    pins.failed()  # another write failed before these claims reached the worker
+    rules = claim_rules(destinations=POLICIES, pins=pins)
+    claims, _ = await claim_due(store, now=NOW, limit=2, lease_seconds=LEASE, rules=rules)
+    # Another write failed after this claim committed and before its claims
+    # reached the worker: they were admitted for the holder replaced now.
+    pins.failed()
     assert pins.holder != first
+    pins.claimed(claims)
     later = await claim(store, pins, 1)
     for each in [*claims, *later]:
         pins.began(each)

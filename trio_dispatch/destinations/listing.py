@@ -23,12 +23,12 @@ else the caller's (SQLite: one machine).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
 from ..lifecycle import DUE_SQL, Status
+from ..outbox.claim import gcra
 from ..priority import earliest_due
 from ..store.base import Conn, Database, Row
 from ..store.schema import DESTINATION_INDEX, DUE_INDEX, HELD_BACK_DESTINATION_INDEX
@@ -131,10 +131,7 @@ def starts_available(
     rate = policy.gcra_rate
     if rate is None:
         return None
-    interval = rate.interval
-    tat = now if rate_tat is None else max(float(rate_tat), now)
-    room = math.floor((policy.burst * interval - (tat - now)) / interval + 1e-9) - held
-    return max(0, min(policy.burst, room))
+    return min(policy.burst, gcra.room(rate, policy.burst, rate_tat, now, held))
 
 
 def policy_source(policies: Mapping[str, Destination], name: str) -> str:

@@ -42,6 +42,7 @@ import anyio
 
 from ..destinations.outcomes import Effects
 from ..outbox import Claim, Outcome
+from ..outbox.claim.pins import Pins
 from ..outbox.delivery import finish_and_claim_many
 from ..transports import TransportResult
 from .outcomes import OutcomeWriter
@@ -124,11 +125,13 @@ class Finisher:
         ledger: Ledger,
         room: Callable[[], int],
         claimed: Callable[[list[Claim], dict[str, int], float], None],
-        failed: Callable[[], None] = lambda: None,
+        pins: Pins | None = None,
     ) -> None:
         self._writer = writer
-        self._failed = failed
-        """Told of a write that failed (its outcome may be unknown)."""
+        self.pins = pins
+        """The worker's held starts (:mod:`trio_dispatch.outbox.claim.pins`):
+        told of rows given back unsent, and of writes that failed (their
+        outcome may be unknown)."""
         self._ledger = ledger
         self._room = room
         self._claimed = claimed
@@ -185,7 +188,7 @@ class Finisher:
         try:
             outcomes, claims, counts = await self.write(batch, max(0, self._room()))
         except Exception:
-            self._failed()
+            self.failed()
             self._ledger.log.exception(
                 "recording %d attempts' ends failed; recording each", len(batch)
             )
@@ -201,18 +204,25 @@ class Finisher:
             outcome = await self._writer().settle(end.claim, end.result, end.effects)
             self._ledger.recorded(end.claim, end.result, end.effects, end.started, outcome)
 
+    def failed(self) -> None:
+        """A write of the worker's failed (its outcome may be unknown)."""
+        if self.pins is not None:
+            self.pins.failed()
+
     async def give_back(self, claims: list[Claim]) -> None:
         """Give ``claims`` (held ahead, never started) back at once: pending,
         due now, unsent and uncounted."""
         if not claims:
             return
+        if self.pins is not None:
+            self.pins.dropped(claims)
         with anyio.CancelScope(shield=True):
             unsent = TransportResult.not_sent(STOPPED_AHEAD)
             ends = [End(claim, unsent, time.monotonic()) for claim in claims]
             try:
                 outcomes = (await self.write(ends, 0))[0]
             except Exception:
-                self._failed()
+                self.failed()
                 self._ledger.log.exception("giving back %d rows claimed ahead failed", len(ends))
                 await self._record_each(ends)
                 return

@@ -155,9 +155,7 @@ class DispatchWorker:
         self.destinations: dict[str, Destination] = parse_destinations(destinations)
         """Each destination's policy (docs/destinations.md), checked."""
         self._pins = held_starts(self.destinations)
-        """Where a rate bounds some destination's starts, the rows of rated
-        destinations this worker holds ahead count as held starts until
-        each begins (:mod:`trio_dispatch.outbox.claim.pins`)."""
+        """Its rated rows' held starts (None: no rate), :mod:`trio_dispatch.outbox.claim.pins`."""
         self._book = DestinationBook(self.destinations)
         self.settings = settings = (settings or WorkerSettings()).updated(setting_values)
         """Every setting, checked, and the one place the worker reads them
@@ -217,7 +215,7 @@ class DispatchWorker:
             self.wake,
         )
         self._finisher = Finisher(
-            self._outcome_writer, self._ledger, self._room, self._claimed, self._write_failed
+            self._outcome_writer, self._ledger, self._room, self._claimed, self._pins
         )
         self._closing = False  # shutdown began: claim nothing more
         self._interrupt: BaseException | None = None
@@ -401,7 +399,7 @@ class DispatchWorker:
                     rules=self._rules,
                 )
         except Exception:
-            self._write_failed()
+            self._finisher.failed()
             self._tally.scan_errors += 1
             self.log.exception("scan failed; retrying in %ss", self.settings.tick_seconds)
             return self.settings.tick_seconds
@@ -471,10 +469,7 @@ class DispatchWorker:
         interrupt: BaseException | None = None
         late = None if self._closing else late_claim(claim, self.clock)
         if self._pins is not None:
-            if late is None:
-                self._pins.began(claim)
-            else:
-                self._pins.dropped([claim])
+            self._pins.starting(claim, sent=late is None)
         with self._slots.scope(claim) as scope:
             shared = None if late is not None else share_deadline(self.transport, scope)
             try:
@@ -545,7 +540,7 @@ class DispatchWorker:
         self._cancels.claimed(claims, since)
         if self._closing:
             if claims and self._deliveries is not None:
-                self._deliveries.start_soon(self._finisher.give_back, self._drop_ahead())
+                self._deliveries.start_soon(self._finisher.give_back, self._slots.drop_ahead())
             return
         assert self._deliveries is not None
         while (started := self._slots.start_ahead()) is not None:
@@ -554,18 +549,6 @@ class DispatchWorker:
         limited = self._caps is not None or bool(self.destinations)
         if not claims and len(self._slots) < self._slots.capacity and (self._backlog or limited):
             self.wake()
-
-    def _drop_ahead(self) -> list[Claim]:
-        """Every claim held ahead, to give back unsent (their held starts
-        resolved: never begun)."""
-        dropped = self._slots.drop_ahead()
-        if self._pins is not None:
-            self._pins.dropped(dropped)
-        return dropped
-
-    def _write_failed(self) -> None:
-        if self._pins is not None:
-            self._pins.failed()
 
     def _stopped_by(self, interrupt: BaseException) -> None:
         """Stop the worker (grace for the other deliveries, then release)
@@ -604,7 +587,7 @@ class DispatchWorker:
         """Give back the rows held ahead at once; then grace, then cancel
         what is still running (the tasks release their rows themselves,
         inside their shields)."""
-        await self._finisher.give_back(self._drop_ahead())
+        await self._finisher.give_back(self._slots.drop_ahead())
         if not len(self._slots):
             return
         self.log.info(

@@ -42,7 +42,7 @@ the one row, each for a commit, while the rate's time fell behind the
 clock -- starts lost for good. The destination's rows go to the next claim.
 A destination whose one limit is a rate (no concurrency to count again, no
 probe, no pause that ended) is decided in one statement instead
-(:func:`_advance_if_room`: lock, read and advance at once, the same
+(:func:`.admission_sql.advance_if_room`: lock, read and advance at once, the same
 arithmetic); the locked read decides whatever that statement leaves.
 The rate's arithmetic is done at the store's time where hosts share a
 clock (PostgreSQL: the server's), read by the claim's first statement, so a
@@ -58,7 +58,6 @@ name order, after the outbox rows it changes, as this rule does.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,19 +65,15 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ...destinations.policy import Destination, policy_for
 from ...destinations.state import (
-    COLUMNS,
     SOURCE_DELIVERY,
-    TABLE,
     State,
     effective,
     record_change,
     settle,
 )
-from ...lifecycle import DUE_SQL, Status
 from ...store.base import Conn, Row
-from ...store.dialect import ArrayForms, Dialect
-from ...store.schema import DESTINATION_HOLDS_TABLE as HOLDS
 from ...store.schema import DUE_INDEX
+from . import admission_sql as sql
 from . import gcra, statements
 from .order import CLAIM_ORDER
 from .pins import Pins
@@ -101,159 +96,9 @@ UNBOUNDED: Final = sys.maxsize
 """The room of a destination nothing limits."""
 
 _CLOSED_TO_CLAIMS: Final = frozenset({State.PAUSED, State.THROTTLED, State.OPEN, State.DISABLED})
-
-
-def _restricts(row: str, now: str) -> str:
-    # A state row that may restrict a claim now: a stored state other than
-    # active, a throttle ahead, a rate with starts spent.
-    return (
-        f"{row}state <> '{State.ACTIVE}' OR {row}throttled_until > ? OR {row}rate_tat > {now} "
-        f"OR {row}rate_held > 0"
-    )
-
-
-@functools.cache
-def _restricting(clock: str) -> str:
-    # Where the store has a clock of its own, one row at least, with its
-    # time (the claim's rate clock): the claim's first statement reads it.
-    if not clock:
-        return f"SELECT {COLUMNS} FROM {TABLE} WHERE {_restricts('', '?')}"
-    columns = ", ".join(f"d.{column.strip()}" for column in COLUMNS.split(","))
-    return (
-        f"SELECT c.now, {columns} FROM (SELECT {clock} AS now) AS c "
-        f"LEFT JOIN {TABLE} d ON {_restricts('d.', 'c.now')}"
-    )
-
-
-@functools.cache
-def _running(indexed_by: str, arrays: ArrayForms | None, count: int) -> str:
-    # Attempts running per destination: the delivering rows whose lease has
-    # not ended, a range of the due index (as many rows as run).
-    names = "" if count == 0 else f" AND {_among(arrays, 'deliver_to', count)}"
-    return (
-        f"SELECT deliver_to, COUNT(*) AS n FROM dispatch_outbox{indexed_by} WHERE {DUE_SQL} "
-        f"AND status = '{Status.DELIVERING}' AND next_attempt_at > ?{names} GROUP BY deliver_to"
-    )
-
-
-def _among(arrays: ArrayForms | None, column: str, count: int) -> str:
-    if arrays is not None:
-        return arrays.any_of(column)
-    return f"{column} IN ({', '.join('?' * count)})"
-
-
-def _values(arrays: ArrayForms | None, names: Sequence[str]) -> tuple[Any, ...]:
-    return (list(names),) if arrays is not None else tuple(names)
-
-
-@functools.cache
-def _ensure(arrays: ArrayForms | None, count: int) -> str:
-    source = (
-        arrays.rows(("text",)) if arrays is not None else "VALUES " + ", ".join(["(?)"] * count)
-    )
-    return f"INSERT INTO {TABLE} (name) {source} ON CONFLICT (name) DO NOTHING"
-
-
-@functools.cache
-def _lock(dialect: Dialect, count: int) -> str:
-    # SKIP LOCKED: a state row another claim holds is passed over, not
-    # waited for (see DestinationAdmission.admit).
-    return (
-        f"SELECT {COLUMNS} FROM {TABLE} WHERE {_among(dialect.arrays, 'name', count)} "
-        f"ORDER BY name{dialect.lock_clause}"
-    )
-
-
-@functools.cache
-def _lock_one(dialect: Dialect) -> str:
-    # Waiting (no SKIP LOCKED): see DestinationAdmission._probe_row.
-    return f"SELECT {COLUMNS} FROM {TABLE} WHERE name = ?{dialect.row_lock}"
-
-
 PROBE_LOCK_WAIT: Final = 0.2
 """Seconds a claim holding a half-open destination's oldest due row waits
 for its state row, held by another claim, before passing it over."""
-_PROBE_WAIT: Final = "trio_dispatch_probe_wait"
-_WAIT_SETTING: Final = (
-    "SELECT current_setting('lock_timeout') AS was, set_config('lock_timeout', ?, true) AS now"
-)
-_RESTORE_SETTING: Final = "SELECT set_config('lock_timeout', ?, true) AS now"
-
-_ADVANCE: Final = f"UPDATE {TABLE} SET rate_tat = ?, updated_at = ? WHERE name = ?"
-_HOLD: Final = f"UPDATE {TABLE} SET rate_held = rate_held + ?, updated_at = ? WHERE name = ?"
-_PROBE: Final = (
-    f"UPDATE {TABLE} SET state = '{State.HALF_OPEN}', state_until = NULL, probe_id = ?, "
-    "probe_until = ?, updated_at = ? WHERE name = ?"
-)
-_START: Final = "(CASE WHEN rate_tat IS NULL OR rate_tat < ? THEN ? ELSE rate_tat END)"
-"""``max(rate_tat, now)`` (parameters: ``now`` twice), portable."""
-_PLAINLY_ACTIVE: Final = (
-    f"state = '{State.ACTIVE}' AND (throttled_until IS NULL OR throttled_until <= ?)"
-)
-
-
-@functools.cache
-def _advance_if_room(dialect: Dialect, count: int, held: bool = False) -> str:
-    """The quick decision of rate-only destinations, in one statement where
-    the lock, the read and the write take three: for each of ``count``
-    destinations (``destination``, candidate starts ``n``, the rate's
-    interval ``step``, its ``burst``), if its state row is plainly active,
-    admit starts by the rate at the rate's clock (``now``) and advance
-    ``rate_tat`` by them -- the arithmetic of :mod:`.gcra`, ``max(tat,
-    now) + starts * step`` while that less ``now`` is at most ``burst *
-    step``. Where rows lock (PostgreSQL) it locks the rows in name order,
-    passing over those another claim holds, admits as many of ``n`` as the
-    rate allows (at least one) and answers ``name, admitted``; elsewhere
-    (SQLite: one writer, the bounds read in this very transaction) it
-    admits all ``n`` or none and answers ``name``. Parameters: the
-    destinations' columns (arrays, or ``count`` rows of four), then
-    ``now, now, at, now`` where rows lock, else ``now, now, at, at, now,
-    now, now`` (``at, at, now, now, now`` with ``held``). Starts held by
-    workers (``rate_held``) count as spent; with ``held`` the starts
-    admitted are held too (:mod:`.pins`): they move ``rate_held``, not
-    ``rate_tat``; where rows lock, the same statement records them on the
-    holder's rows (two more arrays, its totals resolved and begun, and the
-    holder and the lease end before the last ``at``)."""
-    arrays = dialect.arrays
-    pinned = held and arrays is not None and bool(dialect.lock_clause)
-    types = ("text", "int8", "float8", "float8", *(("int8", "int8") if pinned else ()))
-    portable = "VALUES " + ", ".join(["(?, ?, ?, ?)"] * count)
-    source = arrays.rows(types) if arrays is not None else portable
-    extra = ", resolved, started" if pinned else ""
-    wanted = f"WITH w(destination, n, step, burst{extra}) AS ({source})"
-    moved = "rate_held = rate_held + admitted" if held else "rate_tat = start + admitted * step"
-    if dialect.lock_clause:
-        record = (
-            f", holding AS (INSERT INTO {HOLDS} (name, holder, held, resolved, started, until_at) "
-            "SELECT held, ?, admitted, resolved, started, ? FROM room JOIN w "
-            "ON destination = held WHERE admitted >= 1 ON CONFLICT (name, holder) DO UPDATE "
-            f"SET held = {HOLDS}.held + excluded.held, "
-            f"until_at = GREATEST({HOLDS}.until_at, excluded.until_at)) "
-            if pinned
-            else ""
-        )
-        return (
-            f"{wanted}, held AS (SELECT name AS held, {_START} AS start, rate_held AS pins "
-            f"FROM {TABLE} WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
-            f"ORDER BY name{dialect.lock_clause}), "
-            "room AS (SELECT held, start, step, LEAST(n, FLOOR(burst - (start - ?) / step "
-            f"+ {gcra.SLACK}) - pins) AS admitted FROM held JOIN w ON destination = held)"
-            f"{record or ' '}"
-            f"UPDATE {TABLE} SET {moved}, updated_at = ? FROM room "
-            "WHERE name = held AND admitted >= 1 RETURNING name, admitted"
-        )
-    per = "(SELECT {} FROM w WHERE destination = name)"
-    advance = (
-        f"rate_held = rate_held + {per.format('n')}"
-        if held
-        else f"rate_tat = {_START} + {per.format('n * step')}"
-    )
-    return (
-        f"{wanted} UPDATE {TABLE} SET {advance}, "
-        f"updated_at = ? WHERE name IN (SELECT destination FROM w) AND {_PLAINLY_ACTIVE} "
-        f"AND {_START} - ? + {per.format('(n + rate_held) * step')} "
-        f"<= {per.format(f'(burst + {gcra.SLACK}) * step')} RETURNING name"
-    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,8 +173,8 @@ class DestinationAdmission(ClaimRule):
         if given), whoever runs them: ``delivering`` rows whose lease has
         not ended."""
         arrays = conn.dialect.arrays
-        statement = _running(conn.dialect.use_index(DUE_INDEX), arrays, len(names))
-        found = conn.query(statement, (at, *(_values(arrays, names) if names else ())))
+        statement = sql.running(conn.dialect.use_index(DUE_INDEX), arrays, len(names))
+        found = conn.query(statement, (at, *(sql.values(arrays, names) if names else ())))
         return {str(row["deliver_to"]): int(row["n"]) for row in found}
 
     def bounds(self, conn: Conn, at: float) -> Bounds:
@@ -337,7 +182,7 @@ class DestinationAdmission(ClaimRule):
         out, with when each is lifted where that is known; the room of the
         rest."""
         clock = conn.dialect.clock
-        found = conn.query(_restricting(clock), (at,) if clock else (at, at))
+        found = conn.query(sql.restricting(clock), (at,) if clock else (at, at))
         now = float(found[0]["now"]) if clock and found else at
         rows = [row for row in found if row["name"] is not None]
         skip: set[str] = set()
@@ -433,8 +278,7 @@ class DestinationAdmission(ClaimRule):
             else {}
         )
         # Held starts the quick statement recorded on the holder's rows already.
-        dialect = conn.dialect
-        recorded = set(allowed) if dialect.arrays is not None and dialect.lock_clause else set()
+        recorded = set(allowed) if sql.records_holds(conn.dialect) else set()
         for name in allowed:
             self._passed.pop(name, None)
         slow = [name for name in guarded if name not in allowed]
@@ -512,18 +356,18 @@ class DestinationAdmission(ClaimRule):
             str(row["id"]) == oldest and str(row["deliver_to"]) == name for row in rows
         ):
             return None
-        conn.execute(f"SAVEPOINT {_PROBE_WAIT}")
+        conn.execute(f"SAVEPOINT {sql.PROBE_WAIT}")
         try:
-            was = conn.query_one(_WAIT_SETTING, (f"{int(PROBE_LOCK_WAIT * 1000)}ms",))
-            found = conn.query_one(_lock_one(conn.dialect), (name,))
+            was = conn.query_one(sql.WAIT_SETTING, (f"{int(PROBE_LOCK_WAIT * 1000)}ms",))
+            found = conn.query_one(sql.lock_one(conn.dialect), (name,))
         except Exception:
             # Still held after the wait (or gone): as if passed over.
-            conn.execute(f"ROLLBACK TO SAVEPOINT {_PROBE_WAIT}")
-            conn.execute(f"RELEASE SAVEPOINT {_PROBE_WAIT}")
+            conn.execute(f"ROLLBACK TO SAVEPOINT {sql.PROBE_WAIT}")
+            conn.execute(f"RELEASE SAVEPOINT {sql.PROBE_WAIT}")
             return None
-        conn.execute(f"RELEASE SAVEPOINT {_PROBE_WAIT}")
+        conn.execute(f"RELEASE SAVEPOINT {sql.PROBE_WAIT}")
         assert was is not None
-        conn.query_one(_RESTORE_SETTING, (str(was["was"]),))
+        conn.query_one(sql.RESTORE_SETTING, (str(was["was"]),))
         if found is not None:
             self._passed.pop(name, None)
         return found
@@ -542,7 +386,7 @@ class DestinationAdmission(ClaimRule):
         until: float,
     ) -> dict[str, int]:
         """The starts admitted of the rate-only ``names`` (sorted) that
-        :func:`_advance_if_room`'s one statement decided, their rates
+        :func:`.admission_sql.advance_if_room`'s one statement decided, their rates
         advanced; those it did not decide (held by another claim, not
         plainly active, or, on SQLite, short of room for every candidate)
         are left to the locked read."""
@@ -558,10 +402,10 @@ class DestinationAdmission(ClaimRule):
         else:
             head = tuple(value for column in columns for value in column)
         held = self.pins is not None
-        statement = _advance_if_room(dialect, len(names), held)
+        statement = sql.advance_if_room(dialect, len(names), held)
         if dialect.lock_clause:
             record: tuple[Any, ...] = ()
-            if held and dialect.arrays is not None:
+            if held and sql.records_holds(dialect):
                 assert self.pins is not None
                 record = (self.pins.current, until)
                 totals = [self.pins.totals(name) for name in names]
@@ -577,7 +421,7 @@ class DestinationAdmission(ClaimRule):
         fresh = [name for name in names if name not in self._rows]
         if fresh:
             arrays = conn.dialect.arrays
-            conn.execute(_ensure(arrays, len(fresh)), _values(arrays, fresh))
+            conn.execute(sql.ensure(arrays, len(fresh)), sql.values(arrays, fresh))
             self._remember(fresh)
 
     def _remember(self, names: Iterable[str]) -> None:
@@ -590,8 +434,8 @@ class DestinationAdmission(ClaimRule):
         name order until the transaction ends where rows lock -- passing
         over a row another claim holds (it is not in the answer)."""
         arrays = conn.dialect.arrays
-        statement = _lock(conn.dialect, len(names))
-        locked = {str(row["name"]): row for row in conn.query(statement, _values(arrays, names))}
+        statement = sql.lock(conn.dialect, len(names))
+        locked = {str(row["name"]): row for row in conn.query(statement, sql.values(arrays, names))}
         missing = [name for name in names if name not in locked]
         for name in locked:
             self._passed.pop(name, None)
@@ -605,8 +449,8 @@ class DestinationAdmission(ClaimRule):
             if len(self._passed) > 10_000:
                 self._passed.clear()
         elif missing:  # nothing holds rows here: gone, make it again
-            conn.execute(_ensure(arrays, len(missing)), _values(arrays, missing))
-            again = conn.query(_lock(conn.dialect, len(missing)), _values(arrays, missing))
+            conn.execute(sql.ensure(arrays, len(missing)), sql.values(arrays, missing))
+            again = conn.query(sql.lock(conn.dialect, len(missing)), sql.values(arrays, missing))
             locked.update((str(row["name"]), row) for row in again)
         return locked
 
@@ -653,7 +497,7 @@ class DestinationAdmission(ClaimRule):
                 advances.append((gcra.advanced(rate, state["rate_tat"], now, starts), at, name))
             if starts and effective(state, at).state is State.HALF_OPEN:
                 probe = str(first[name]["id"])
-                conn.execute(_PROBE, (probe, claiming.lease_until, at, name))
+                conn.execute(sql.PROBE, (probe, claiming.lease_until, at, name))
                 record_change(
                     conn,
                     name,
@@ -666,9 +510,9 @@ class DestinationAdmission(ClaimRule):
                     until=claiming.lease_until,
                 )
         if advances:
-            conn.executemany(_ADVANCE, advances)
+            conn.executemany(sql.ADVANCE, advances)
         if holds:
-            conn.executemany(_HOLD, holds)
+            conn.executemany(sql.HOLD, holds)
 
 
 def _oldest(conn: Conn, name: str, claiming: Claiming) -> str | None:

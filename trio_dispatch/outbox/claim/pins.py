@@ -213,6 +213,12 @@ class Pins:
         with self._lock:
             self._resolve(claim, began=True)
 
+    def starting(self, claim: Claim, *, sent: bool) -> None:
+        """``claim``'s slot takes it now: its attempt begins if it is to be
+        ``sent``, else (its lease ran out while held) it never will."""
+        with self._lock:
+            self._resolve(claim, began=sent)
+
     def dropped(self, claims: Iterable[Claim]) -> None:
         """``claims`` are given back, never begun."""
         with self._lock:
